@@ -1,0 +1,185 @@
+"""The producer and operator client: the public Python interface to a store.
+
+```python
+from rdq_core import Client
+
+rdq = Client("postgresql://…")        # or Client() for $RDQ_STORAGE_URL / the SQLite default
+task = rdq.enqueue("emails", "send_email", {"to": "a@b.c"}, id="order-42")
+rdq.enqueue_many("emails", [{"handler": "send_email", "payload": {...}}])   # one round trip
+rdq.get(task.id).attempts
+rdq.stats("emails").pending
+```
+Every argument is validated here (``InvalidInput``) before anything is written.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Sequence
+
+from . import validation
+from .errors import InvalidInput, TaskConflict, TaskNotFound
+from .ids import new_task_id
+from .model import Backoff, DeadFilter, DeadPage, EnqueueResult, NewTask, QueueStats, Task
+from .storage import open_storage
+from .storage.spi import Storage
+
+
+class Client:
+    def __init__(self, storage: str | Storage | None = None) -> None:
+        self.storage = storage if isinstance(storage, Storage) else open_storage(storage)
+        self._owns_storage = not isinstance(storage, Storage)
+
+    def close(self) -> None:
+        if self._owns_storage:
+            self.storage.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- producing -------------------------------------------------------------------------
+    def enqueue(
+        self,
+        queue: str,
+        handler: str,
+        payload: Any = None,
+        *,
+        id: str | None = None,
+        delay_seconds: float | None = None,
+        run_at: datetime | str | None = None,
+        max_attempts: int | None = None,
+        backoff: Backoff | Mapping[str, float] | None = None,
+        headers: Mapping[str, str] | None = None,
+        connection: Any = None,
+    ) -> Task:
+        """Enqueue one task; an existing id on the same queue returns the existing task.
+
+        Raises ``TaskConflict`` if ``id`` is taken on another queue. ``connection`` (PostgreSQL)
+        writes inside the caller's open transaction.
+        """
+        item = build_new_task(
+            queue,
+            {
+                "handler": handler, "payload": payload, "id": id, "delay_seconds": delay_seconds,
+                "run_at": run_at, "max_attempts": max_attempts, "backoff": backoff, "headers": headers,
+            },
+        )
+        (result,) = self.storage.enqueue([item], connection=connection) if connection is not None else self.storage.enqueue([item])
+        if result.conflict:
+            raise TaskConflict(f"task id {item.id!r} already exists on queue {result.task.queue!r}")
+        return result.task
+
+    def enqueue_many(
+        self, queue: str, items: Sequence[Mapping[str, Any]], *, connection: Any = None
+    ) -> list[EnqueueResult]:
+        """Enqueue up to ``Limits.batch_items`` tasks in one round trip; per-item results."""
+        new_tasks = build_new_tasks(queue, items)
+        if connection is not None:
+            return self.storage.enqueue(new_tasks, connection=connection)
+        return self.storage.enqueue(new_tasks)
+
+    # -- reading and operating -------------------------------------------------------------
+    def get(self, task_id: str) -> Task:
+        validation.task_id(task_id)
+        task = self.storage.get(task_id)
+        if task is None:
+            raise TaskNotFound(task_id)
+        return task
+
+    def cancel(self, task_id: str) -> Task:
+        return self.storage.cancel(validation.task_id(task_id))
+
+    def stats(self, queue: str) -> QueueStats:
+        return self.storage.stats(validation.queue_name(queue))
+
+    def list_dead(
+        self,
+        queue: str,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        error_type: str | None = None,
+        handler: str | None = None,
+    ) -> DeadPage:
+        return self.storage.list_dead(
+            validation.queue_name(queue),
+            limit=validation.page_size(limit),
+            cursor=cursor,
+            filter=dead_filter(error_type=error_type, handler=handler),
+        )
+
+    def redrive(self, queue: str, *, ids: Iterable[str] | None = None, error_type: str | None = None,
+                handler: str | None = None, all: bool = False) -> int:
+        return self.storage.redrive(validation.queue_name(queue), _selection(ids, error_type, handler, all))
+
+    def purge_dead(self, queue: str, *, ids: Iterable[str] | None = None, error_type: str | None = None,
+                   handler: str | None = None, all: bool = False) -> int:
+        return self.storage.purge_dead(validation.queue_name(queue), _selection(ids, error_type, handler, all))
+
+
+def build_new_tasks(queue: str, items: Sequence[Mapping[str, Any]]) -> list[NewTask]:
+    if not isinstance(items, Sequence) or isinstance(items, (str, bytes)):
+        raise InvalidInput("tasks must be a list", "tasks")
+    if not 1 <= len(items) <= validation.Limits.batch_items:
+        raise InvalidInput(f"a batch holds 1..{validation.Limits.batch_items} tasks", "tasks")
+    new_tasks = []
+    seen: set[str] = set()
+    for index, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise InvalidInput(f"tasks[{index}] must be an object", f"tasks[{index}]")
+        try:
+            new_task = build_new_task(queue, item)
+        except InvalidInput as exc:
+            raise InvalidInput(f"tasks[{index}]: {exc}", f"tasks[{index}].{exc.field}") from None
+        if new_task.id in seen:
+            raise InvalidInput(f"tasks[{index}]: id {new_task.id!r} appears twice in the batch", f"tasks[{index}].id")
+        seen.add(new_task.id)
+        new_tasks.append(new_task)
+    return new_tasks
+
+
+_TASK_FIELDS = {"handler", "payload", "id", "delay_seconds", "run_at", "max_attempts", "backoff", "headers"}
+
+
+def build_new_task(queue: str, item: Mapping[str, Any]) -> NewTask:
+    """Validate one enqueue request into a NewTask (the only way one is built)."""
+    unknown = set(item) - _TASK_FIELDS
+    if unknown:
+        raise InvalidInput(f"unknown fields: {', '.join(sorted(map(str, unknown)))}", sorted(map(str, unknown))[0])
+    if item.get("delay_seconds") is not None and item.get("run_at") is not None:
+        raise InvalidInput("give delay_seconds or run_at, not both", "run_at")
+    task_id = item.get("id")
+    return NewTask(
+        id=validation.task_id(task_id) if task_id is not None else new_task_id(),
+        queue=validation.queue_name(queue),
+        handler=validation.handler_name(item.get("handler")),
+        payload=validation.json_value(item.get("payload"), validation.Limits.payload_bytes, "payload"),
+        headers=validation.headers(item.get("headers")),
+        max_attempts=validation.max_attempts(item.get("max_attempts")),
+        backoff=validation.backoff(item.get("backoff")),
+        delay_seconds=validation.delay_seconds(item.get("delay_seconds")),
+        run_at=validation.run_at(item.get("run_at")),
+    )
+
+
+def dead_filter(*, ids: Iterable[str] | None = None, error_type: str | None = None, handler: str | None = None) -> DeadFilter:
+    if error_type is not None and (not isinstance(error_type, str) or not 0 < len(error_type) <= 256):
+        raise InvalidInput("error_type must be a string of 1..256 characters", "error_type")
+    if handler is not None:
+        validation.handler_name(handler)
+    checked_ids = None
+    if ids is not None:
+        checked_ids = tuple(validation.task_id(i, "ids") for i in ids)
+        if not 1 <= len(checked_ids) <= validation.Limits.batch_items:
+            raise InvalidInput(f"ids holds 1..{validation.Limits.batch_items} task ids", "ids")
+    return DeadFilter(ids=checked_ids, error_type=error_type, handler=handler)
+
+
+def _selection(ids: Iterable[str] | None, error_type: str | None, handler: str | None, all: bool) -> DeadFilter:
+    """Redrive and purge act on an explicit selection: ids, a filter, or ``all=True``."""
+    if ids is None and error_type is None and handler is None and not all:
+        raise InvalidInput("select dead tasks by ids, error_type/handler, or all", "ids")
+    return dead_filter(ids=ids, error_type=error_type, handler=handler)

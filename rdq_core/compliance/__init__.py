@@ -1,0 +1,22 @@
+"""The storage compliance kit: the executable specification of a backend.
+
+A backend -- ours or a third party's -- passes the kit with a few lines of pytest::
+
+    import pytest
+    from rdq_core.compliance import StorageCompliance
+
+    class TestMyBackend(StorageCompliance):
+        @pytest.fixture
+        def storage_url(self):
+            url = make_fresh_isolated_store()      # empty, not yet migrated
+            yield url
+            drop_it(url)
+
+``open_storage(url)`` must reach the backend: third-party schemes call
+``rdq_core.storage.register_backend`` in a module listed in ``plugin_modules`` (the chaos test's
+worker subprocesses import them too). Class attributes tune timing for slow stores.
+"""
+
+from .suite import StorageCompliance
+
+__all__ = ["StorageCompliance"]

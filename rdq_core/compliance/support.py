@@ -1,0 +1,57 @@
+"""Helpers the kit's tests share: waiting on conditions, building tasks, dead-lettering."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, TypeVar
+
+from ..ids import new_task_id
+from ..model import Backoff, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus
+from ..storage.spi import Storage
+
+T = TypeVar("T")
+
+FAST_BACKOFF = Backoff(initial_seconds=0.05, factor=2.0, max_seconds=0.2, jitter=0.0)
+
+
+def wait_until(condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "condition") -> T:
+    """Poll ``condition`` until it returns something truthy; fail loudly at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def new_task(queue: str, handler: str = "noop", payload: object = None, **fields: object) -> NewTask:
+    return NewTask(id=fields.pop("id", None) or new_task_id(), queue=queue, handler=handler, payload=payload, **fields)  # type: ignore[arg-type]
+
+
+def enqueue_n(storage: Storage, queue: str, n: int, **fields: object) -> list[str]:
+    ids: list[str] = []
+    for start in range(0, n, 500):
+        batch = [new_task(queue, payload={"n": i}, **fields) for i in range(start, min(n, start + 500))]
+        storage.enqueue(batch)
+        ids += [t.id for t in batch]
+    return ids
+
+
+def dead_letter(storage: Storage, queue: str, n: int, *, handler: str = "noop", error_type: str = "boom.Error") -> list[str]:
+    """Put ``n`` fresh tasks into the DLQ the way a worker would: claim, fail permanently."""
+    ids = enqueue_n(storage, queue, n, handler=handler, max_attempts=1)
+    wanted = set(ids)
+    settled = 0
+    deadline = time.monotonic() + 30
+    while settled < n and time.monotonic() < deadline:
+        claimed = [c for c in storage.claim(queue, 100, 30) if c.task.id in wanted]
+        storage.settle([
+            Settlement(c.task.id, c.claim_token, Outcome.PERMANENT_FAILURE, TaskStatus.DEAD,
+                       error=ErrorInfo(error_type, "failed on purpose"))
+            for c in claimed
+        ])
+        settled += len(claimed)
+    assert settled == n, f"could dead-letter only {settled} of {n} tasks"
+    return ids

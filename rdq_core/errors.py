@@ -1,0 +1,53 @@
+"""Exceptions raised by the engine and by every storage backend."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class RdqError(Exception):
+    """Base class of every rdq error."""
+
+
+class PermanentError(RdqError):
+    """Raised by a handler to dead-letter its task at once, without spending more retries."""
+
+
+class StaleClaim(RdqError):
+    """A post-claim write presented a claim token that no longer (or never) owned the task.
+
+    Carries the ids that were refused; nothing was written for them. In a batch call, the
+    items with a valid token were applied before this was raised.
+    """
+
+    def __init__(self, task_ids: Iterable[str]):
+        self.task_ids = tuple(task_ids)
+        super().__init__(f"stale or unknown claim token for task(s): {', '.join(self.task_ids)}")
+
+
+class TaskNotFound(RdqError):
+    def __init__(self, task_id: str):
+        self.task_id = task_id
+        super().__init__(f"task {task_id!r} not found")
+
+
+class TaskConflict(RdqError):
+    """The request conflicts with the task's current state (e.g. cancel of a non-PENDING task,
+    or an id already used on another queue)."""
+
+
+class InvalidInput(RdqError, ValueError):
+    """Input rejected by validation; nothing was written. ``field`` names the offending input."""
+
+    def __init__(self, message: str, field: str | None = None):
+        self.field = field
+        super().__init__(message)
+
+
+class InvalidCursor(InvalidInput):
+    def __init__(self, message: str = "cursor is malformed or was not issued by this queue"):
+        super().__init__(message, field="cursor")
+
+
+class StorageUnavailable(RdqError):
+    """The backend could not be reached; the operation may be retried."""

@@ -1,0 +1,110 @@
+"""The handler registry and the context a handler runs with.
+
+```python
+from rdq_core import handler, PermanentError
+
+@handler("send_email", timeout_seconds=20)
+def send_email(payload, ctx):
+    ...  # raise PermanentError to dead-letter at once; any other exception is retried
+```
+
+``timeout_seconds`` is the longest one run may take. A worker starts a task only if that much
+time is left before its deadline (the Lambda invocation's end), so it never starts what it
+cannot finish; a long-running worker stops renewing the lease once it is spent, so a hung
+handler ends as LEASE_EXPIRED instead of holding its task forever.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+from .validation import handler_name
+
+DEFAULT_TIMEOUT_SECONDS = 10.0
+
+HandlerFunc = Callable[[Any, "TaskContext"], Any]
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    name: str
+    func: HandlerFunc
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+
+
+class HandlerRegistry:
+    def __init__(self) -> None:
+        self._specs: dict[str, HandlerSpec] = {}
+        self._lock = threading.Lock()
+
+    def register(self, name: str, func: HandlerFunc, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+        handler_name(name)
+        if timeout_seconds <= 0:
+            raise ValueError("timeout_seconds must be positive")
+        with self._lock:
+            existing = self._specs.get(name)
+            if existing is not None and existing.func is not func:
+                raise ValueError(f"handler {name!r} is already registered by {existing.func.__module__}")
+            self._specs[name] = HandlerSpec(name, func, float(timeout_seconds))
+
+    def get(self, name: str) -> HandlerSpec | None:
+        return self._specs.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._specs)
+
+    def load_modules(self, modules: str | Iterable[str]) -> None:
+        """Import handler modules (``RDQ_HANDLERS``: comma-separated); their decorators register."""
+        if isinstance(modules, str):
+            modules = [m.strip() for m in modules.split(",")]
+        for module in modules:
+            if module:
+                importlib.import_module(module)
+
+
+#: The process-wide registry the ``@handler`` decorator writes to.
+registry = HandlerRegistry()
+
+
+def handler(name: str, *, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> Callable[[HandlerFunc], HandlerFunc]:
+    def decorate(func: HandlerFunc) -> HandlerFunc:
+        registry.register(name, func, timeout_seconds)
+        return func
+
+    return decorate
+
+
+class TaskContext:
+    """What a handler knows about its run: ids, attempt, time left, and lease renewal."""
+
+    def __init__(
+        self,
+        *,
+        task_id: str,
+        queue: str,
+        attempt: int,
+        redrive_count: int,
+        headers: Mapping[str, str],
+        deadline: float,
+        extend: Callable[[float | None], None],
+    ) -> None:
+        self.task_id = task_id
+        self.queue = queue
+        #: 1-based attempt within the current retry budget (redrive starts a new budget).
+        self.attempt = attempt
+        self.redrive_count = redrive_count
+        self.headers = dict(headers)
+        self._deadline = deadline
+        self._extend = extend
+
+    def remaining_seconds(self) -> float:
+        """Seconds left before this run must be over (monotonic clock)."""
+        return max(0.0, self._deadline - time.monotonic())
+
+    def extend_lease(self, seconds: float | None = None) -> None:
+        """Renew this task's lease now (raises StaleClaim if the task was taken away)."""
+        self._extend(seconds)

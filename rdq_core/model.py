@@ -1,0 +1,262 @@
+"""The task and attempt model shared by the engine, every backend and every host.
+
+State machine (drawn in docs/state-machine.md)::
+
+    PENDING ──claim──▶ IN_FLIGHT ──success──────────────▶ SUCCEEDED
+       ▲  │               │  │
+       │  │               │  └──failure / lease expired, budget spent──▶ DEAD
+       │  │               │                                              │
+       │  │               └──failure / lease expired, budget left─┐      │
+       │  │               └──release (unstarted, no attempt)──────┤      │
+       │  └──cancel──▶ CANCELLED                                  │      │
+       └────────────────────────────────────────────────────────┘      │
+       └────────────────────────── redrive (budget reset) ◀──────────────┘
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Mapping
+
+
+class TaskStatus(str, enum.Enum):
+    PENDING = "PENDING"
+    IN_FLIGHT = "IN_FLIGHT"
+    SUCCEEDED = "SUCCEEDED"
+    DEAD = "DEAD"
+    CANCELLED = "CANCELLED"
+
+
+class Outcome(str, enum.Enum):
+    SUCCESS = "SUCCESS"
+    RETRYABLE_FAILURE = "RETRYABLE_FAILURE"
+    PERMANENT_FAILURE = "PERMANENT_FAILURE"
+    LEASE_EXPIRED = "LEASE_EXPIRED"
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """What went wrong in one attempt. Message and stack are truncated by the engine."""
+
+    type: str
+    message: str = ""
+    stack: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "message": self.message, "stack": self.stack}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> "ErrorInfo | None":
+        if not data:
+            return None
+        return cls(type=data["type"], message=data.get("message") or "", stack=data.get("stack"))
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff: ``initial * factor**(n-1)``, capped, then jittered by ±jitter."""
+
+    initial_seconds: float = 1.0
+    factor: float = 2.0
+    max_seconds: float = 600.0
+    jitter: float = 0.2
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "initial_seconds": self.initial_seconds,
+            "factor": self.factor,
+            "max_seconds": self.max_seconds,
+            "jitter": self.jitter,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> "Backoff | None":
+        if data is None:
+            return None
+        return cls(**{k: float(v) for k, v in data.items()})
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One row of a task's history, unique on (task_id, attempt_no).
+
+    ``started_at`` is when the claim that led to this attempt was stamped; ``finished_at`` is
+    when it was settled (or reaped). Both come from the backend's clock.
+    """
+
+    attempt_no: int
+    outcome: Outcome
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: ErrorInfo | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attempt_no": self.attempt_no,
+            "outcome": self.outcome.value,
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+            "error": self.error.to_dict() if self.error else None,
+        }
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    queue: str
+    handler: str
+    payload: Any
+    status: TaskStatus
+    headers: Mapping[str, str] = field(default_factory=dict)
+    attempt_count: int = 0
+    redrive_count: int = 0
+    max_attempts: int | None = None
+    backoff: Backoff | None = None
+    next_attempt_at: datetime | None = None
+    lease_expires_at: datetime | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    dead_at: datetime | None = None
+    result: Any = None
+    last_error: ErrorInfo | None = None
+    attempts: tuple[Attempt, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "queue": self.queue,
+            "handler": self.handler,
+            "payload": self.payload,
+            "headers": dict(self.headers),
+            "status": self.status.value,
+            "attempt_count": self.attempt_count,
+            "redrive_count": self.redrive_count,
+            "max_attempts": self.max_attempts,
+            "backoff": self.backoff.to_dict() if self.backoff else None,
+            "next_attempt_at": _iso(self.next_attempt_at),
+            "lease_expires_at": _iso(self.lease_expires_at),
+            "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at),
+            "dead_at": _iso(self.dead_at),
+            "result": self.result,
+            "last_error": self.last_error.to_dict() if self.last_error else None,
+            "attempts": [a.to_dict() for a in self.attempts],
+        }
+
+
+@dataclass(frozen=True)
+class NewTask:
+    """A validated enqueue request (the engine validates; backends trust it).
+
+    Exactly one of ``delay_seconds`` / ``run_at`` matters: ``run_at`` wins when set. The backend
+    computes ``next_attempt_at = its own now() + delay_seconds``.
+    """
+
+    id: str
+    queue: str
+    handler: str
+    payload: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    max_attempts: int | None = None
+    backoff: Backoff | None = None
+    delay_seconds: float = 0.0
+    run_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """Per-item result of an enqueue. ``created`` is False for an idempotent repeat.
+
+    ``conflict`` is True when the id already exists on another queue; ``task`` is then the
+    existing task (on its own queue) and nothing was written.
+    """
+
+    task: Task
+    created: bool
+    conflict: bool = False
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """The fencing pair every post-claim write presents."""
+
+    task_id: str
+    claim_token: str
+
+
+@dataclass(frozen=True)
+class ClaimedTask:
+    """A task as handed to a worker (or a reaper) by a claim."""
+
+    task: Task
+    claim_token: str
+    claimed_at: datetime
+    lease_expires_at: datetime
+
+    @property
+    def ref(self) -> ClaimRef:
+        return ClaimRef(self.task.id, self.claim_token)
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """The engine's decision for one claimed task; the backend applies it atomically.
+
+    The backend, in one atomic step per task and only if ``claim_token`` still matches an
+    IN_FLIGHT task (and, for LEASE_EXPIRED, only if its lease has expired by the backend clock):
+    appends an attempt ``MAX(attempt_no)+1`` with ``outcome``/``error``, adds 1 to
+    ``attempt_count``, sets ``status`` (SUCCEEDED, PENDING or DEAD), clears the claim, sets
+    ``next_attempt_at = now() + retry_delay_seconds`` for PENDING, ``dead_at = now()`` for DEAD,
+    stores ``result`` for SUCCEEDED and ``last_error`` for failures.
+    """
+
+    task_id: str
+    claim_token: str
+    outcome: Outcome
+    status: TaskStatus
+    retry_delay_seconds: float = 0.0
+    error: ErrorInfo | None = None
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class DeadFilter:
+    """Selects dead tasks of one queue: by ids, or by error type / handler (None = any)."""
+
+    ids: tuple[str, ...] | None = None
+    error_type: str | None = None
+    handler: str | None = None
+
+
+@dataclass(frozen=True)
+class DeadPage:
+    tasks: tuple[Task, ...]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    queue: str
+    pending: int
+    in_flight: int
+    dead: int
+    succeeded: int
+    cancelled: int
+    oldest_pending_age_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "pending": self.pending,
+            "in_flight": self.in_flight,
+            "dead": self.dead,
+            "succeeded": self.succeeded,
+            "cancelled": self.cancelled,
+            "oldest_pending_age_seconds": self.oldest_pending_age_seconds,
+        }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None

@@ -1,0 +1,84 @@
+"""Reaping expired leases: a dead worker's claim becomes an ordinary failed attempt.
+
+For each IN_FLIGHT task whose lease expired by the backend clock, the reaper records one
+synthetic ``LEASE_EXPIRED`` attempt (numbered from history) and reschedules the task with
+backoff, or dead-letters it when its budget is spent -- the same policy as any failure, not an
+immediate hand-off. The settle is fenced by the token the task was held under, so racing
+reapers, or a worker that extended its lease just in time, can never produce a second row.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from .errors import StaleClaim
+from .model import Outcome, TaskStatus
+from .retry import PolicyBook
+from .runner import LEASE_EXPIRED, truncated_error
+from .storage.spi import Storage
+from .telemetry import Telemetry
+
+log = logging.getLogger("rdq.reaper")
+
+
+@dataclass
+class ReapReport:
+    expired: int = 0
+    rescheduled: int = 0
+    dead_lettered: int = 0
+    contended: int = 0
+    batches: int = 0
+
+
+def reap_expired_leases(
+    storage: Storage,
+    policies: PolicyBook | None = None,
+    *,
+    batch_size: int = 100,
+    deadline: float = math.inf,
+    queue: str | None = None,
+    telemetry: Telemetry | None = None,
+) -> ReapReport:
+    """Reap in bounded batches until none is left or the (monotonic) deadline passes."""
+    policies = policies or PolicyBook()
+    report = ReapReport()
+    while time.monotonic() < deadline:
+        expired = storage.find_expired_leases(batch_size, queue=queue)
+        if not expired:
+            break
+        report.batches += 1
+        settlements = []
+        for item in expired:
+            held_for = (item.lease_expires_at - item.claimed_at).total_seconds()
+            error = truncated_error(
+                LEASE_EXPIRED, f"lease of {held_for:.1f}s expired before the worker settled the task"
+            )
+            settlements.append(policies.settle_failure(item.task, item.claim_token, Outcome.LEASE_EXPIRED, error))
+        refused: set[str] = set()
+        try:
+            storage.settle(settlements)
+        except StaleClaim as exc:
+            # Another reaper got there first, or the worker renewed its lease in time.
+            refused = set(exc.task_ids)
+        for s in settlements:
+            if s.task_id in refused:
+                report.contended += 1
+                continue
+            report.expired += 1
+            if s.status is TaskStatus.DEAD:
+                report.dead_lettered += 1
+            else:
+                report.rescheduled += 1
+        if telemetry:
+            telemetry.count("lease_expired", len(settlements) - len(refused))
+        if len(expired) < batch_size:
+            break
+    if report.expired:
+        log.info(
+            "reaped %d expired lease(s): %d rescheduled, %d dead-lettered",
+            report.expired, report.rescheduled, report.dead_lettered,
+        )
+    return report

@@ -1,0 +1,56 @@
+"""Storage backends behind one SPI. ``open_storage(url)`` picks the backend by URL scheme.
+
+| scheme | backend | URL example |
+| --- | --- | --- |
+| ``sqlite`` | ``rdq_core.storage.sqlite`` | ``sqlite:///rdq.db`` (relative), ``sqlite:////abs/rdq.db`` |
+| ``postgresql``, ``postgres`` | ``rdq_core.storage.postgres`` | ``postgresql://user@host/db`` |
+| ``redis``, ``rediss`` | ``rdq_core.storage.redis`` | ``redis://host:6379/0?prefix=rdq`` |
+| ``mongodb``, ``mongodb+srv`` | ``rdq_core.storage.mongo`` | ``mongodb://host:27017/rdq`` |
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from urllib.parse import urlsplit
+
+from .spi import Storage
+
+DEFAULT_SQLITE_URL = "sqlite:///rdq.db"
+
+_BACKENDS = {
+    "sqlite": "rdq_core.storage.sqlite:SQLiteStorage",
+    "postgresql": "rdq_core.storage.postgres:PostgresStorage",
+    "postgres": "rdq_core.storage.postgres:PostgresStorage",
+    "redis": "rdq_core.storage.redis:RedisStorage",
+    "rediss": "rdq_core.storage.redis:RedisStorage",
+    "mongodb": "rdq_core.storage.mongo:MongoStorage",
+    "mongodb+srv": "rdq_core.storage.mongo:MongoStorage",
+}
+
+
+def register_backend(scheme: str, target: str) -> None:
+    """Make ``open_storage`` serve ``scheme`` with a third-party backend (``"module:Class"``)."""
+    _BACKENDS[scheme.lower()] = target
+
+
+def default_storage_url() -> str:
+    return os.environ.get("RDQ_STORAGE_URL") or DEFAULT_SQLITE_URL
+
+
+def open_storage(url: str | None = None) -> Storage:
+    """Open the backend named by ``url`` (default: ``$RDQ_STORAGE_URL``, else ``sqlite:///rdq.db``).
+
+    Backends are imported lazily so a Lambda package only needs the driver it uses.
+    """
+    url = url or default_storage_url()
+    scheme = urlsplit(url).scheme.lower()
+    target = _BACKENDS.get(scheme)
+    if target is None:
+        raise ValueError(f"unsupported storage URL scheme {scheme!r}; expected one of {sorted(_BACKENDS)}")
+    module_name, class_name = target.split(":")
+    backend = getattr(importlib.import_module(module_name), class_name)
+    return backend(url)
+
+
+__all__ = ["Storage", "open_storage", "register_backend", "default_storage_url", "DEFAULT_SQLITE_URL"]

@@ -1,0 +1,203 @@
+"""The storage SPI: the one interface every backend implements.
+
+Contract (held by the compliance kit, ``rdq_core.compliance``):
+
+* **Clock.** The backend's clock is the only time authority for due-ness, leases and
+  timestamps (``now()``, Redis ``TIME``, the MongoDB server time, SQLite's clock). Durations
+  (delays, leases) come in as seconds and are added to the backend's now.
+* **Atomic claim.** ``claim`` flips up to ``limit`` due PENDING tasks of one queue (oldest
+  ``next_attempt_at`` first) to IN_FLIGHT in one atomic step, stamping ``claimed_at``,
+  ``lease_expires_at = now + lease`` and a fresh, never-reused claim token per task. No two
+  concurrent claims may ever return the same task.
+* **Fencing.** Every post-claim write (``settle``, ``extend_leases``, ``release``) presents
+  ``(task_id, claim_token)``. A token that does not match an IN_FLIGHT task changes nothing for
+  that task; after applying the valid items the call raises ``StaleClaim`` naming the refused
+  ids. ``settle`` of a LEASE_EXPIRED outcome is additionally refused while the lease has not
+  expired by the backend clock (a worker that extended in time keeps its task).
+* **History.** ``settle`` appends the attempt with ``attempt_no = MAX(attempt_no) + 1`` over
+  that task's history, computed by the store inside the same atomic step -- never from
+  ``attempt_count``, which is only the retry budget and is reset by redrive. Attempts are
+  unique on ``(task_id, attempt_no)``.
+* **Batches.** Enqueue, claim, settle, release, extend and the expired-lease scan take many
+  tasks per call and cost a constant number of round trips per call, not per task.
+* **Idempotent enqueue.** An id that exists on the same queue is a no-op that returns the
+  existing task (``created=False``) and changes nothing; on another queue it is a conflict.
+
+The engine decides (policy, backoff, error classification); the backend applies. Backends
+never compute retry policy and never trust input they did not get from the engine's validation.
+"""
+
+from __future__ import annotations
+
+import abc
+import base64
+import binascii
+import json
+from datetime import datetime, timezone
+from typing import Any, ClassVar, Sequence
+
+from ..errors import InvalidCursor
+from ..model import (
+    ClaimedTask,
+    ClaimRef,
+    DeadFilter,
+    DeadPage,
+    EnqueueResult,
+    NewTask,
+    QueueStats,
+    Settlement,
+    Task,
+)
+
+
+class Storage(abc.ABC):
+    """A connection to one rdq store. Thread-safe: one instance may serve many threads."""
+
+    #: URL schemes this backend serves, e.g. ``("postgresql", "postgres")``.
+    schemes: ClassVar[tuple[str, ...]] = ()
+
+    #: Statements / commands / script calls sent to the server so far (benchmarks read it).
+    round_trips: int = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def migrate(self) -> None:
+        """Create or upgrade the schema (tables, indexes, scripts). Idempotent and versioned."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections. The instance is unusable afterwards."""
+
+    @abc.abstractmethod
+    def now(self) -> datetime:
+        """The backend clock (timezone-aware UTC)."""
+
+    # -- producer side ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def enqueue(self, tasks: Sequence[NewTask], *, connection: Any = None) -> list[EnqueueResult]:
+        """Insert tasks as PENDING, idempotently, in one round trip; results in input order.
+
+        ``connection`` lets a backend that supports it (PostgreSQL) write inside the caller's
+        open transaction without committing it. Others raise ``TypeError`` when it is given.
+        """
+
+    # -- worker side -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def claim(self, queue: str, limit: int, lease_seconds: float) -> list[ClaimedTask]:
+        """Atomically claim up to ``limit`` due PENDING tasks of ``queue`` (see module doc)."""
+
+    @abc.abstractmethod
+    def extend_leases(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, datetime]:
+        """Set ``lease_expires_at = now + lease_seconds`` for each still-held claim.
+
+        Returns the new expiry per task id; raises ``StaleClaim`` for refused refs.
+        """
+
+    @abc.abstractmethod
+    def settle(self, settlements: Sequence[Settlement]) -> None:
+        """Apply the engine's decisions (see ``Settlement``); raises ``StaleClaim`` for refused items."""
+
+    @abc.abstractmethod
+    def release(self, refs: Sequence[ClaimRef]) -> None:
+        """Return claimed-but-unstarted tasks to PENDING: no attempt row, budget unchanged,
+        ``next_attempt_at`` unchanged. Raises ``StaleClaim`` for refused refs."""
+
+    # -- reaper side -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def find_expired_leases(self, limit: int, queue: str | None = None) -> list[ClaimedTask]:
+        """Up to ``limit`` IN_FLIGHT tasks whose lease expired by the backend clock, oldest
+        expiry first, with the claim token they are held under. Read-only: the reaper then
+        settles them with outcome LEASE_EXPIRED, fenced by that token, so two reapers racing
+        record exactly one LEASE_EXPIRED attempt."""
+
+    # -- operator side ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def get(self, task_id: str) -> Task | None:
+        """The task with its full attempt history (ordered by attempt_no), or None."""
+
+    @abc.abstractmethod
+    def cancel(self, task_id: str) -> Task:
+        """PENDING -> CANCELLED. ``TaskNotFound`` if absent, ``TaskConflict`` if not PENDING."""
+
+    @abc.abstractmethod
+    def list_dead(
+        self, queue: str, *, limit: int, cursor: str | None = None, filter: DeadFilter = DeadFilter()
+    ) -> DeadPage:
+        """Dead tasks of ``queue`` ordered by ``(dead_at, id)``, with attempts.
+
+        Paging is keyset-based (see ``encode_dead_cursor``): every task that is dead when paging
+        starts and stays dead appears exactly once, however many tasks die meanwhile.
+        """
+
+    @abc.abstractmethod
+    def redrive(self, queue: str, filter: DeadFilter) -> int:
+        """DEAD -> PENDING, due now: ``attempt_count = 0``, ``redrive_count += 1``, history kept."""
+
+    @abc.abstractmethod
+    def purge_dead(self, queue: str, filter: DeadFilter) -> int:
+        """Delete matching DEAD tasks and their attempts; returns the count."""
+
+    @abc.abstractmethod
+    def stats(self, queue: str) -> QueueStats:
+        """Counts per status and the age of the oldest due PENDING task (``now -
+        min(next_attempt_at)`` over due tasks; 0 when none is due). Cheap: index lookups."""
+
+    @abc.abstractmethod
+    def list_queues(self) -> list[str]:
+        """Names of queues that hold at least one task."""
+
+    @abc.abstractmethod
+    def purge_succeeded(self, older_than_seconds: float, limit: int) -> int:
+        """Retention: delete up to ``limit`` SUCCEEDED and CANCELLED tasks (with attempts) last
+        updated more than ``older_than_seconds`` ago. Returns the count deleted."""
+
+    # -- conveniences built on the primitives ------------------------------------------------
+    def __enter__(self) -> "Storage":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- DLQ cursors -------------------------------------------------------------------------------
+# A cursor is the keyset position (dead_at in microseconds since the epoch, task id) of the last
+# task on a page, bound to its queue. It is opaque to clients and validated on the way back in.
+
+def encode_dead_cursor(queue: str, dead_at: datetime, task_id: str) -> str:
+    raw = json.dumps({"q": queue, "t": to_micros(dead_at), "id": task_id}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_dead_cursor(queue: str, cursor: str) -> tuple[int, str]:
+    """Returns ``(dead_at_micros, task_id)``; raises ``InvalidCursor`` on anything else."""
+    if not isinstance(cursor, str) or not 0 < len(cursor) <= 1024:
+        raise InvalidCursor()
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        data = json.loads(raw)
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise InvalidCursor() from None
+    if (
+        not isinstance(data, dict)
+        or data.get("q") != queue
+        or type(data.get("t")) is not int
+        or not isinstance(data.get("id"), str)
+    ):
+        raise InvalidCursor()
+    return data["t"], data["id"]
+
+
+def to_micros(value: datetime) -> int:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    delta = value - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_micros(micros: int) -> datetime:
+    from datetime import timedelta
+
+    return _EPOCH + timedelta(microseconds=micros)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)

@@ -1,0 +1,173 @@
+"""Input validation shared by every entry point (HTTP API, CLI, Python client).
+
+Backends trust what passes here; nothing a caller sends is ever interpreted as query syntax,
+because names are restricted to a small charset and values travel as bound parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import datetime
+from typing import Any, Mapping
+
+from .errors import InvalidInput
+from .model import Backoff
+
+QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,119}")
+HANDLER_NAME = QUEUE_NAME
+TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]{0,127}")
+
+
+class Limits:
+    """Documented limits (docs/limits.md). Each violation raises InvalidInput naming the field."""
+
+    payload_bytes = 256 * 1024
+    result_bytes = 64 * 1024
+    batch_items = 500
+    page_size = 500
+    headers_count = 32
+    header_key_chars = 128
+    header_value_chars = 1024
+    max_attempts = 100
+    delay_seconds = 366 * 86_400
+    json_depth = 64
+    error_message_chars = 2_000
+    error_stack_chars = 8_000
+
+
+def queue_name(value: Any, field: str = "queue") -> str:
+    if not isinstance(value, str) or not QUEUE_NAME.fullmatch(value):
+        raise InvalidInput(f"{field} must match ^[a-z0-9][a-z0-9._-]{{0,119}}$", field)
+    return value
+
+
+def handler_name(value: Any, field: str = "handler") -> str:
+    if not isinstance(value, str) or not HANDLER_NAME.fullmatch(value):
+        raise InvalidInput(f"{field} must match ^[a-z0-9][a-z0-9._-]{{0,119}}$", field)
+    return value
+
+
+def task_id(value: Any, field: str = "id") -> str:
+    if not isinstance(value, str) or not TASK_ID.fullmatch(value):
+        raise InvalidInput(f"{field} must match ^[A-Za-z0-9][A-Za-z0-9._~-]{{0,127}}$", field)
+    return value
+
+
+def json_value(value: Any, limit_bytes: int, field: str) -> Any:
+    """Checks that ``value`` is plain JSON within size and depth limits; returns it unchanged."""
+    try:
+        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"{field} is not JSON-serialisable: {exc}", field) from None
+    if "\\u0000" in encoded and has_nul(value):
+        # PostgreSQL's jsonb (and many consumers) cannot hold NUL; refuse it up front everywhere.
+        raise InvalidInput(f"{field} contains a NUL character (\\u0000)", field)
+    if len(encoded.encode("utf-8")) > limit_bytes:
+        raise InvalidInput(f"{field} exceeds {limit_bytes} bytes once encoded as JSON", field)
+    if _depth(value) > Limits.json_depth:
+        raise InvalidInput(f"{field} nests deeper than {Limits.json_depth} levels", field)
+    return value
+
+
+def has_nul(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _depth(value: Any) -> int:
+    # Iterative so hostile nesting cannot blow the interpreter stack.
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if level > Limits.json_depth:
+            return level
+        if isinstance(item, dict):
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, level + 1) for v in item)
+    return deepest
+
+
+def headers(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidInput("headers must be an object of string to string", "headers")
+    if len(value) > Limits.headers_count:
+        raise InvalidInput(f"at most {Limits.headers_count} headers", "headers")
+    clean: dict[str, str] = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not 0 < len(key) <= Limits.header_key_chars:
+            raise InvalidInput(f"header names are 1..{Limits.header_key_chars} characters", "headers")
+        if key.startswith("rdq."):
+            raise InvalidInput("header names starting with 'rdq.' are reserved", "headers")
+        if not isinstance(item, str) or len(item) > Limits.header_value_chars:
+            raise InvalidInput(f"header values are strings of at most {Limits.header_value_chars} characters", "headers")
+        clean[key] = item
+    return clean
+
+
+def max_attempts(value: Any) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or not 1 <= value <= Limits.max_attempts:
+        raise InvalidInput(f"max_attempts must be an integer in 1..{Limits.max_attempts}", "max_attempts")
+    return value
+
+
+def delay_seconds(value: Any) -> float:
+    if value is None:
+        return 0.0
+    if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= Limits.delay_seconds:
+        raise InvalidInput(f"delay_seconds must be a number in 0..{Limits.delay_seconds}", "delay_seconds")
+    return float(value)
+
+
+def run_at(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidInput("run_at must be an ISO-8601 timestamp with a UTC offset", "run_at") from None
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise InvalidInput("run_at must be an ISO-8601 timestamp with a UTC offset", "run_at")
+    return value
+
+
+def backoff(value: Any) -> Backoff | None:
+    if value is None or isinstance(value, Backoff):
+        return value
+    if not isinstance(value, Mapping):
+        raise InvalidInput("backoff must be an object", "backoff")
+    allowed = {"initial_seconds": (0.0, 86_400.0), "factor": (1.0, 10.0), "max_seconds": (0.0, 7 * 86_400.0), "jitter": (0.0, 1.0)}
+    unknown = set(value) - set(allowed)
+    if unknown:
+        raise InvalidInput(f"unknown backoff fields: {', '.join(sorted(map(str, unknown)))}", "backoff")
+    fields = Backoff().to_dict()
+    for key, item in value.items():
+        low, high = allowed[key]
+        if type(item) not in (int, float) or not math.isfinite(item) or not low <= item <= high:
+            raise InvalidInput(f"backoff.{key} must be a number in {low:g}..{high:g}", "backoff")
+        fields[key] = float(item)
+    return Backoff(**fields)
+
+
+def page_size(value: Any) -> int:
+    if type(value) is not int or not 1 <= value <= Limits.page_size:
+        raise InvalidInput(f"limit must be an integer in 1..{Limits.page_size}", "limit")
+    return value

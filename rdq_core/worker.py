@@ -1,0 +1,165 @@
+"""The long-running worker host (``rdq worker``): claim, run, settle, with a lease heartbeat.
+
+On a container host there is no invocation deadline, so the lease is short (``--lease``) and a
+heartbeat thread renews it for every claim the worker holds. A running task is renewed only
+until its handler's ``timeout_seconds`` is spent: a hung handler then loses its lease, the
+reaper records LEASE_EXPIRED, and the worker's late settle is fenced off (``StaleClaim``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from .errors import StaleClaim, StorageUnavailable
+from .handlers import HandlerRegistry
+from .model import ClaimedTask, ClaimRef
+from .retry import PolicyBook
+from .runner import BatchRunner, ClaimLedger
+from .storage.spi import Storage
+from .telemetry import Telemetry
+
+log = logging.getLogger("rdq.worker")
+
+
+class HeartbeatLedger(ClaimLedger):
+    """Claims held by this worker, renewed in one batched write per beat."""
+
+    def __init__(self, storage: Storage, lease_seconds: float) -> None:
+        self.storage = storage
+        self.lease_seconds = lease_seconds
+        self._held: dict[str, tuple[ClaimRef, float]] = {}
+        self._lock = threading.Lock()
+        self.lost: set[str] = set()
+
+    def hold(self, claimed: Sequence[ClaimedTask]) -> None:
+        with self._lock:
+            for item in claimed:
+                self._held[item.task.id] = (item.ref, math.inf)
+
+    def running(self, ref: ClaimRef, until: float) -> None:
+        with self._lock:
+            self._held[ref.task_id] = (ref, until)
+
+    def drop(self, refs: Sequence[ClaimRef]) -> None:
+        with self._lock:
+            for ref in refs:
+                self._held.pop(ref.task_id, None)
+
+    def beat(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            refs = [ref for ref, until in self._held.values() if until > now]
+        if not refs:
+            return
+        try:
+            self.storage.extend_leases(refs, self.lease_seconds)
+        except StaleClaim as exc:
+            self.lost.update(exc.task_ids)
+            log.warning("lost the lease of %d task(s); their outcome will be fenced off", len(exc.task_ids))
+        except StorageUnavailable:
+            log.warning("heartbeat failed: storage unavailable; will retry")
+
+
+@dataclass
+class WorkerConfig:
+    queues: Sequence[str]
+    batch_size: int = 10
+    lease_seconds: float = 30.0
+    concurrency: int = 1
+    idle_poll_seconds: float = 1.0
+
+
+class Worker:
+    def __init__(
+        self,
+        storage: Storage,
+        config: WorkerConfig,
+        *,
+        policies: PolicyBook | None = None,
+        registry: HandlerRegistry | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        self.storage = storage
+        self.config = config
+        self.telemetry = telemetry or Telemetry()
+        self.runner = BatchRunner(
+            storage, policies, registry, self.telemetry, lease_seconds=config.lease_seconds
+        )
+        self.ledger = HeartbeatLedger(storage, config.lease_seconds)
+        self.stop_event = threading.Event()
+
+    def run_forever(self) -> None:
+        heartbeat = threading.Thread(target=self._heartbeat_loop, name="rdq-heartbeat", daemon=True)
+        heartbeat.start()
+        loops = [
+            threading.Thread(target=self._claim_loop, name=f"rdq-worker-{n}", daemon=True)
+            for n in range(self.config.concurrency)
+        ]
+        for loop in loops:
+            loop.start()
+        try:
+            while any(loop.is_alive() for loop in loops):
+                for loop in loops:
+                    loop.join(0.2)
+        finally:
+            self.stop_event.set()
+
+    def stop(self) -> None:
+        """Finish the running task, release unstarted claims, settle, then return."""
+        self.stop_event.set()
+
+    def run_once(self) -> int:
+        """Claim and run one batch per queue; returns the number of tasks started."""
+        started = 0
+        for queue in self.config.queues:
+            claimed = self._claim(queue)
+            if claimed:
+                self.ledger.hold(claimed)
+                started += self.runner.run(claimed, ledger=self.ledger, should_stop=self.stop_event.is_set).started
+        return started
+
+    def _claim(self, queue: str) -> list[ClaimedTask]:
+        began = time.monotonic()
+        claimed = self.storage.claim(queue, self.config.batch_size, self.config.lease_seconds)
+        self.telemetry.timing_ms("claim_latency_ms", (time.monotonic() - began) * 1000)
+        self.telemetry.count("claimed", len(claimed))
+        return claimed
+
+    def _claim_loop(self) -> None:
+        backoff = _Backoff()
+        while not self.stop_event.is_set():
+            try:
+                started = self.run_once()
+                backoff.reset()
+            except StorageUnavailable as exc:
+                delay = backoff.next()
+                log.error("storage unavailable (%s); retrying in %.1fs", exc, delay)
+                self.stop_event.wait(delay)
+                continue
+            if not started:
+                self.stop_event.wait(self.config.idle_poll_seconds)
+
+    def _heartbeat_loop(self) -> None:
+        interval = max(self.config.lease_seconds / 3, 0.05)
+        while not self.stop_event.wait(interval):
+            self.ledger.beat()
+
+
+class _Backoff:
+    """Reconnect backoff: 0.5 s doubling to 30 s, so an outage is neither hammered nor ignored."""
+
+    def __init__(self) -> None:
+        self.delay = 0.5
+
+    def reset(self) -> None:
+        self.delay = 0.5
+
+    def next(self) -> float:
+        current = self.delay
+        self.delay = min(self.delay * 2, 30.0)
+        return current

@@ -1,0 +1,49 @@
+"""The SQLite backend (the embedded default) against the compliance kit, plus its own specifics."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from rdq_core.compliance import StorageCompliance
+from rdq_core.storage import open_storage
+
+
+class TestSQLiteCompliance(StorageCompliance):
+    @pytest.fixture
+    def storage_url(self, tmp_path):
+        yield f"sqlite:///{tmp_path}/rdq.db"
+
+
+def test_relative_url_creates_the_file_under_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = open_storage("sqlite:///data/rdq.db")
+    store.migrate()
+    store.close()
+    assert (tmp_path / "data" / "rdq.db").exists()
+
+
+def test_database_runs_in_wal_mode_with_real_constraints(tmp_path):
+    store = open_storage(f"sqlite:///{tmp_path}/rdq.db")
+    store.migrate()
+    store.close()
+    conn = sqlite3.connect(tmp_path / "rdq.db")
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute(
+            "INSERT INTO rdq_tasks (id, queue, handler, payload, headers, status, next_attempt_at, created_at, updated_at)"
+            " VALUES ('x', 'q', 'h', 'null', '{}', 'BOGUS', 0, 0, 0)"
+        )
+    conn.execute(
+        "INSERT INTO rdq_tasks (id, queue, handler, payload, headers, status, next_attempt_at, created_at, updated_at)"
+        " VALUES ('x', 'q', 'h', 'null', '{}', 'PENDING', 0, 0, 0)"
+    )
+    conn.execute("INSERT INTO rdq_attempts (task_id, attempt_no, outcome) VALUES ('x', 1, 'SUCCESS')")
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute("INSERT INTO rdq_attempts (task_id, attempt_no, outcome) VALUES ('x', 1, 'LEASE_EXPIRED')")
+
+
+def test_memory_urls_are_refused():
+    with pytest.raises(ValueError):
+        open_storage("sqlite:///:memory:")
