@@ -1,0 +1,773 @@
+"""PostgreSQL backend (psycopg 3).
+
+Every hot path is one SQL statement, so one round trip per call whatever the batch size:
+
+* claim   -- ``FOR UPDATE SKIP LOCKED`` picks due rows, the same statement flips them to
+             IN_FLIGHT with a fresh ``gen_random_uuid()`` token and a lease from ``now()``;
+* settle  -- the batch travels as parallel arrays (``unnest``); a data-modifying CTE updates
+             only rows whose token still matches and appends the attempts, numbering them
+             ``MAX(attempt_no) + 1`` from the history inside the same statement;
+* enqueue, release, extend_leases -- the same array-batch shape.
+
+Fenced batch writes lock their rows in id order first, so overlapping batches never deadlock.
+
+The database clock (``now()``, ``clock_timestamp()``) is the only time authority; the worker
+sends durations, never instants (except a user-chosen ``run_at``).
+
+Connections are autocommit (each statement is its own transaction) and pooled per instance:
+idle ones wait in a list under a lock, so an instance can serve many threads.
+
+The URL is a plain libpq URL; ``?options=-csearch_path%3Dmyschema`` puts rdq's tables in a
+schema of their own (migrations create objects in the current schema).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import select
+import threading
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row
+
+from ..errors import InvalidInput, StaleClaim, StorageUnavailable, TaskConflict, TaskNotFound
+from ..model import (
+    Attempt,
+    Backoff,
+    ClaimedTask,
+    ClaimRef,
+    DeadFilter,
+    DeadPage,
+    EnqueueResult,
+    ErrorInfo,
+    NewTask,
+    Outcome,
+    QueueStats,
+    Settlement,
+    Task,
+    TaskStatus,
+)
+from .spi import Storage, decode_dead_cursor, encode_dead_cursor, from_micros
+
+SCHEMA_DIR = Path(__file__).parent / "postgres_schema"
+_MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+
+#: Seconds to wait for a new connection unless the URL says otherwise (libpq waits forever).
+DEFAULT_CONNECT_TIMEOUT = 10
+#: Idle connections kept per instance; more concurrent callers get extra, short-lived ones.
+MAX_IDLE_CONNECTIONS = 16
+#: First key of the two-key advisory lock that serialises migrations (second: the schema).
+MIGRATION_LOCK_NAMESPACE = 0x72647100  # "rdq\0"
+
+# -- SQL ----------------------------------------------------------------------------------------
+
+TASK_COLUMNS = (
+    "id", "queue", "handler", "payload", "headers", "status", "attempt_count", "redrive_count",
+    "max_attempts", "backoff", "next_attempt_at", "lease_expires_at", "created_at",
+    "updated_at", "dead_at", "result", "last_error", "claim_token", "claimed_at",
+)
+
+
+def _columns(alias: str) -> str:
+    return ", ".join(f"{alias}.{column}" for column in TASK_COLUMNS)
+
+
+def _attempts_of(alias: str) -> str:
+    """A correlated subquery: the task's history as a jsonb array ordered by attempt_no, so a
+    task and its attempts come back in one round trip (served by the unique index)."""
+    return f"""(
+        SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'attempt_no', a.attempt_no, 'outcome', a.outcome,
+                   'started_at', a.started_at, 'finished_at', a.finished_at,
+                   'error', a.error) ORDER BY a.attempt_no), '[]'::jsonb)
+        FROM rdq_attempts AS a WHERE a.task_id = {alias}.id
+    ) AS attempts"""
+
+
+CREATE_VERSION_TABLE_SQL = """
+CREATE TABLE IF NOT EXISTS rdq_schema_version (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)"""
+
+# Keyed by schema so installations in different schemas of one database never wait for each
+# other. current_schema() is NULL when no search_path schema exists; the CREATE then fails.
+MIGRATION_LOCK_SQL = "SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(current_schema()))"
+
+APPLIED_VERSIONS_SQL = "SELECT version FROM rdq_schema_version"
+
+RECORD_VERSION_SQL = "INSERT INTO rdq_schema_version (version, name) VALUES (%(version)s, %(name)s)"
+
+NOW_SQL = "SELECT now()"
+
+# DISTINCT ON keeps the first occurrence of an id repeated inside the batch. The main query's
+# snapshot predates the INSERT, so the second branch sees only rows that existed before it:
+# each input row comes back once, either freshly inserted or as the pre-existing task.
+ENQUEUE_SQL = f"""
+WITH request AS (
+    SELECT *
+    FROM unnest(
+        %(ids)s::text[], %(queues)s::text[], %(handlers)s::text[], %(payloads)s::text[],
+        %(headers)s::text[], %(max_attempts)s::int[], %(backoffs)s::text[],
+        %(delays)s::float8[], %(run_ats)s::timestamptz[]
+    ) WITH ORDINALITY AS r(id, queue, handler, payload, headers, max_attempts, backoff,
+                           delay_seconds, run_at, ord)
+),
+inserted AS (
+    INSERT INTO rdq_tasks (id, queue, handler, payload, headers, status, max_attempts,
+                           backoff, next_attempt_at)
+    SELECT DISTINCT ON (r.id)
+           r.id, r.queue, r.handler, r.payload::jsonb, r.headers::jsonb, 'PENDING',
+           r.max_attempts, r.backoff::jsonb,
+           coalesce(r.run_at, now() + r.delay_seconds * interval '1 second')
+    FROM request AS r
+    ORDER BY r.id, r.ord
+    ON CONFLICT (id) DO NOTHING
+    RETURNING *
+)
+SELECT r.ord, true AS inserted, {_columns("i")}, '[]'::jsonb AS attempts
+FROM request AS r JOIN inserted AS i ON i.id = r.id
+UNION ALL
+SELECT r.ord, false AS inserted, {_columns("t")}, {_attempts_of("t")}
+FROM request AS r JOIN rdq_tasks AS t ON t.id = r.id
+WHERE t.id = ANY(%(ids)s::text[])
+ORDER BY ord
+"""
+
+# The classic "UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n)", with the
+# locking subquery as an uncorrelated ARRAY(...): it runs exactly once (an IN subquery may be
+# re-scanned by some plans, and SKIP LOCKED is not repeatable), and "id = ANY(array)" makes the
+# update probe the primary key per claimed row instead of joining against the whole table.
+CLAIM_SQL = f"""
+WITH claimed AS (
+    UPDATE rdq_tasks
+    SET status = 'IN_FLIGHT',
+        claim_token = gen_random_uuid()::text,
+        claimed_at = now(),
+        lease_expires_at = now() + %(lease_seconds)s * interval '1 second',
+        updated_at = now()
+    WHERE id = ANY (ARRAY(
+        SELECT id
+        FROM rdq_tasks
+        WHERE queue = %(queue)s AND status = 'PENDING' AND next_attempt_at <= now()
+        ORDER BY next_attempt_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING *
+)
+SELECT {_columns("c")}, {_attempts_of("c")}
+FROM claimed AS c
+ORDER BY c.next_attempt_at, c.id
+"""
+
+# Fenced batch writes lock their rows up front, in id order, inside an uncorrelated ARRAY(...)
+# that runs before the update: two batches overlapping in a different order (a late worker and
+# a reaper, two racing reapers) then queue behind each other instead of deadlocking. It also
+# lets the update probe the primary key for the batch rather than hash-joining the whole table
+# (the planner cannot see how many rows unnest() yields).
+LOCK_BATCH_IN_ID_ORDER = """t.id = ANY (ARRAY(
+        SELECT id FROM rdq_tasks WHERE id = ANY(%(task_ids)s::text[]) ORDER BY id FOR UPDATE
+    ))"""
+
+_FENCE_INPUT = """
+WITH ref AS (
+    SELECT *
+    FROM unnest(%(task_ids)s::text[], %(claim_tokens)s::text[])
+         WITH ORDINALITY AS ref(task_id, claim_token, ord)
+)"""
+
+# A ref is honoured only while its token still owns an IN_FLIGHT task (fencing).
+EXTEND_LEASES_SQL = _FENCE_INPUT + f"""
+UPDATE rdq_tasks AS t
+SET lease_expires_at = now() + %(lease_seconds)s * interval '1 second',
+    updated_at = now()
+FROM ref
+WHERE {LOCK_BATCH_IN_ID_ORDER}
+  AND t.id = ref.task_id AND t.claim_token = ref.claim_token AND t.status = 'IN_FLIGHT'
+RETURNING ref.ord, t.id, t.lease_expires_at
+"""
+
+# Back to PENDING without an attempt: budget and next_attempt_at are left as they were.
+RELEASE_SQL = _FENCE_INPUT + f"""
+UPDATE rdq_tasks AS t
+SET status = 'PENDING', claim_token = NULL, lease_expires_at = NULL, updated_at = now()
+FROM ref
+WHERE {LOCK_BATCH_IN_ID_ORDER}
+  AND t.id = ref.task_id AND t.claim_token = ref.claim_token AND t.status = 'IN_FLIGHT'
+RETURNING ref.ord
+"""
+
+# One statement for the whole batch. The row lock serialises racing settles of one task; a
+# loser re-checks the fence against the committed row, finds the token cleared and
+# matches nothing. The attempt number is read from the history (MAX + 1) in the same
+# statement -- never from attempt_count, which redrive resets. claimed_at is kept on the task
+# so it can become the attempt's started_at. dead_at uses clock_timestamp() so tasks
+# dead-lettered by one statement still get distinct, ordered DLQ positions.
+SETTLE_SQL = f"""
+WITH decision AS (
+    SELECT *
+    FROM unnest(
+        %(task_ids)s::text[], %(claim_tokens)s::text[], %(outcomes)s::text[],
+        %(statuses)s::text[], %(retry_delays)s::float8[], %(errors)s::text[],
+        %(results)s::text[]
+    ) WITH ORDINALITY AS d(task_id, claim_token, outcome, status, retry_delay_seconds,
+                           error, result, ord)
+),
+settled AS (
+    UPDATE rdq_tasks AS t
+    SET status = d.status,
+        attempt_count = t.attempt_count + 1,
+        next_attempt_at = CASE WHEN d.status = 'PENDING'
+                               THEN now() + d.retry_delay_seconds * interval '1 second'
+                               ELSE t.next_attempt_at END,
+        dead_at = CASE WHEN d.status = 'DEAD' THEN clock_timestamp() END,
+        result = CASE WHEN d.status = 'SUCCEEDED' THEN d.result::jsonb ELSE t.result END,
+        last_error = CASE WHEN d.outcome = 'SUCCESS' THEN t.last_error
+                          ELSE coalesce(d.error::jsonb, t.last_error) END,
+        claim_token = NULL,
+        lease_expires_at = NULL,
+        updated_at = now()
+    FROM decision AS d
+    WHERE {LOCK_BATCH_IN_ID_ORDER}
+      AND t.id = d.task_id
+      AND t.claim_token = d.claim_token
+      AND t.status = 'IN_FLIGHT'
+      AND (d.outcome <> 'LEASE_EXPIRED' OR t.lease_expires_at <= now())
+    RETURNING d.ord, t.id, d.outcome, d.error, t.claimed_at
+),
+recorded AS (
+    INSERT INTO rdq_attempts (task_id, attempt_no, outcome, started_at, finished_at, error)
+    SELECT s.id,
+           coalesce((SELECT max(a.attempt_no) FROM rdq_attempts AS a WHERE a.task_id = s.id), 0) + 1,
+           s.outcome, s.claimed_at, now(), s.error::jsonb
+    FROM settled AS s
+)
+SELECT ord FROM settled
+"""
+
+FIND_EXPIRED_LEASES_SQL = f"""
+SELECT {_columns("t")}, {_attempts_of("t")}
+FROM rdq_tasks AS t
+WHERE t.status = 'IN_FLIGHT' AND t.lease_expires_at <= now()
+  AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
+ORDER BY t.lease_expires_at
+LIMIT %(limit)s
+"""
+
+GET_SQL = f"""
+SELECT {_columns("t")}, {_attempts_of("t")}
+FROM rdq_tasks AS t
+WHERE t.id = %(task_id)s
+"""
+
+CANCEL_SQL = f"""
+WITH cancelled AS (
+    UPDATE rdq_tasks
+    SET status = 'CANCELLED', updated_at = now()
+    WHERE id = %(task_id)s AND status = 'PENDING'
+    RETURNING *
+)
+SELECT {_columns("c")}, {_attempts_of("c")}
+FROM cancelled AS c
+"""
+
+# list_dead / redrive / purge_dead share this selection; optional filters are appended from
+# the fragments below (values always travel as bind parameters).
+DEAD_SELECTION = "t.queue = %(queue)s AND t.status = 'DEAD'"
+DEAD_FILTER_IDS = " AND t.id = ANY(%(ids)s::text[])"
+DEAD_FILTER_ERROR_TYPE = " AND t.last_error->>'type' = %(error_type)s"
+DEAD_FILTER_HANDLER = " AND t.handler = %(handler)s"
+DEAD_AFTER_CURSOR = " AND (t.dead_at, t.id) > (%(after_dead_at)s, %(after_id)s)"
+
+LIST_DEAD_SQL = f"""
+SELECT {_columns("t")}, {_attempts_of("t")}
+FROM rdq_tasks AS t
+WHERE {{where}}
+ORDER BY t.dead_at, t.id
+LIMIT %(limit)s
+"""
+
+REDRIVE_SQL = """
+UPDATE rdq_tasks AS t
+SET status = 'PENDING', attempt_count = 0, redrive_count = t.redrive_count + 1,
+    next_attempt_at = now(), dead_at = NULL, updated_at = now()
+WHERE {where}
+"""
+
+PURGE_DEAD_SQL = "DELETE FROM rdq_tasks AS t WHERE {where}"
+
+STATS_SQL = """
+SELECT count(*) FILTER (WHERE status = 'PENDING')   AS pending,
+       count(*) FILTER (WHERE status = 'IN_FLIGHT') AS in_flight,
+       count(*) FILTER (WHERE status = 'DEAD')      AS dead,
+       count(*) FILTER (WHERE status = 'SUCCEEDED') AS succeeded,
+       count(*) FILTER (WHERE status = 'CANCELLED') AS cancelled,
+       coalesce((SELECT extract(epoch FROM now() - min(p.next_attempt_at))::float8
+                 FROM rdq_tasks AS p
+                 WHERE p.queue = %(queue)s AND p.status = 'PENDING'
+                   AND p.next_attempt_at <= now()), 0) AS oldest_pending_age_seconds
+FROM rdq_tasks
+WHERE queue = %(queue)s
+"""
+
+# A skip scan over the (queue, status) index: one index probe per distinct queue, not a scan
+# of every task.
+LIST_QUEUES_SQL = """
+WITH RECURSIVE queues AS (
+    (SELECT queue FROM rdq_tasks ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM rdq_tasks AS t WHERE t.queue > q.queue ORDER BY t.queue LIMIT 1)
+    FROM queues AS q
+    WHERE q.queue IS NOT NULL
+)
+SELECT queue FROM queues WHERE queue IS NOT NULL
+"""
+
+# Bounded batch; SKIP LOCKED so two retention runs split the work instead of queueing.
+PURGE_SUCCEEDED_SQL = """
+DELETE FROM rdq_tasks
+WHERE id IN (
+    SELECT id
+    FROM rdq_tasks
+    WHERE status IN ('SUCCEEDED', 'CANCELLED')
+      AND updated_at < now() - %(older_than_seconds)s * interval '1 second'
+    ORDER BY updated_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+"""
+
+
+# -- connections ------------------------------------------------------------------------------
+
+class _ConnectionPool:
+    """Idle autocommit connections in a list under a lock.
+
+    A caller takes one for the duration of a call and gives it back; a connection that broke,
+    or was left inside a transaction, is closed instead of being reused, so the next call
+    reconnects.
+    """
+
+    def __init__(self, conninfo: str, max_idle: int) -> None:
+        self._conninfo = conninfo
+        self._connect_kwargs: dict[str, Any] = {}
+        if "connect_timeout" not in conninfo_to_dict(conninfo):
+            self._connect_kwargs["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT
+        self._max_idle = max_idle
+        self._idle: list[psycopg.Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def acquire(self) -> psycopg.Connection:
+        with self._lock:
+            if self._closed:
+                raise StorageUnavailable("the PostgreSQL storage has been closed")
+            while self._idle:
+                conn = self._idle.pop()
+                if _probably_alive(conn):
+                    return conn
+                conn.close()
+        try:
+            # No server-side prepared statements: they break behind PgBouncer in transaction
+            # mode and pin sessions in RDS Proxy, the usual fronts for Lambda fleets.
+            return psycopg.connect(
+                self._conninfo, autocommit=True, prepare_threshold=None, **self._connect_kwargs
+            )
+        except psycopg.OperationalError as exc:
+            raise StorageUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
+
+    def give_back(self, conn: psycopg.Connection) -> None:
+        reusable = (
+            not conn.closed
+            and not conn.broken
+            and conn.info.transaction_status == TransactionStatus.IDLE
+        )
+        if reusable:
+            with self._lock:
+                if not self._closed and len(self._idle) < self._max_idle:
+                    self._idle.append(conn)
+                    return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _probably_alive(conn: psycopg.Connection) -> bool:
+    """An idle autocommit connection has nothing to read; readable data means the server
+    closed it (restart, idle timeout) or sent a notice. Checked without a round trip."""
+    if conn.closed or conn.broken:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
+
+
+# -- the backend --------------------------------------------------------------------------------
+
+class PostgresStorage(Storage):
+    schemes = ("postgresql", "postgres")
+
+    def __init__(self, url: str, *, max_idle_connections: int = MAX_IDLE_CONNECTIONS) -> None:
+        self.url = url
+        self.round_trips = 0
+        self._round_trip_lock = threading.Lock()
+        self._pool = _ConnectionPool(url, max_idle_connections)
+
+    # -- plumbing ---------------------------------------------------------------------------
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection]:
+        conn = self._pool.acquire()
+        try:
+            yield conn
+        except psycopg.OperationalError as exc:
+            raise StorageUnavailable(f"PostgreSQL operation failed: {exc}") from exc
+        finally:
+            self._pool.give_back(conn)
+
+    def _execute(self, conn: psycopg.Connection, sql: str, params: Mapping[str, Any] | None = None):
+        """Send one statement (one round trip) and return its cursor, rows already fetched."""
+        with self._round_trip_lock:
+            self.round_trips += 1
+        cursor = conn.cursor(row_factory=dict_row)
+        cursor.execute(sql, params)
+        return cursor
+
+    def _fetch_all(self, sql: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        with self._connection() as conn:
+            return self._execute(conn, sql, params).fetchall()
+
+    def _rowcount(self, sql: str, params: Mapping[str, Any]) -> int:
+        with self._connection() as conn:
+            return self._execute(conn, sql, params).rowcount
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def migrate(self) -> None:
+        migrations = _load_migrations()
+        with self._connection() as conn:
+            with conn.transaction():
+                self._execute(conn, MIGRATION_LOCK_SQL, {"namespace": MIGRATION_LOCK_NAMESPACE})
+                self._execute(conn, CREATE_VERSION_TABLE_SQL)
+                applied = {row["version"] for row in self._execute(conn, APPLIED_VERSIONS_SQL)}
+                for version, name, sql in migrations:
+                    if version in applied:
+                        continue
+                    self._execute(conn, sql)
+                    self._execute(conn, RECORD_VERSION_SQL, {"version": version, "name": name})
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def now(self) -> datetime:
+        return _utc(self._fetch_all(NOW_SQL)[0]["now"])
+
+    # -- producer side ----------------------------------------------------------------------
+    def enqueue(self, tasks: Sequence[NewTask], *, connection: Any = None) -> list[EnqueueResult]:
+        if connection is not None and not isinstance(connection, psycopg.Connection):
+            raise TypeError("connection must be a psycopg (3) Connection")
+        if not tasks:
+            return []
+        params = {
+            "ids": [t.id for t in tasks],
+            "queues": [t.queue for t in tasks],
+            "handlers": [t.handler for t in tasks],
+            "payloads": [json.dumps(t.payload) for t in tasks],
+            "headers": [json.dumps(dict(t.headers)) for t in tasks],
+            "max_attempts": [t.max_attempts for t in tasks],
+            "backoffs": [json.dumps(t.backoff.to_dict()) if t.backoff else None for t in tasks],
+            "delays": [float(t.delay_seconds or 0.0) for t in tasks],
+            "run_ats": [_as_utc(t.run_at) for t in tasks],
+        }
+        try:
+            if connection is not None:
+                # The caller's transaction: run the statement, never commit or roll back.
+                try:
+                    rows = self._execute(connection, ENQUEUE_SQL, params).fetchall()
+                    rows += self._rows_lost_to_concurrent_inserts(connection, tasks, rows)
+                except psycopg.OperationalError as exc:
+                    raise StorageUnavailable(f"PostgreSQL operation failed: {exc}") from exc
+            else:
+                with self._connection() as conn:
+                    rows = self._execute(conn, ENQUEUE_SQL, params).fetchall()
+                    rows += self._rows_lost_to_concurrent_inserts(conn, tasks, rows)
+        except pg_errors.UntranslatableCharacter as exc:
+            # jsonb cannot hold U+0000; that is bad input, not an unavailable store.
+            raise InvalidInput(f"value not storable in PostgreSQL jsonb: {exc}", field="payload") from exc
+
+        row_by_ord = {row["ord"]: row for row in rows}
+        results: list[EnqueueResult] = []
+        seen_ids: set[str] = set()
+        for ord_, request in enumerate(tasks, start=1):
+            row = row_by_ord[ord_]
+            created = row["inserted"] and request.id not in seen_ids
+            seen_ids.add(request.id)
+            task = _task_from_row(row)
+            conflict = not created and task.queue != request.queue
+            results.append(EnqueueResult(task=task, created=created, conflict=conflict))
+        return results
+
+    def _rows_lost_to_concurrent_inserts(
+        self, conn: psycopg.Connection, tasks: Sequence[NewTask], rows: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """An id inserted by a transaction that committed while ours ran is skipped by
+        ON CONFLICT but invisible to our statement's snapshot; read it back (rare, one extra
+        round trip, READ COMMITTED sees it now)."""
+        returned = {row["ord"] for row in rows}
+        missing = {ord_: t for ord_, t in enumerate(tasks, start=1) if ord_ not in returned}
+        if not missing:
+            return []
+        found = {
+            row["id"]: row
+            for row in self._execute(
+                conn,
+                f"SELECT {_columns('t')}, {_attempts_of('t')} FROM rdq_tasks AS t"
+                " WHERE t.id = ANY(%(ids)s::text[])",
+                {"ids": [t.id for t in missing.values()]},
+            ).fetchall()
+        }
+        recovered = []
+        for ord_, request in missing.items():
+            if request.id not in found:
+                raise StorageUnavailable(f"task {request.id!r} is being written concurrently; retry")
+            recovered.append({**found[request.id], "ord": ord_, "inserted": False})
+        return recovered
+
+    # -- worker side ------------------------------------------------------------------------
+    def claim(self, queue: str, limit: int, lease_seconds: float) -> list[ClaimedTask]:
+        if limit <= 0:
+            return []
+        rows = self._fetch_all(
+            CLAIM_SQL, {"queue": queue, "limit": limit, "lease_seconds": float(lease_seconds)}
+        )
+        return [_claimed_from_row(row) for row in rows]
+
+    def extend_leases(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, datetime]:
+        if not refs:
+            return {}
+        params = {**_fence_params(refs), "lease_seconds": float(lease_seconds)}
+        rows = self._fetch_all(EXTEND_LEASES_SQL, params)
+        _raise_for_refused(refs, {row["ord"] for row in rows}, key=lambda ref: ref.task_id)
+        return {row["id"]: _utc(row["lease_expires_at"]) for row in rows}
+
+    def settle(self, settlements: Sequence[Settlement]) -> None:
+        if not settlements:
+            return
+        params = {
+            "task_ids": [s.task_id for s in settlements],
+            "claim_tokens": [s.claim_token for s in settlements],
+            "outcomes": [Outcome(s.outcome).value for s in settlements],
+            "statuses": [TaskStatus(s.status).value for s in settlements],
+            "retry_delays": [float(s.retry_delay_seconds or 0.0) for s in settlements],
+            "errors": [_error_json(s.error) for s in settlements],
+            "results": [json.dumps(s.result) for s in settlements],
+        }
+        rows = self._fetch_all(SETTLE_SQL, params)
+        _raise_for_refused(settlements, {row["ord"] for row in rows}, key=lambda s: s.task_id)
+
+    def release(self, refs: Sequence[ClaimRef]) -> None:
+        if not refs:
+            return
+        rows = self._fetch_all(RELEASE_SQL, _fence_params(refs))
+        _raise_for_refused(refs, {row["ord"] for row in rows}, key=lambda ref: ref.task_id)
+
+    # -- reaper side ------------------------------------------------------------------------
+    def find_expired_leases(self, limit: int, queue: str | None = None) -> list[ClaimedTask]:
+        if limit <= 0:
+            return []
+        rows = self._fetch_all(FIND_EXPIRED_LEASES_SQL, {"limit": limit, "queue": queue})
+        return [_claimed_from_row(row) for row in rows]
+
+    # -- operator side ----------------------------------------------------------------------
+    def get(self, task_id: str) -> Task | None:
+        rows = self._fetch_all(GET_SQL, {"task_id": task_id})
+        return _task_from_row(rows[0]) if rows else None
+
+    def cancel(self, task_id: str) -> Task:
+        rows = self._fetch_all(CANCEL_SQL, {"task_id": task_id})
+        if rows:
+            return _task_from_row(rows[0])
+        # Only the refusal path pays a second round trip, to say why.
+        existing = self.get(task_id)
+        if existing is None:
+            raise TaskNotFound(task_id)
+        raise TaskConflict(f"task {task_id!r} is {existing.status.value}, only PENDING tasks can be cancelled")
+
+    def list_dead(
+        self, queue: str, *, limit: int, cursor: str | None = None, filter: DeadFilter = DeadFilter()
+    ) -> DeadPage:
+        where, params = _dead_selection(queue, filter)
+        if cursor is not None:
+            after_micros, after_id = decode_dead_cursor(queue, cursor)
+            where += DEAD_AFTER_CURSOR
+            params.update(after_dead_at=from_micros(after_micros), after_id=after_id)
+        if limit <= 0:
+            return DeadPage(tasks=(), next_cursor=cursor)
+        # One row beyond the page tells whether another page exists.
+        params["limit"] = limit + 1
+        rows = self._fetch_all(LIST_DEAD_SQL.format(where=where), params)
+        tasks = tuple(_task_from_row(row) for row in rows[:limit])
+        next_cursor = None
+        if len(rows) > limit:
+            last = tasks[-1]
+            next_cursor = encode_dead_cursor(queue, last.dead_at, last.id)
+        return DeadPage(tasks=tasks, next_cursor=next_cursor)
+
+    def redrive(self, queue: str, filter: DeadFilter) -> int:
+        where, params = _dead_selection(queue, filter)
+        return self._rowcount(REDRIVE_SQL.format(where=where), params)
+
+    def purge_dead(self, queue: str, filter: DeadFilter) -> int:
+        where, params = _dead_selection(queue, filter)
+        return self._rowcount(PURGE_DEAD_SQL.format(where=where), params)
+
+    def stats(self, queue: str) -> QueueStats:
+        row = self._fetch_all(STATS_SQL, {"queue": queue})[0]
+        return QueueStats(
+            queue=queue,
+            pending=row["pending"],
+            in_flight=row["in_flight"],
+            dead=row["dead"],
+            succeeded=row["succeeded"],
+            cancelled=row["cancelled"],
+            oldest_pending_age_seconds=max(0.0, float(row["oldest_pending_age_seconds"])),
+        )
+
+    def list_queues(self) -> list[str]:
+        return [row["queue"] for row in self._fetch_all(LIST_QUEUES_SQL)]
+
+    def purge_succeeded(self, older_than_seconds: float, limit: int) -> int:
+        if limit <= 0:
+            return 0
+        return self._rowcount(
+            PURGE_SUCCEEDED_SQL, {"older_than_seconds": float(older_than_seconds), "limit": limit}
+        )
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+def _load_migrations() -> list[tuple[int, str, str]]:
+    """``(version, file name, sql)`` for every ``NNNN_name.sql`` file, in version order."""
+    migrations = []
+    for path in SCHEMA_DIR.iterdir():
+        match = _MIGRATION_FILE.match(path.name)
+        if match:
+            migrations.append((int(match.group(1)), path.name, path.read_text(encoding="utf-8")))
+    migrations.sort()
+    versions = [version for version, _, _ in migrations]
+    if len(set(versions)) != len(versions):
+        raise RuntimeError(f"duplicate migration versions in {SCHEMA_DIR}")
+    return migrations
+
+
+def _dead_selection(queue: str, filter: DeadFilter) -> tuple[str, dict[str, Any]]:
+    where = DEAD_SELECTION
+    params: dict[str, Any] = {"queue": queue}
+    if filter.ids is not None:
+        where += DEAD_FILTER_IDS
+        params["ids"] = list(filter.ids)
+    if filter.error_type is not None:
+        where += DEAD_FILTER_ERROR_TYPE
+        params["error_type"] = filter.error_type
+    if filter.handler is not None:
+        where += DEAD_FILTER_HANDLER
+        params["handler"] = filter.handler
+    return where, params
+
+
+def _error_json(error: ErrorInfo | None) -> str | None:
+    """jsonb cannot hold U+0000; an error text carrying one must not sink the whole settle batch,
+    so it is replaced (the text is diagnostic, unlike payloads and results)."""
+    if error is None:
+        return None
+    return json.dumps(
+        {key: value.replace("\x00", "\ufffd") if isinstance(value, str) else value
+         for key, value in error.to_dict().items()}
+    )
+
+
+def _fence_params(refs: Sequence[ClaimRef]) -> dict[str, list[str]]:
+    return {
+        "task_ids": [ref.task_id for ref in refs],
+        "claim_tokens": [ref.claim_token for ref in refs],
+    }
+
+
+def _raise_for_refused(items: Sequence[Any], applied_ords: set[int], key) -> None:
+    refused = [key(item) for ord_, item in enumerate(items, start=1) if ord_ not in applied_ords]
+    if refused:
+        raise StaleClaim(refused)
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    return value.astimezone(timezone.utc) if value is not None else None
+
+
+def _as_utc(value: datetime | None) -> datetime | None:
+    """A naive run_at is taken as UTC rather than as the session's time zone."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    return _utc(datetime.fromisoformat(value)) if value else None
+
+
+def _task_from_row(row: Mapping[str, Any]) -> Task:
+    attempts = tuple(
+        Attempt(
+            attempt_no=a["attempt_no"],
+            outcome=Outcome(a["outcome"]),
+            started_at=_parse_time(a["started_at"]),
+            finished_at=_parse_time(a["finished_at"]),
+            error=ErrorInfo.from_dict(a["error"]),
+        )
+        for a in row.get("attempts") or ()
+    )
+    return Task(
+        id=row["id"],
+        queue=row["queue"],
+        handler=row["handler"],
+        payload=row["payload"],
+        status=TaskStatus(row["status"]),
+        headers=dict(row["headers"] or {}),
+        attempt_count=row["attempt_count"],
+        redrive_count=row["redrive_count"],
+        max_attempts=row["max_attempts"],
+        backoff=Backoff.from_dict(row["backoff"]),
+        next_attempt_at=_utc(row["next_attempt_at"]),
+        lease_expires_at=_utc(row["lease_expires_at"]),
+        created_at=_utc(row["created_at"]),
+        updated_at=_utc(row["updated_at"]),
+        dead_at=_utc(row["dead_at"]),
+        result=row["result"],
+        last_error=ErrorInfo.from_dict(row["last_error"]),
+        attempts=attempts,
+    )
+
+
+def _claimed_from_row(row: Mapping[str, Any]) -> ClaimedTask:
+    return ClaimedTask(
+        task=_task_from_row(row),
+        claim_token=row["claim_token"],
+        claimed_at=_utc(row["claimed_at"]),
+        lease_expires_at=_utc(row["lease_expires_at"]),
+    )
