@@ -1,0 +1,807 @@
+"""MongoDB backend (pymongo 4.x): ``mongodb://host:27017/rdq`` or ``mongodb+srv://…/rdq``.
+
+Layout (database from the URL path, default ``rdq``):
+
+* ``tasks``    -- one document per task, ``_id`` = task id (copied to ``task_id`` for indexes).
+  Instants are stored as int64 milliseconds since the epoch (``*_ms`` fields), not BSON dates. ``payload``, ``headers`` and
+  ``result`` are stored as JSON *strings* so any JSON (keys with ``$`` or ``.``) round-trips.
+* ``attempts`` -- one document per attempt, unique on ``(task_id, attempt_no)``.
+* ``schema``   -- the schema version written by ``migrate``.
+
+Time: the server's clock is the authority. Every call that needs "now" reads it once with the
+``hello`` command's ``localTime`` and uses that value as a literal in its filters and updates.
+(``$$NOW`` would need update pipelines, which the nx-27017 test server does not implement; see
+docs/mongo-backend.md.)
+
+Settlement is two writes that must stay crash-safe without a transaction:
+
+1. the fenced task update is the commit point. It compares-and-sets ``attempt_seq`` (the
+   highest attempt number the task has recorded, never reset) and embeds the new attempt as
+   ``last_attempt`` in the same atomic single-document update;
+2. the attempt row is then inserted idempotently (the unique index turns a repeat into a
+   no-op). If the process dies between 1 and 2, ``get`` still shows the attempt (merged from
+   ``last_attempt``) and the next settle of that task re-inserts it before moving on.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+
+import pymongo
+from pymongo import ASCENDING, ReturnDocument, UpdateOne, monitoring
+from pymongo.errors import BulkWriteError, CollectionInvalid, ConnectionFailure, OperationFailure
+
+from ..errors import InvalidInput, StaleClaim, StorageUnavailable, TaskConflict, TaskNotFound
+from ..model import (
+    Attempt,
+    Backoff,
+    ClaimedTask,
+    ClaimRef,
+    DeadFilter,
+    DeadPage,
+    EnqueueResult,
+    ErrorInfo,
+    NewTask,
+    Outcome,
+    QueueStats,
+    Settlement,
+    Task,
+    TaskStatus,
+)
+from .spi import Storage, decode_dead_cursor, encode_dead_cursor, from_micros, to_micros
+
+SCHEMA_VERSION = 1
+DEFAULT_DATABASE = "rdq"
+DUPLICATE_KEY = 11000
+# How long to look for a server before giving up. pymongo's 30 s default would eat a Lambda
+# invocation; a URL that sets serverSelectionTimeoutMS wins.
+DEFAULT_SERVER_SELECTION_MS = 10_000
+# purge_dead works through large selections in chunks so one delete never carries a huge $in.
+PURGE_CHUNK = 500
+
+_SETTLED_STATUSES = (TaskStatus.SUCCEEDED, TaskStatus.PENDING, TaskStatus.DEAD)
+_RETAINED_STATUSES = [TaskStatus.SUCCEEDED.value, TaskStatus.CANCELLED.value]
+
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
+def _unavailable_on_connection_error(method: _Fn) -> _Fn:
+    """Network / server-selection failures surface as the SPI's retryable StorageUnavailable."""
+
+    @functools.wraps(method)
+    def wrapper(self: "MongoStorage", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except ConnectionFailure as exc:
+            raise StorageUnavailable(f"MongoDB unavailable: {exc}") from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+class _CommandCounter(monitoring.CommandListener):
+    """Counts every command pymongo sends on behalf of this storage (find, getMore, hello…)."""
+
+    def __init__(self, on_command: Callable[[], None]):
+        self._on_command = on_command
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self._on_command()
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+class MongoStorage(Storage):
+    schemes = ("mongodb", "mongodb+srv")
+
+    def __init__(self, url: str):
+        self.url = url
+        self.round_trips = 0
+        self._round_trip_lock = threading.Lock()
+        options: dict[str, Any] = {
+            "tz_aware": True,
+            "tzinfo": timezone.utc,
+            "event_listeners": [_CommandCounter(self._count_round_trip)],
+            "appname": "rdq",
+        }
+        if "serverselectiontimeoutms" not in url.lower():
+            options["serverSelectionTimeoutMS"] = DEFAULT_SERVER_SELECTION_MS
+        try:
+            self._client: pymongo.MongoClient = pymongo.MongoClient(url, **options)
+        except ConnectionFailure as exc:  # mongodb+srv resolves DNS while constructing
+            raise StorageUnavailable(f"MongoDB unavailable: {exc}") from exc
+        self._db = self._client.get_default_database(default=DEFAULT_DATABASE)
+        self._tasks = self._db["tasks"]
+        self._attempts = self._db["attempts"]
+        self._schema = self._db["schema"]
+
+    def _count_round_trip(self) -> None:
+        with self._round_trip_lock:
+            self.round_trips += 1
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @_unavailable_on_connection_error
+    def migrate(self) -> None:
+        existing = set(self._db.list_collection_names())
+        for name in ("tasks", "attempts", "schema"):
+            if name not in existing:
+                try:
+                    self._db.create_collection(name)
+                except CollectionInvalid:
+                    pass  # a concurrent migrate created it first
+                except OperationFailure as exc:
+                    if exc.code != 48:  # NamespaceExists
+                        raise
+        # Claim: due PENDING tasks of one queue, oldest first. Partial so finished tasks never
+        # bloat the index the hot path walks.
+        # task_id (a copy of _id) is the tie-break of the claim sort, so the index serves the
+        # whole sort.
+        self._tasks.create_index(
+            [("queue", ASCENDING), ("next_attempt_at_ms", ASCENDING), ("task_id", ASCENDING)],
+            name="rdq_due_pending",
+            partialFilterExpression={"status": TaskStatus.PENDING.value},
+        )
+        # Reaper: IN_FLIGHT tasks by lease expiry.
+        self._tasks.create_index(
+            [("lease_expires_at_ms", ASCENDING), ("task_id", ASCENDING)],
+            name="rdq_inflight_lease",
+            partialFilterExpression={"status": TaskStatus.IN_FLIGHT.value},
+        )
+        # DLQ keyset paging by (dead_at, id) within a queue.
+        self._tasks.create_index(
+            [("queue", ASCENDING), ("dead_at_ms", ASCENDING), ("task_id", ASCENDING)],
+            name="rdq_dead_keyset",
+            partialFilterExpression={"status": TaskStatus.DEAD.value},
+        )
+        # Retention: finished tasks by last update.
+        self._tasks.create_index(
+            [("status", ASCENDING), ("updated_at_ms", ASCENDING)], name="rdq_retention"
+        )
+        # Stats counts per (queue, status) and list_queues.
+        self._tasks.create_index([("queue", ASCENDING), ("status", ASCENDING)], name="rdq_queue_status")
+        self._attempts.create_index(
+            [("task_id", ASCENDING), ("attempt_no", ASCENDING)], name="rdq_attempt_unique", unique=True
+        )
+        self._schema.update_one(
+            {"_id": "schema"},
+            {"$max": {"version": SCHEMA_VERSION}, "$set": {"migrated_at_ms": _epoch_ms(self._server_now())}},
+            upsert=True,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    @_unavailable_on_connection_error
+    def now(self) -> datetime:
+        return self._server_now()
+
+    def _server_now(self) -> datetime:
+        """The server clock, read with ``hello`` (one round trip), as aware UTC at ms precision."""
+        reply = self._client.admin.command("hello")
+        local_time = reply.get("localTime")
+        if not isinstance(local_time, datetime):
+            raise StorageUnavailable("MongoDB server did not report localTime in its hello reply")
+        if local_time.tzinfo is None:  # admin.command decodes with default (naive UTC) options
+            local_time = local_time.replace(tzinfo=timezone.utc)
+        return _from_epoch_ms(_epoch_ms(local_time))
+
+    # -- producer side ---------------------------------------------------------------------
+    @_unavailable_on_connection_error
+    def enqueue(self, tasks: Sequence[NewTask], *, connection: Any = None) -> list[EnqueueResult]:
+        if connection is not None:
+            raise TypeError("the MongoDB backend cannot join a caller's connection or transaction")
+        if not tasks:
+            return []
+        now_ms = _epoch_ms(self._server_now())
+        docs = [_new_task_doc(new, now_ms) for new in tasks]
+        # One unordered insert: every new id lands, each existing id fails alone with a
+        # duplicate-key error. (An upserting find_one_and_update per task would cost a round
+        # trip each, and nx-27017 drops $setOnInsert on that path.)
+        duplicate_positions: set[int] = set()
+        try:
+            self._tasks.insert_many(docs, ordered=False)
+        except BulkWriteError as exc:
+            duplicate_positions = _duplicate_positions(exc)
+        results: list[EnqueueResult | None] = [None] * len(tasks)
+        for position, doc in enumerate(docs):
+            if position not in duplicate_positions:
+                results[position] = EnqueueResult(_task_from_doc(doc, ()), created=True)
+        if duplicate_positions:
+            existing_ids = sorted({docs[p]["_id"] for p in duplicate_positions})
+            existing = {d["_id"]: d for d in self._tasks.find({"_id": {"$in": existing_ids}})}
+            histories = self._histories(existing.values())
+            for position in duplicate_positions:
+                new = tasks[position]
+                doc = existing.get(new.id)
+                if doc is None:  # purged between the insert and the read: report the conflict
+                    raise TaskConflict(f"task {new.id!r} changed while being enqueued; retry")
+                task = _task_from_doc(doc, histories.get(new.id, ()))
+                results[position] = EnqueueResult(task, created=False, conflict=doc["queue"] != new.queue)
+        return [r for r in results if r is not None]
+
+    # -- worker side -----------------------------------------------------------------------
+    @_unavailable_on_connection_error
+    def claim(self, queue: str, limit: int, lease_seconds: float) -> list[ClaimedTask]:
+        _require_str(queue, "queue")
+        if limit <= 0:
+            return []
+        now_ms = _epoch_ms(self._server_now())
+        lease_expires_at_ms = now_ms + _duration_ms(lease_seconds)
+        due = {"queue": queue, "status": TaskStatus.PENDING.value, "next_attempt_at_ms": {"$lte": now_ms}}
+        claimed_docs: list[dict[str, Any]] = []
+        try:
+            # findAndModify is atomic per document: a task matched here is flipped to IN_FLIGHT
+            # before any other claimer can match it, so concurrent loops get disjoint tasks.
+            for _ in range(limit):
+                doc = self._tasks.find_one_and_update(
+                    due,
+                    {
+                        "$set": {
+                            "status": TaskStatus.IN_FLIGHT.value,
+                            "claim_token": uuid.uuid4().hex,
+                            "claimed_at_ms": now_ms,
+                            "lease_expires_at_ms": lease_expires_at_ms,
+                            "updated_at_ms": now_ms,
+                        }
+                    },
+                    sort=[("next_attempt_at_ms", ASCENDING), ("task_id", ASCENDING)],
+                    return_document=ReturnDocument.AFTER,
+                )
+                if doc is None:
+                    break
+                claimed_docs.append(doc)
+            histories = self._histories(claimed_docs)
+        except BaseException:
+            # Hand back what this call already took rather than let it wait out a lease it never
+            # used (which would cost the tasks a LEASE_EXPIRED attempt). Best effort.
+            if claimed_docs:
+                try:
+                    self.release([ClaimRef(d["_id"], d["claim_token"]) for d in claimed_docs])
+                except Exception:
+                    pass
+            raise
+        return [_claimed_from_doc(doc, histories.get(doc["_id"], ())) for doc in claimed_docs]
+
+    @_unavailable_on_connection_error
+    def extend_leases(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, datetime]:
+        if not refs:
+            return {}
+        now_ms = _epoch_ms(self._server_now())
+        lease_expires_at_ms = now_ms + _duration_ms(lease_seconds)
+        operations = [
+            UpdateOne(
+                _held_by(ref),
+                {"$set": {"lease_expires_at_ms": lease_expires_at_ms, "updated_at_ms": now_ms}},
+            )
+            for ref in refs
+        ]
+        matched = self._tasks.bulk_write(operations, ordered=False).matched_count
+        refused: list[str] = []
+        if matched < len(refs):
+            # A claim token is set once and cleared once, so a task that still carries the token
+            # now carried it at the update too: those were extended, the rest were refused.
+            current = {
+                d["_id"]: d
+                for d in self._tasks.find(
+                    {"_id": {"$in": [r.task_id for r in refs]}}, {"claim_token": 1, "status": 1}
+                )
+            }
+            refused = [r.task_id for r in refs if not _holds(current.get(r.task_id), r.claim_token)]
+        extended = {r.task_id: _from_epoch_ms(lease_expires_at_ms) for r in refs if r.task_id not in refused}
+        if refused:
+            raise StaleClaim(refused)
+        return extended
+
+    @_unavailable_on_connection_error
+    def settle(self, settlements: Sequence[Settlement]) -> None:
+        if not settlements:
+            return
+        for settlement in settlements:
+            _require_str(settlement.task_id, "task_id")
+            _require_str(settlement.claim_token, "claim_token")
+            if settlement.status not in _SETTLED_STATUSES:
+                raise InvalidInput(f"cannot settle to {settlement.status}", field="status")
+        task_ids = sorted({s.task_id for s in settlements})
+        now_ms = _epoch_ms(self._server_now())
+        current = {
+            d["_id"]: d
+            for d in self._tasks.find(
+                {"_id": {"$in": task_ids}},
+                {"status": 1, "claim_token": 1, "claimed_at_ms": 1, "lease_expires_at_ms": 1,
+                 "attempt_seq": 1, "last_attempt": 1},
+            )
+        }
+        history_max = self._history_max(task_ids)
+
+        refused: list[str] = []
+        planned: list[tuple[Settlement, dict[str, Any]]] = []  # (settlement, its attempt row)
+        operations: list[UpdateOne] = []
+        for settlement in settlements:
+            doc = current.get(settlement.task_id)
+            if not _holds(doc, settlement.claim_token) or (
+                settlement.outcome is Outcome.LEASE_EXPIRED and doc["lease_expires_at_ms"] > now_ms
+            ):
+                refused.append(settlement.task_id)
+                continue
+            recorded_seq = doc.get("attempt_seq")
+            # Next number from history: the attempts collection's max and the task's own record
+            # of the last attempt it committed (which covers a row not inserted yet).
+            attempt_no = max(history_max.get(settlement.task_id, 0), recorded_seq or 0) + 1
+            attempt_row = {
+                "task_id": settlement.task_id,
+                "attempt_no": attempt_no,
+                "outcome": settlement.outcome.value,
+                "started_at_ms": doc.get("claimed_at_ms"),
+                "finished_at_ms": now_ms,
+                "error": settlement.error.to_dict() if settlement.error else None,
+                "claim_token": settlement.claim_token,
+                # Identifies this write, to tell who won if two settlers race on one claim.
+                "write_id": uuid.uuid4().hex,
+            }
+            filter_ = _held_by(ClaimRef(settlement.task_id, settlement.claim_token))
+            filter_["attempt_seq"] = recorded_seq  # compare-and-set: one winner per number
+            if settlement.outcome is Outcome.LEASE_EXPIRED:
+                filter_["lease_expires_at_ms"] = {"$lte": now_ms}
+            operations.append(UpdateOne(filter_, _settle_update(settlement, attempt_row, now_ms)))
+            planned.append((settlement, attempt_row))
+
+        applied: list[dict[str, Any]] = [row for _, row in planned]
+        if operations:
+            matched = self._tasks.bulk_write(operations, ordered=False).matched_count
+            if matched < len(operations):
+                # Someone (a reaper, a duplicate item) changed a task between our read and the
+                # write. Find out which of our writes won.
+                lost = self._lost_settlements([row for _, row in planned])
+                refused.extend(s.task_id for s, row in planned if row["write_id"] in lost)
+                applied = [row for row in applied if row["write_id"] not in lost]
+
+        # A settle that died after its task update but before its attempt insert left the row
+        # only in the task's last_attempt: insert it now, ahead of the rows this call adds.
+        unrecorded = [
+            _attempt_row(doc["last_attempt"])
+            for task_id, doc in current.items()
+            if doc.get("last_attempt") and doc["last_attempt"]["attempt_no"] > history_max.get(task_id, 0)
+        ]
+        self._insert_attempts(unrecorded + applied)
+        if refused:
+            raise StaleClaim(refused)
+
+    @_unavailable_on_connection_error
+    def release(self, refs: Sequence[ClaimRef]) -> None:
+        if not refs:
+            return
+        now_ms = _epoch_ms(self._server_now())
+        # One id per item write: a read-back can then tell this release from an earlier
+        # release of the same (now spent) token.
+        write_ids = [uuid.uuid4().hex for _ in refs]
+        operations = [
+            UpdateOne(
+                _held_by(ref),
+                {
+                    "$set": {
+                        "status": TaskStatus.PENDING.value,
+                        "updated_at_ms": now_ms,
+                        "release_write_id": write_id,
+                    },
+                    "$unset": {"claim_token": "", "claimed_at_ms": "", "lease_expires_at_ms": ""},
+                },
+            )
+            for ref, write_id in zip(refs, write_ids)
+        ]
+        matched = self._tasks.bulk_write(operations, ordered=False).matched_count
+        if matched < len(refs):
+            released = {
+                d.get("release_write_id")
+                for d in self._tasks.find(
+                    {"_id": {"$in": [r.task_id for r in refs]}}, {"release_write_id": 1}
+                )
+            }
+            refused = [r.task_id for r, write_id in zip(refs, write_ids) if write_id not in released]
+            if refused:
+                raise StaleClaim(refused)
+
+    # -- reaper side -----------------------------------------------------------------------
+    @_unavailable_on_connection_error
+    def find_expired_leases(self, limit: int, queue: str | None = None) -> list[ClaimedTask]:
+        if limit <= 0:
+            return []
+        now_ms = _epoch_ms(self._server_now())
+        query: dict[str, Any] = {"status": TaskStatus.IN_FLIGHT.value, "lease_expires_at_ms": {"$lte": now_ms}}
+        if queue is not None:
+            query["queue"] = _require_str(queue, "queue")
+        docs = list(
+            self._tasks.find(query, sort=[("lease_expires_at_ms", ASCENDING), ("task_id", ASCENDING)],
+                             limit=limit, batch_size=limit)
+        )
+        histories = self._histories(docs)
+        return [_claimed_from_doc(doc, histories.get(doc["_id"], ())) for doc in docs]
+
+    # -- operator side ---------------------------------------------------------------------
+    @_unavailable_on_connection_error
+    def get(self, task_id: str) -> Task | None:
+        doc = self._tasks.find_one({"_id": _require_str(task_id, "task_id")})
+        if doc is None:
+            return None
+        return _task_from_doc(doc, self._histories([doc]).get(task_id, ()))
+
+    @_unavailable_on_connection_error
+    def cancel(self, task_id: str) -> Task:
+        _require_str(task_id, "task_id")
+        now_ms = _epoch_ms(self._server_now())
+        doc = self._tasks.find_one_and_update(
+            {"_id": task_id, "status": TaskStatus.PENDING.value},
+            {"$set": {"status": TaskStatus.CANCELLED.value, "updated_at_ms": now_ms}},
+            return_document=ReturnDocument.AFTER,
+        )
+        if doc is None:
+            existing = self._tasks.find_one({"_id": task_id}, {"status": 1})
+            if existing is None:
+                raise TaskNotFound(task_id)
+            raise TaskConflict(f"task {task_id!r} is {existing['status']}, only PENDING tasks can be cancelled")
+        return _task_from_doc(doc, self._histories([doc]).get(task_id, ()))
+
+    @_unavailable_on_connection_error
+    def list_dead(
+        self, queue: str, *, limit: int, cursor: str | None = None, filter: DeadFilter = DeadFilter()
+    ) -> DeadPage:
+        if limit <= 0:
+            raise InvalidInput("limit must be positive", field="limit")
+        query = _dead_query(queue, filter)
+        if cursor is not None:
+            after_micros, after_id = decode_dead_cursor(queue, cursor)
+            after_ms = after_micros // 1000  # cursors carry micros; dead_at is kept in ms
+            query["$or"] = [{"dead_at_ms": {"$gt": after_ms}}, {"dead_at_ms": after_ms, "task_id": {"$gt": after_id}}]
+        docs = list(
+            self._tasks.find(query, sort=[("dead_at_ms", ASCENDING), ("task_id", ASCENDING)],
+                             limit=limit + 1, batch_size=limit + 1)
+        )
+        page, has_more = docs[:limit], len(docs) > limit
+        histories = self._histories(page)
+        next_cursor = None
+        if has_more:
+            last = page[-1]
+            next_cursor = encode_dead_cursor(queue, _from_epoch_ms(last["dead_at_ms"]), last["_id"])
+        return DeadPage(tuple(_task_from_doc(d, histories.get(d["_id"], ())) for d in page), next_cursor)
+
+    @_unavailable_on_connection_error
+    def redrive(self, queue: str, filter: DeadFilter) -> int:
+        query = _dead_query(queue, filter)
+        now_ms = _epoch_ms(self._server_now())
+        result = self._tasks.update_many(
+            query,
+            {
+                "$set": {
+                    "status": TaskStatus.PENDING.value,
+                    "attempt_count": 0,
+                    "next_attempt_at_ms": now_ms,
+                    "updated_at_ms": now_ms,
+                },
+                "$inc": {"redrive_count": 1},
+                "$unset": {"dead_at_ms": ""},
+            },
+        )
+        return result.modified_count
+
+    @_unavailable_on_connection_error
+    def purge_dead(self, queue: str, filter: DeadFilter) -> int:
+        query = _dead_query(queue, filter)
+        purged = 0
+        while True:
+            ids = [d["_id"] for d in self._tasks.find(query, {"_id": 1}, limit=PURGE_CHUNK, batch_size=PURGE_CHUNK)]
+            if not ids:
+                return purged
+            deleted = self._tasks.delete_many({"_id": {"$in": ids}, "status": TaskStatus.DEAD.value}).deleted_count
+            purged += deleted
+            # Only delete history of tasks that are really gone: one may have been redriven
+            # between the read and the delete, and keeps its history.
+            gone = set(ids)
+            if deleted < len(ids):
+                gone -= {d["_id"] for d in self._tasks.find({"_id": {"$in": ids}}, {"_id": 1})}
+            if gone:
+                self._attempts.delete_many({"task_id": {"$in": sorted(gone)}})
+            if len(ids) < PURGE_CHUNK:
+                return purged
+
+    @_unavailable_on_connection_error
+    def stats(self, queue: str) -> QueueStats:
+        _require_str(queue, "queue")
+        now_ms = _epoch_ms(self._server_now())
+        counts = {
+            status: self._tasks.count_documents({"queue": queue, "status": status.value})
+            for status in TaskStatus
+        }
+        oldest_due = self._tasks.find_one(
+            {"queue": queue, "status": TaskStatus.PENDING.value, "next_attempt_at_ms": {"$lte": now_ms}},
+            {"next_attempt_at_ms": 1},
+            sort=[("next_attempt_at_ms", ASCENDING), ("task_id", ASCENDING)],
+        )
+        oldest_age = 0.0
+        if oldest_due is not None:
+            oldest_age = max(0.0, (now_ms - oldest_due["next_attempt_at_ms"]) / 1000)
+        return QueueStats(
+            queue=queue,
+            pending=counts[TaskStatus.PENDING],
+            in_flight=counts[TaskStatus.IN_FLIGHT],
+            dead=counts[TaskStatus.DEAD],
+            succeeded=counts[TaskStatus.SUCCEEDED],
+            cancelled=counts[TaskStatus.CANCELLED],
+            oldest_pending_age_seconds=oldest_age,
+        )
+
+    @_unavailable_on_connection_error
+    def list_queues(self) -> list[str]:
+        return sorted(q for q in self._tasks.distinct("queue") if isinstance(q, str))
+
+    @_unavailable_on_connection_error
+    def purge_succeeded(self, older_than_seconds: float, limit: int) -> int:
+        if limit <= 0:
+            return 0
+        cutoff_ms = _epoch_ms(self._server_now()) - _duration_ms(older_than_seconds)
+        finished = {"status": {"$in": _RETAINED_STATUSES}, "updated_at_ms": {"$lt": cutoff_ms}}
+        ids = [d["_id"] for d in self._tasks.find(finished, {"_id": 1}, limit=limit, batch_size=limit)]
+        if not ids:
+            return 0
+        # SUCCEEDED and CANCELLED are terminal, so history can go first: if we die in between,
+        # the task is still there for the next retention pass to finish the job.
+        self._attempts.delete_many({"task_id": {"$in": ids}})
+        return self._tasks.delete_many({"_id": {"$in": ids}, "status": {"$in": _RETAINED_STATUSES}}).deleted_count
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _history_max(self, task_ids: list[str]) -> dict[str, int]:
+        """MAX(attempt_no) per task over the attempts collection (one aggregate)."""
+        rows = self._attempts.aggregate(
+            [
+                {"$match": {"task_id": {"$in": task_ids}}},
+                {"$group": {"_id": "$task_id", "max_attempt_no": {"$max": "$attempt_no"}}},
+            ]
+        )
+        return {row["_id"]: int(row["max_attempt_no"]) for row in rows}
+
+    def _histories(self, docs: Iterable[Mapping[str, Any]]) -> dict[str, tuple[Attempt, ...]]:
+        """Attempt histories for ``docs`` in one find. Tasks that never had an attempt
+        (``attempt_seq`` 0) are skipped, so claiming fresh tasks costs no extra round trip."""
+        with_history = [d for d in docs if d.get("attempt_seq") or d.get("last_attempt")]
+        if not with_history:
+            return {}
+        rows_by_task: dict[str, list[dict[str, Any]]] = {}
+        for row in self._attempts.find(
+            {"task_id": {"$in": [d["_id"] for d in with_history]}},
+            sort=[("task_id", ASCENDING), ("attempt_no", ASCENDING)],
+            batch_size=1000,
+        ):
+            rows_by_task.setdefault(row["task_id"], []).append(row)
+        return {d["_id"]: _merged_history(d, rows_by_task.get(d["_id"], [])) for d in with_history}
+
+    def _lost_settlements(self, rows: list[dict[str, Any]]) -> set[str]:
+        """write_ids among ``rows`` whose fenced task update did not win."""
+        task_ids = sorted({row["task_id"] for row in rows})
+        docs = {
+            d["_id"]: d
+            for d in self._tasks.find({"_id": {"$in": task_ids}}, {"attempt_seq": 1, "last_attempt": 1})
+        }
+        lost: set[str] = set()
+        superseded: list[dict[str, Any]] = []
+        for row in rows:
+            doc = docs.get(row["task_id"])
+            last = (doc or {}).get("last_attempt") or {}
+            if last.get("attempt_no") == row["attempt_no"]:
+                if last.get("write_id") != row["write_id"]:
+                    lost.add(row["write_id"])
+            elif doc is not None and (doc.get("attempt_seq") or 0) < row["attempt_no"]:
+                lost.add(row["write_id"])  # the number was never committed
+            else:
+                superseded.append(row)  # a later attempt followed; its settle recorded this row
+        if superseded:
+            recorded = {
+                (r["task_id"], r["attempt_no"]): r.get("write_id")
+                for r in self._attempts.find(
+                    {"task_id": {"$in": sorted({r["task_id"] for r in superseded})}},
+                    {"task_id": 1, "attempt_no": 1, "write_id": 1},
+                )
+            }
+            lost.update(
+                r["write_id"] for r in superseded
+                if recorded.get((r["task_id"], r["attempt_no"])) != r["write_id"]
+            )
+        return lost
+
+    def _insert_attempts(self, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        try:
+            self._attempts.insert_many([dict(row) for row in rows], ordered=False)
+        except BulkWriteError as exc:
+            # Duplicates are rows already recorded (by a healing settle): that is the idempotence.
+            _duplicate_positions(exc)
+
+
+# -- documents ---------------------------------------------------------------------------------
+
+def _new_task_doc(new: NewTask, now_ms: int) -> dict[str, Any]:
+    _require_str(new.id, "id")
+    _require_str(new.queue, "queue")
+    _require_str(new.handler, "handler")
+    if new.run_at is not None:  # the one instant a client may set with its own clock
+        next_attempt_ms = _epoch_ms(new.run_at)
+    else:
+        next_attempt_ms = now_ms + _duration_ms(new.delay_seconds or 0.0)
+    return {
+        "_id": new.id,
+        # A copy of _id for compound indexes and sorts: nx-27017 cannot index _id inside a
+        # compound key (inserts then fail with "JSON path error near '_id'").
+        "task_id": new.id,
+        "queue": new.queue,
+        "handler": new.handler,
+        "payload_json": _dumps(new.payload),
+        "headers_json": _dumps(dict(new.headers or {})),
+        "status": TaskStatus.PENDING.value,
+        "attempt_count": 0,
+        "redrive_count": 0,
+        "attempt_seq": 0,
+        "max_attempts": new.max_attempts,
+        "backoff": new.backoff.to_dict() if new.backoff else None,
+        "next_attempt_at_ms": next_attempt_ms,
+        "created_at_ms": now_ms,
+        "updated_at_ms": now_ms,
+    }
+
+
+def _settle_update(settlement: Settlement, attempt_row: dict[str, Any], now_ms: int) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "status": settlement.status.value,
+        "attempt_seq": attempt_row["attempt_no"],
+        "last_attempt": attempt_row,
+        "updated_at_ms": now_ms,
+    }
+    if settlement.status is TaskStatus.PENDING:
+        fields["next_attempt_at_ms"] = now_ms + _duration_ms(settlement.retry_delay_seconds)
+    elif settlement.status is TaskStatus.DEAD:
+        fields["dead_at_ms"] = now_ms
+    if settlement.status is TaskStatus.SUCCEEDED:
+        fields["result_json"] = _dumps(settlement.result)
+    if settlement.error is not None:
+        fields["last_error"] = settlement.error.to_dict()
+    return {
+        "$set": fields,
+        "$inc": {"attempt_count": 1},
+        "$unset": {"claim_token": "", "claimed_at_ms": "", "lease_expires_at_ms": ""},
+    }
+
+
+def _held_by(ref: ClaimRef) -> dict[str, Any]:
+    """The fencing filter: the task is IN_FLIGHT under exactly this claim token."""
+    return {
+        "_id": _require_str(ref.task_id, "task_id"),
+        "status": TaskStatus.IN_FLIGHT.value,
+        "claim_token": _require_str(ref.claim_token, "claim_token"),
+    }
+
+
+def _holds(doc: Mapping[str, Any] | None, claim_token: str) -> bool:
+    return (
+        doc is not None
+        and doc.get("status") == TaskStatus.IN_FLIGHT.value
+        and doc.get("claim_token") == claim_token
+    )
+
+
+def _dead_query(queue: str, filter: DeadFilter) -> dict[str, Any]:
+    query: dict[str, Any] = {"queue": _require_str(queue, "queue"), "status": TaskStatus.DEAD.value}
+    if filter.ids is not None:
+        query["_id"] = {"$in": [_require_str(i, "ids") for i in filter.ids]}
+    if filter.error_type is not None:
+        query["last_error.type"] = _require_str(filter.error_type, "error_type")
+    if filter.handler is not None:
+        query["handler"] = _require_str(filter.handler, "handler")
+    return query
+
+
+def _task_from_doc(doc: Mapping[str, Any], attempts: Iterable[Attempt]) -> Task:
+    return Task(
+        id=doc["_id"],
+        queue=doc["queue"],
+        handler=doc["handler"],
+        payload=_loads(doc.get("payload_json")),
+        status=TaskStatus(doc["status"]),
+        headers=_loads(doc.get("headers_json")) or {},
+        attempt_count=doc.get("attempt_count", 0),
+        redrive_count=doc.get("redrive_count", 0),
+        max_attempts=doc.get("max_attempts"),
+        backoff=Backoff.from_dict(doc.get("backoff")),
+        next_attempt_at=_from_epoch_ms(doc.get("next_attempt_at_ms")),
+        lease_expires_at=_from_epoch_ms(doc.get("lease_expires_at_ms")),
+        created_at=_from_epoch_ms(doc.get("created_at_ms")),
+        updated_at=_from_epoch_ms(doc.get("updated_at_ms")),
+        dead_at=_from_epoch_ms(doc.get("dead_at_ms")),
+        result=_loads(doc.get("result_json")),
+        last_error=ErrorInfo.from_dict(doc.get("last_error")),
+        attempts=tuple(attempts),
+    )
+
+
+def _claimed_from_doc(doc: Mapping[str, Any], attempts: Iterable[Attempt]) -> ClaimedTask:
+    return ClaimedTask(
+        task=_task_from_doc(doc, attempts),
+        claim_token=doc["claim_token"],
+        claimed_at=_from_epoch_ms(doc["claimed_at_ms"]),
+        lease_expires_at=_from_epoch_ms(doc["lease_expires_at_ms"]),
+    )
+
+
+def _attempt_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k != "_id"}
+
+
+def _merged_history(doc: Mapping[str, Any], rows: list[dict[str, Any]]) -> tuple[Attempt, ...]:
+    """The attempts collection plus the task's last committed attempt, in case its row is
+    not inserted yet (a settle that died between its two writes)."""
+    by_number = {row["attempt_no"]: row for row in rows}
+    last = doc.get("last_attempt")
+    if last and last["attempt_no"] not in by_number:
+        by_number[last["attempt_no"]] = last
+    return tuple(
+        Attempt(
+            attempt_no=row["attempt_no"],
+            outcome=Outcome(row["outcome"]),
+            started_at=_from_epoch_ms(row.get("started_at_ms")),
+            finished_at=_from_epoch_ms(row.get("finished_at_ms")),
+            error=ErrorInfo.from_dict(row.get("error")),
+        )
+        for row in (by_number[n] for n in sorted(by_number))
+    )
+
+
+def _duplicate_positions(exc: BulkWriteError) -> set[int]:
+    """Positions that failed only as duplicate keys; anything else is re-raised."""
+    errors = exc.details.get("writeErrors", [])
+    if exc.details.get("writeConcernErrors") or any(e.get("code") != DUPLICATE_KEY for e in errors):
+        raise exc
+    return {e["index"] for e in errors}
+
+
+# -- values ------------------------------------------------------------------------------------
+
+def _dumps(value: Any) -> str:
+    # JSON text, not BSON sub-documents: arbitrary keys ("$where", "a.b") survive untouched and
+    # can never be read as query or update operators.
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+# Instants are stored as int64 epoch milliseconds rather than BSON dates: nx-27017 turns a
+# datetime written by $set into a string (range queries then miss it). Milliseconds is also
+# the resolution of the server clock and of BSON dates, so nothing is lost.
+
+def _epoch_ms(value: datetime) -> int:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return to_micros(value) // 1000
+
+
+def _from_epoch_ms(value: int | None) -> datetime | None:
+    return None if value is None else from_micros(int(value) * 1000)
+
+
+def _duration_ms(seconds: float) -> int:
+    return max(0, round(float(seconds) * 1000))
+
+
+def _require_str(value: Any, field: str) -> str:
+    # Request data must never become a query operator: {"$gt": ""} as an id would match anything.
+    if not isinstance(value, str):
+        raise InvalidInput(f"{field} must be a string", field=field)
+    return value
+
+
+__all__ = ["MongoStorage"]
