@@ -1,16 +1,15 @@
 """The task and attempt model shared by the engine, every backend and every host.
 
-State machine (drawn in docs/state-machine.md)::
+Task states and their transitions (drawn in docs/state-machine.md)::
 
-    PENDING ──claim──▶ IN_FLIGHT ──success──────────────▶ SUCCEEDED
-       ▲  │               │  │
-       │  │               │  └──failure / lease expired, budget spent──▶ DEAD
-       │  │               │                                              │
-       │  │               └──failure / lease expired, budget left─┐      │
-       │  │               └──release (unstarted, no attempt)──────┤      │
-       │  └──cancel──▶ CANCELLED                                  │      │
-       └────────────────────────────────────────────────────────┘      │
-       └────────────────────────── redrive (budget reset) ◀──────────────┘
+    PENDING   --claim-->                    IN_FLIGHT
+    PENDING   --cancel-->                   CANCELLED
+    IN_FLIGHT --success-->                  SUCCEEDED
+    IN_FLIGHT --failure, budget left-->     PENDING    (after backoff; one attempt row)
+    IN_FLIGHT --lease expired, budget left-> PENDING   (reaper; one LEASE_EXPIRED row)
+    IN_FLIGHT --failure/expiry, budget spent, or PermanentError--> DEAD
+    IN_FLIGHT --release (never started)-->  PENDING    (no attempt row, budget unchanged)
+    DEAD      --redrive-->                  PENDING    (budget reset, history kept)
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ from .telemetry import Telemetry
 
 log = logging.getLogger("rdq.worker")
 
+QUEUE_LIST_TTL_SECONDS = 5.0
+
 
 class HeartbeatLedger(ClaimLedger):
     """Claims held by this worker, renewed in one batched write per beat."""
@@ -67,7 +69,8 @@ class HeartbeatLedger(ClaimLedger):
 
 @dataclass
 class WorkerConfig:
-    queues: Sequence[str]
+    #: Queues to serve; empty means every queue in the store (re-read every few seconds).
+    queues: Sequence[str] = ()
     batch_size: int = 10
     lease_seconds: float = 30.0
     concurrency: int = 1
@@ -92,6 +95,7 @@ class Worker:
         )
         self.ledger = HeartbeatLedger(storage, config.lease_seconds)
         self.stop_event = threading.Event()
+        self._known_queues: tuple[float, list[str]] = (-math.inf, [])
 
     def run_forever(self) -> None:
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="rdq-heartbeat", daemon=True)
@@ -116,12 +120,23 @@ class Worker:
     def run_once(self) -> int:
         """Claim and run one batch per queue; returns the number of tasks started."""
         started = 0
-        for queue in self.config.queues:
+        for queue in self._queues():
+            if self.stop_event.is_set():
+                break
             claimed = self._claim(queue)
             if claimed:
                 self.ledger.hold(claimed)
                 started += self.runner.run(claimed, ledger=self.ledger, should_stop=self.stop_event.is_set).started
         return started
+
+    def _queues(self) -> Sequence[str]:
+        if self.config.queues:
+            return self.config.queues
+        read_at, queues = self._known_queues
+        if time.monotonic() - read_at > QUEUE_LIST_TTL_SECONDS:
+            queues = self.storage.list_queues()
+            self._known_queues = (time.monotonic(), queues)
+        return queues
 
     def _claim(self, queue: str) -> list[ClaimedTask]:
         began = time.monotonic()

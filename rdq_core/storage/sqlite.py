@@ -135,6 +135,7 @@ class SQLiteStorage(Storage):
         self._local = threading.local()
         self._all_connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        self._schema_checked = False
         self.round_trips = 0
 
     # -- connections -----------------------------------------------------------------------
@@ -152,6 +153,11 @@ class SQLiteStorage(Storage):
             self._local.conn = conn
             with self._lock:
                 self._all_connections.append(conn)
+            if not self._schema_checked:
+                # The embedded default promises zero setup: bring a new or old file up to date.
+                self._schema_checked = True
+                if conn.execute("PRAGMA user_version").fetchone()[0] < len(MIGRATIONS):
+                    self.migrate()
         return conn
 
     @contextmanager

@@ -1,0 +1,93 @@
+"""The ``rdq`` command line, run as a real subprocess against the embedded SQLite default."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rdq_core.compliance.support import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def rdq(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RDQ_LOG_LEVEL": "WARNING"}
+    env.pop("RDQ_STORAGE_URL", None)
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        done = subprocess.run([sys.executable, "-m", "rdq_core.cli", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=60)
+        if check and done.returncode != 0:
+            raise AssertionError(f"rdq {' '.join(args)} exited {done.returncode}: {done.stderr}")
+        return done
+
+    run.env = env  # type: ignore[attr-defined]
+    run.cwd = tmp_path  # type: ignore[attr-defined]
+    return run
+
+
+def test_embedded_default_needs_no_setup(rdq):
+    created = json.loads(rdq("enqueue", "emails", "send", "--payload", '{"to": "a@b.c"}', "--id", "order-42", "--json").stdout)
+    assert created["id"] == "order-42" and created["status"] == "PENDING" and created["payload"] == {"to": "a@b.c"}
+    assert (rdq.cwd / "rdq.db").exists()
+    again = json.loads(rdq("enqueue", "emails", "other", "--id", "order-42", "--json").stdout)
+    assert again["handler"] == "send"
+    stats = json.loads(rdq("stats", "emails", "--json").stdout)
+    assert (stats["pending"], stats["in_flight"], stats["dead"]) == (1, 0, 0)
+    shown = json.loads(rdq("task", "show", "order-42", "--json").stdout)
+    assert shown["attempts"] == [] and shown["queue"] == "emails"
+
+
+def test_errors_go_to_stderr_with_distinct_exit_codes(rdq):
+    missing = rdq("task", "show", "nope", check=False)
+    assert missing.returncode == 3 and "not found" in missing.stderr and missing.stdout == ""
+    invalid = rdq("enqueue", "Bad Queue", "h", check=False)
+    assert invalid.returncode == 2 and "queue must match" in invalid.stderr
+    bad_json = rdq("enqueue", "q", "h", "--payload", "{not json", check=False)
+    assert bad_json.returncode == 2 and "not valid JSON" in bad_json.stderr
+    rdq("enqueue", "q", "h", "--id", "taken")
+    conflict = rdq("enqueue", "other", "h", "--id", "taken", check=False)
+    assert conflict.returncode == 4 and "Traceback" not in conflict.stderr
+    empty = rdq("dlq", "redrive", "q", check=False)
+    assert empty.returncode == 2
+    refused = rdq("--storage", "postgresql://nobody@127.0.0.1:1/none", "stats", "q", check=False)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+
+
+def test_worker_reaper_and_dlq_commands_end_to_end(rdq):
+    rdq("migrate")
+    for n in range(3):
+        rdq("enqueue", "jobs", "sample.ok", "--payload", json.dumps({"n": n}))
+    rdq("enqueue", "jobs", "sample.fatal", "--id", "doomed")
+    rdq("enqueue", "jobs", "nobody.handles.this", "--id", "orphan")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "rdq_core.cli", "worker", "--handlers", "tests.unit.sample_handlers", "--queues", "jobs",
+         "--lease", "5"],
+        cwd=rdq.cwd, env=rdq.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_until(lambda: json.loads(rdq("stats", "jobs", "--json").stdout)["succeeded"] == 3
+                   and json.loads(rdq("stats", "jobs", "--json").stdout)["dead"] == 2, timeout=30, what="the worker to drain")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(15)
+    assert worker.returncode == 0, worker.stderr.read()
+    dead = json.loads(rdq("dlq", "list", "jobs", "--json").stdout)
+    assert {t["id"]: t["last_error"]["type"] for t in dead["tasks"]} == {
+        "doomed": "rdq_core.errors.PermanentError", "orphan": "rdq.UnknownHandler"}
+    listed = json.loads(rdq("dlq", "list", "jobs", "--error-type", "rdq.UnknownHandler", "--json").stdout)
+    assert [t["id"] for t in listed["tasks"]] == ["orphan"]
+    assert json.loads(rdq("dlq", "redrive", "jobs", "--id", "doomed", "--json").stdout) == {"count": 1}
+    redriven = json.loads(rdq("task", "show", "doomed", "--json").stdout)
+    assert (redriven["status"], redriven["redrive_count"], len(redriven["attempts"])) == ("PENDING", 1, 1)
+    assert json.loads(rdq("dlq", "purge", "jobs", "--all", "--json").stdout) == {"count": 1}
+    assert rdq("task", "show", "orphan", check=False).returncode == 3
+    assert json.loads(rdq("task", "cancel", "doomed", "--json").stdout)["status"] == "CANCELLED"
+    assert json.loads(rdq("reaper", "--once").stdout)["reaped"] == 0

@@ -1,0 +1,115 @@
+"""The long-running worker host: heartbeat, abandoned leases, graceful stop (on SQLite)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from rdq_core.compliance.support import wait_until
+from rdq_core.handlers import HandlerRegistry
+from rdq_core.model import Backoff, Outcome, TaskStatus
+from rdq_core.reaper import reap_expired_leases
+from rdq_core.retry import PolicyBook, RetryPolicy
+from rdq_core.storage import open_storage
+from rdq_core.client import Client
+from rdq_core.worker import Worker, WorkerConfig
+
+
+@pytest.fixture
+def storage(tmp_path):
+    store = open_storage(f"sqlite:///{tmp_path}/rdq.db")
+    store.migrate()
+    yield store
+    store.close()
+
+
+def start(worker: Worker) -> threading.Thread:
+    thread = threading.Thread(target=worker.run_forever, daemon=True)
+    thread.start()
+    return thread
+
+
+def reap_in_background(storage, stop: threading.Event, policies=None) -> threading.Thread:
+    def loop():
+        while not stop.wait(0.05):
+            reap_expired_leases(storage, policies)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_heartbeat_keeps_a_task_longer_than_its_lease(storage):
+    registry = HandlerRegistry()
+    registry.register("long", lambda payload, ctx: time.sleep(1.2) or "done", timeout_seconds=10)
+    task = Client(storage).enqueue("hb", "long")
+    worker = Worker(storage, WorkerConfig(queues=["hb"], lease_seconds=0.4, idle_poll_seconds=0.05), registry=registry)
+    stop = threading.Event()
+    reaper = reap_in_background(storage, stop)
+    thread = start(worker)
+    try:
+        wait_until(lambda: storage.get(task.id).status is TaskStatus.SUCCEEDED, timeout=20, what="the long task to succeed")
+    finally:
+        worker.stop(), stop.set()
+        thread.join(10), reaper.join(10)
+    assert [a.outcome for a in storage.get(task.id).attempts] == [Outcome.SUCCESS]
+
+
+def test_a_hung_handler_loses_its_lease_and_its_late_settle_is_fenced_off(storage):
+    release = threading.Event()
+    registry = HandlerRegistry()
+    registry.register("hang", lambda payload, ctx: release.wait(10) and "late", timeout_seconds=0.3)
+    task = Client(storage).enqueue("hung", "hang", max_attempts=1)
+    worker = Worker(storage, WorkerConfig(queues=["hung"], lease_seconds=0.3, idle_poll_seconds=0.05), registry=registry)
+    stop = threading.Event()
+    reaper = reap_in_background(storage, stop)
+    thread = start(worker)
+    try:
+        wait_until(lambda: storage.get(task.id).status is TaskStatus.DEAD, timeout=20, what="the hung task to be reaped")
+        release.set()  # the handler returns now; its settle must be refused
+        wait_until(lambda: worker.telemetry.counts["stale_settlements"] == 1, timeout=10, what="the late settle to be refused")
+    finally:
+        release.set(), worker.stop(), stop.set()
+        thread.join(10), reaper.join(10)
+    final = storage.get(task.id)
+    assert final.status is TaskStatus.DEAD
+    assert [(a.attempt_no, a.outcome) for a in final.attempts] == [(1, Outcome.LEASE_EXPIRED)]
+
+
+def test_stop_finishes_the_running_task_and_releases_the_rest(storage):
+    started = threading.Event()
+    registry = HandlerRegistry()
+
+    def slow(payload, ctx):
+        started.set()
+        time.sleep(0.3)
+
+    registry.register("slow", slow)
+    client = Client(storage)
+    client.enqueue_many("stop", [{"handler": "slow"} for _ in range(5)])
+    worker = Worker(storage, WorkerConfig(queues=["stop"], batch_size=5, lease_seconds=30), registry=registry)
+    thread = start(worker)
+    assert started.wait(10)
+    worker.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+    stats = storage.stats("stop")
+    assert (stats.succeeded, stats.pending, stats.in_flight) == (1, 4, 0)
+
+
+def test_worker_without_queues_serves_every_queue(storage):
+    registry = HandlerRegistry()
+    registry.register("ok", lambda payload, ctx: None)
+    client = Client(storage)
+    for queue in ("alpha", "beta"):
+        client.enqueue(queue, "ok")
+    worker = Worker(storage, WorkerConfig(idle_poll_seconds=0.05), registry=registry,
+                    policies=PolicyBook(RetryPolicy(3, Backoff(1, 2, 10, 0))))
+    thread = start(worker)
+    try:
+        wait_until(lambda: all(storage.stats(q).succeeded == 1 for q in ("alpha", "beta")), timeout=20, what="both queues")
+    finally:
+        worker.stop()
+        thread.join(10)
