@@ -636,3 +636,20 @@ def test_broken_connections_are_discarded(storage, pg_database_url):
         except StorageUnavailable:
             failures += 1
     assert failures == 0  # the dead idle connection was spotted without a round trip
+
+
+def test_client_enqueue_commits_with_the_business_write_or_not_at_all(storage, storage_url):
+    from rdq_core import Client
+
+    client = Client(storage)
+    with psycopg.connect(storage_url) as conn:
+        conn.execute("CREATE TABLE orders (id text PRIMARY KEY)")
+        conn.commit()
+        conn.execute("INSERT INTO orders VALUES ('o-1')")
+        client.enqueue("emails", "send_email", {"order": "o-1"}, id="mail-o-1", connection=conn)
+        conn.rollback()  # the business write failed: no task either
+        assert storage.get("mail-o-1") is None
+        conn.execute("INSERT INTO orders VALUES ('o-2')")
+        client.enqueue("emails", "send_email", {"order": "o-2"}, id="mail-o-2", connection=conn)
+        conn.commit()
+    assert client.get("mail-o-2").payload == {"order": "o-2"}
