@@ -1,0 +1,219 @@
+"""The OpenAPI 3.0 document of the HTTP API, built from the engine's own limits and patterns.
+
+It is written by hand (not generated from the routes) so that it can state what the handler
+really enforces: name patterns, size limits, closed request objects, and every problem status.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import validation
+from ..validation import Limits
+
+_PROBLEM_REF = {"$ref": "#/components/responses/Problem"}
+
+
+def _json(schema_name: str) -> dict[str, Any]:
+    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema_name}"}}}
+
+
+def _ok(description: str, schema_name: str) -> dict[str, Any]:
+    return {"description": description, "content": _json(schema_name)}
+
+
+def _problems(*statuses: int) -> dict[str, Any]:
+    return {str(status): _PROBLEM_REF for status in statuses}
+
+
+_QUEUE_PARAM = {"name": "queue", "in": "path", "required": True,
+                "schema": {"type": "string", "pattern": f"^{validation.QUEUE_NAME.pattern}$"}}
+_TASK_ID_PARAM = {"name": "task_id", "in": "path", "required": True,
+                  "schema": {"type": "string", "pattern": f"^{validation.TASK_ID.pattern}$"}}
+_COMMON = (401, 503)  # bearer token missing (when configured), store unreachable
+
+
+def _schemas() -> dict[str, Any]:
+    name = {"type": "string", "pattern": f"^{validation.HANDLER_NAME.pattern}$"}
+    task_id = {"type": "string", "pattern": f"^{validation.TASK_ID.pattern}$"}
+    backoff = {
+        "type": "object", "additionalProperties": False,
+        "properties": {
+            "initial_seconds": {"type": "number", "minimum": 0, "maximum": 86400},
+            "factor": {"type": "number", "minimum": 1, "maximum": 10},
+            "max_seconds": {"type": "number", "minimum": 0, "maximum": 604800},
+            "jitter": {"type": "number", "minimum": 0, "maximum": 1},
+        },
+    }
+    error = {"type": "object", "nullable": True, "properties": {
+        "type": {"type": "string"}, "message": {"type": "string"}, "stack": {"type": "string", "nullable": True}}}
+    timestamp = {"type": "string", "format": "date-time", "nullable": True}
+    return {
+        "NewTask": {
+            "type": "object", "additionalProperties": False, "required": ["handler"],
+            "properties": {
+                "handler": name,
+                "payload": {"description": f"any JSON value, at most {Limits.payload_bytes} bytes encoded"},
+                "id": task_id,
+                "delay_seconds": {"type": "number", "minimum": 0, "maximum": Limits.delay_seconds},
+                "run_at": {"type": "string", "format": "date-time"},
+                "max_attempts": {"type": "integer", "minimum": 1, "maximum": Limits.max_attempts},
+                "backoff": backoff,
+                "headers": {"type": "object", "maxProperties": Limits.headers_count,
+                            "additionalProperties": {"type": "string", "maxLength": Limits.header_value_chars}},
+            },
+        },
+        "BatchRequest": {
+            "type": "object", "additionalProperties": False, "required": ["tasks"],
+            "properties": {"tasks": {"type": "array", "minItems": 1, "maxItems": Limits.batch_items,
+                                     "items": {"$ref": "#/components/schemas/NewTask"}}},
+        },
+        "BatchResult": {
+            "type": "object", "required": ["results", "created", "existing", "conflict"],
+            "properties": {
+                "results": {"type": "array", "items": {"type": "object", "required": ["id", "queue", "result", "status"], "properties": {
+                    "id": {"type": "string"}, "queue": {"type": "string"},
+                    "result": {"type": "string", "enum": ["created", "existing", "conflict"]},
+                    "status": {"$ref": "#/components/schemas/Status"}}}},
+                "created": {"type": "integer"}, "existing": {"type": "integer"}, "conflict": {"type": "integer"},
+            },
+        },
+        "Status": {"type": "string", "enum": ["PENDING", "IN_FLIGHT", "SUCCEEDED", "DEAD", "CANCELLED"]},
+        "Attempt": {
+            "type": "object", "required": ["attempt_no", "outcome"],
+            "properties": {
+                "attempt_no": {"type": "integer", "minimum": 1},
+                "outcome": {"type": "string", "enum": ["SUCCESS", "RETRYABLE_FAILURE", "PERMANENT_FAILURE", "LEASE_EXPIRED"]},
+                "started_at": timestamp, "finished_at": timestamp, "error": error,
+            },
+        },
+        "Task": {
+            "type": "object",
+            "required": ["id", "queue", "handler", "status", "attempt_count", "redrive_count", "attempts"],
+            "properties": {
+                "id": {"type": "string"}, "queue": {"type": "string"}, "handler": {"type": "string"},
+                "payload": {}, "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+                "status": {"$ref": "#/components/schemas/Status"},
+                "attempt_count": {"type": "integer"}, "redrive_count": {"type": "integer"},
+                "max_attempts": {"type": "integer", "nullable": True},
+                "backoff": {**backoff, "nullable": True},
+                "next_attempt_at": timestamp, "lease_expires_at": timestamp, "created_at": timestamp,
+                "updated_at": timestamp, "dead_at": timestamp,
+                "result": {}, "last_error": error,
+                "attempts": {"type": "array", "items": {"$ref": "#/components/schemas/Attempt"}},
+            },
+        },
+        "QueueStats": {
+            "type": "object",
+            "required": ["queue", "pending", "in_flight", "dead", "succeeded", "cancelled", "oldest_pending_age_seconds"],
+            "properties": {
+                "queue": {"type": "string"}, "pending": {"type": "integer"}, "in_flight": {"type": "integer"},
+                "dead": {"type": "integer"}, "succeeded": {"type": "integer"}, "cancelled": {"type": "integer"},
+                "oldest_pending_age_seconds": {"type": "number"},
+            },
+        },
+        "DeadPage": {
+            "type": "object", "required": ["tasks", "next_cursor"],
+            "properties": {"tasks": {"type": "array", "items": {"$ref": "#/components/schemas/Task"}},
+                           "next_cursor": {"type": "string", "nullable": True}},
+        },
+        "DeadSelection": {
+            "type": "object", "additionalProperties": False,
+            "description": "ids, a filter (error_type and/or handler), or {\"all\": true}; an empty selection is refused",
+            "properties": {
+                "ids": {"type": "array", "minItems": 1, "maxItems": Limits.batch_items, "items": task_id},
+                "error_type": {"type": "string", "minLength": 1, "maxLength": 256},
+                "handler": name,
+                "all": {"type": "boolean"},
+            },
+        },
+        "Problem": {
+            "type": "object", "required": ["type", "title", "status", "detail"],
+            "properties": {"type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
+                           "detail": {"type": "string"}, "field": {"type": "string"}, "instance": {"type": "string"}},
+        },
+    }
+
+
+def openapi_document(server_url: str = "/", auth_mode: str = "iam", bearer: bool = False) -> dict[str, Any]:
+    body_problems = (400, 413, 415, 422)
+    paths = {
+        "/v1/queues/{queue}/tasks": {"post": {
+            "operationId": "enqueueTask", "summary": "Enqueue one task (idempotent on id)",
+            "parameters": [_QUEUE_PARAM],
+            "requestBody": {"required": True, "content": _json("NewTask")},
+            "responses": {"201": _ok("created", "Task"), "200": _ok("the id already existed on this queue", "Task"),
+                          **_problems(*body_problems, 409, *_COMMON)},
+        }},
+        "/v1/queues/{queue}/tasks:batch": {"post": {
+            "operationId": "enqueueBatch", "summary": f"Enqueue up to {Limits.batch_items} tasks in one storage round trip",
+            "parameters": [_QUEUE_PARAM],
+            "requestBody": {"required": True, "content": _json("BatchRequest")},
+            "responses": {"200": _ok("per-item results", "BatchResult"), **_problems(*body_problems, *_COMMON)},
+        }},
+        "/v1/tasks/{task_id}": {
+            "get": {"operationId": "getTask", "summary": "A task with its attempt history and result",
+                    "parameters": [_TASK_ID_PARAM],
+                    "responses": {"200": _ok("the task", "Task"), **_problems(404, 422, *_COMMON)}},
+            "delete": {"operationId": "cancelTask", "summary": "Cancel a PENDING task",
+                       "parameters": [_TASK_ID_PARAM],
+                       "responses": {"200": _ok("cancelled", "Task"), **_problems(404, 409, 422, *_COMMON)}},
+        },
+        "/v1/queues/{queue}/stats": {"get": {
+            "operationId": "queueStats", "parameters": [_QUEUE_PARAM],
+            "responses": {"200": _ok("counts per status", "QueueStats"), **_problems(422, *_COMMON)},
+        }},
+        "/v1/queues/{queue}/dlq": {"get": {
+            "operationId": "listDead", "summary": "Dead tasks, cursor-paged by (dead_at, id)",
+            "parameters": [
+                _QUEUE_PARAM,
+                {"name": "cursor", "in": "query", "schema": {"type": "string", "maxLength": 1024}},
+                {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": Limits.page_size, "default": 50}},
+                {"name": "error_type", "in": "query", "schema": {"type": "string", "minLength": 1, "maxLength": 256}},
+                {"name": "handler", "in": "query", "schema": {"type": "string", "pattern": f"^{validation.HANDLER_NAME.pattern}$"}},
+            ],
+            "responses": {"200": _ok("one page", "DeadPage"), **_problems(400, 422, *_COMMON)},
+        }},
+        "/v1/queues/{queue}/dlq:redrive": {"post": {
+            "operationId": "redriveDead", "parameters": [_QUEUE_PARAM],
+            "requestBody": {"required": True, "content": _json("DeadSelection")},
+            "responses": {"200": {"description": "how many were redriven", "content": {"application/json": {"schema": {
+                "type": "object", "required": ["redriven"], "properties": {"redriven": {"type": "integer"}}}}}},
+                **_problems(*body_problems, *_COMMON)},
+        }},
+        "/v1/queues/{queue}/dlq:purge": {"post": {
+            "operationId": "purgeDead", "parameters": [_QUEUE_PARAM],
+            "requestBody": {"required": True, "content": _json("DeadSelection")},
+            "responses": {"200": {"description": "how many were deleted", "content": {"application/json": {"schema": {
+                "type": "object", "required": ["purged"], "properties": {"purged": {"type": "integer"}}}}}},
+                **_problems(*body_problems, *_COMMON)},
+        }},
+        "/v1/openapi.json": {"get": {
+            "operationId": "openapi", "responses": {"200": {"description": "this document", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+    }
+    security_schemes: dict[str, Any] = {}
+    security: list[dict[str, list[str]]] = []
+    if bearer:
+        security_schemes["bearer"] = {"type": "http", "scheme": "bearer"}
+        security.append({"bearer": []})
+    elif auth_mode == "api_key":
+        security_schemes["apiKey"] = {"type": "apiKey", "in": "header", "name": "x-api-key"}
+        security.append({"apiKey": []})
+    elif auth_mode == "iam":
+        security_schemes["sigv4"] = {"type": "apiKey", "in": "header", "name": "Authorization",
+                                     "description": "AWS Signature Version 4 (service execute-api)"}
+        security.append({"sigv4": []})
+    document: dict[str, Any] = {
+        "openapi": "3.0.3",
+        "info": {"title": "rdq", "version": "1", "description": "Retry-and-dead-letter task queue. Errors are application/problem+json."},
+        "servers": [{"url": server_url}],
+        "paths": paths,
+        "components": {
+            "schemas": _schemas(),
+            "responses": {"Problem": {"description": "an RFC 9457 problem", "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}},
+            "securitySchemes": security_schemes,
+        },
+    }
+    if security:
+        document["security"] = security
+    return document

@@ -1,0 +1,57 @@
+"""The reaper function: reap expired leases in bounded batches, then publish queue gauges.
+
+Gauges per queue (dimension ``queue``) and totals (dimension ``service`` only, which the
+template's alarms watch): ``QueueDepth`` (pending), ``DeadTasks``, ``OldestPendingAge`` (seconds).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aws_lambda_powertools.metrics import MetricUnit
+
+from ..reaper import reap_expired_leases
+from .connection import shared_storage
+from .observability import MetricsTelemetry, logger, metrics, publish_queue_gauge, tracer
+from .settings import Settings
+
+
+def run_reaper_invocation(event: dict[str, Any], context: Any, settings: Settings | None = None) -> dict[str, Any]:
+    settings = settings or Settings.from_env()
+    deadline = time.monotonic() + context.get_remaining_time_in_millis() / 1000.0 - settings.settle_reserve_seconds
+    storage = shared_storage(settings)
+    report = reap_expired_leases(
+        storage, settings.policy_book(), batch_size=settings.reaper_batch_size, deadline=deadline,
+        telemetry=MetricsTelemetry(),
+    )
+    depth = dead = 0
+    oldest = 0.0
+    queues = storage.list_queues()
+    for queue in queues:
+        if time.monotonic() >= deadline:
+            break
+        stats = storage.stats(queue)
+        depth += stats.pending
+        dead += stats.dead
+        oldest = max(oldest, stats.oldest_pending_age_seconds)
+        publish_queue_gauge(queue, "QueueDepth", stats.pending)
+        publish_queue_gauge(queue, "DeadTasks", stats.dead)
+        publish_queue_gauge(queue, "OldestPendingAge", stats.oldest_pending_age_seconds, MetricUnit.Seconds)
+    metrics.add_metric(name="QueueDepth", unit=MetricUnit.Count, value=depth)
+    metrics.add_metric(name="DeadTasks", unit=MetricUnit.Count, value=dead)
+    metrics.add_metric(name="OldestPendingAge", unit=MetricUnit.Seconds, value=oldest)
+    summary = {
+        "expired": report.expired, "rescheduled": report.rescheduled, "dead_lettered": report.dead_lettered,
+        "contended": report.contended, "batches": report.batches, "queues": len(queues),
+        "pending": depth, "dead": dead, "oldest_pending_age_seconds": oldest,
+    }
+    (logger.info if report.expired else logger.debug)("reaper invocation done", extra={"summary": summary})
+    return summary
+
+
+@logger.inject_lambda_context(clear_state=True)
+@tracer.capture_lambda_handler(capture_response=False)
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return run_reaper_invocation(event, context)

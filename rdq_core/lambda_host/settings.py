@@ -1,0 +1,74 @@
+"""Configuration of the Lambda functions, read from their environment (set by template.yaml)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from ..retry import PolicyBook, policy_book_from_config
+
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _number(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value not in (None, "") else default
+
+
+def _names(name: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in os.environ.get(name, "").split(",") if part.strip())
+
+
+@dataclass(frozen=True)
+class Settings:
+    #: Handler modules the worker imports (``RDQ_HANDLERS``, comma-separated).
+    handler_modules: tuple[str, ...] = ()
+    #: Queues the worker serves; empty means every queue the store knows (``list_queues``).
+    queues: tuple[str, ...] = ()
+    policies_json: str = ""
+    batch_size: int = 10
+    #: Added to the invocation's remaining time to size a lease: the lease must outlive the
+    #: invocation, so a live Lambda is never overtaken by the reaper.
+    lease_grace_seconds: float = 30.0
+    #: Kept free at the end of an invocation to settle and release before Lambda stops us.
+    settle_reserve_seconds: float = 2.0
+    max_worker_concurrency: int = 4
+    worker_function: str = ""
+    wake_worker: bool = True
+    wake_debounce_seconds: float = 5.0
+    reaper_batch_size: int = 100
+    max_body_bytes: int = 1024 * 1024
+    #: Optional bearer token checked by the API handler itself (``rdq dev``; a deployed API
+    #: authenticates at API Gateway with IAM or an API key instead).
+    api_token: str = ""
+    auth_mode: str = "iam"
+    auto_migrate: bool = False
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        return cls(
+            handler_modules=_names("RDQ_HANDLERS"),
+            queues=_names("RDQ_QUEUES"),
+            policies_json=os.environ.get("RDQ_QUEUE_POLICIES", ""),
+            batch_size=int(_number("RDQ_BATCH_SIZE", 10)),
+            lease_grace_seconds=_number("RDQ_LEASE_GRACE_SECONDS", 30.0),
+            settle_reserve_seconds=_number("RDQ_SETTLE_RESERVE_SECONDS", 2.0),
+            max_worker_concurrency=max(1, int(_number("RDQ_MAX_WORKER_CONCURRENCY", 4))),
+            worker_function=os.environ.get("RDQ_WORKER_FUNCTION", ""),
+            wake_worker=_flag("RDQ_WAKE_WORKER", True),
+            wake_debounce_seconds=_number("RDQ_WAKE_DEBOUNCE_SECONDS", 5.0),
+            reaper_batch_size=int(_number("RDQ_REAPER_BATCH_SIZE", 100)),
+            max_body_bytes=int(_number("RDQ_MAX_BODY_BYTES", 1024 * 1024)),
+            api_token=os.environ.get("RDQ_API_TOKEN", ""),
+            auth_mode=os.environ.get("RDQ_AUTH_MODE", "iam"),
+            auto_migrate=_flag("RDQ_AUTO_MIGRATE", False),
+        )
+
+    def policy_book(self) -> PolicyBook:
+        return policy_book_from_config(json.loads(self.policies_json) if self.policies_json else None)

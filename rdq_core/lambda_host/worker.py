@@ -1,0 +1,114 @@
+"""The worker function: claim with an invocation-sized lease, run, settle, release, fan out.
+
+Lease = the invocation's remaining time (``context.get_remaining_time_in_millis()``) + a grace
+margin, recomputed at every claim. The lease therefore ends only after this invocation is
+certainly over, so the reaper can never take a task from a live worker; if the invocation dies
+(timeout, OOM), the reaper records LEASE_EXPIRED once the lease runs out.
+
+The engine's ``BatchRunner`` starts a task only if its handler's ``timeout_seconds`` fits before
+the deadline and releases the rest unstarted (no attempt spent). The worker keeps claiming while
+a round finds work and time remains.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+from ..handlers import registry
+from ..runner import BatchRunner
+from ..storage.spi import Storage
+from .connection import shared_storage
+from .invoker import FANOUT_SOURCE, WAKE_SOURCE, extra_workers_for_backlog, invoker
+from .observability import LoggedRegistry, MetricsTelemetry, logger, metrics, tracer
+from .settings import Settings
+
+
+def _is_scheduled(event: Mapping[str, Any]) -> bool:
+    return event.get("source") == "aws.events" or event.get("detail-type") == "Scheduled Event"
+
+
+def _requested_queues(event: Mapping[str, Any]) -> tuple[str, ...]:
+    if event.get("source") in (FANOUT_SOURCE, WAKE_SOURCE):
+        detail = event.get("detail") or {}
+        queues = detail.get("queues") if isinstance(detail, Mapping) else None
+        if isinstance(queues, list):
+            return tuple(q for q in queues if isinstance(q, str))
+    return ()
+
+
+def run_worker_invocation(event: Mapping[str, Any], context: Any, settings: Settings | None = None) -> dict[str, Any]:
+    """The worker's whole job for one invocation; returns a summary (also logged)."""
+    settings = settings or Settings.from_env()
+    invocation_end = time.monotonic() + context.get_remaining_time_in_millis() / 1000.0
+    work_deadline = invocation_end - settings.settle_reserve_seconds
+    registry.load_modules(settings.handler_modules)
+    storage = shared_storage(settings)
+    telemetry = MetricsTelemetry()
+
+    queues = settings.queues or _requested_queues(event) or tuple(storage.list_queues())
+    summary: dict[str, Any] = {"queues": list(queues), "claimed": 0, "started": 0, "released": 0, "outcomes": {}, "fanned_out": 0}
+    if not queues:
+        return summary
+
+    if _is_scheduled(event) and settings.worker_function and settings.max_worker_concurrency > 1:
+        summary["fanned_out"] = _fan_out(storage, queues, settings)
+
+    runner = BatchRunner(
+        storage, settings.policy_book(), LoggedRegistry(registry), telemetry,
+        lease_seconds=_lease_seconds(invocation_end, settings),
+    )
+    while time.monotonic() < work_deadline:
+        claimed_this_round = started_this_round = 0
+        for queue in queues:
+            if time.monotonic() >= work_deadline:
+                break
+            lease = _lease_seconds(invocation_end, settings)
+            runner.lease_seconds = lease
+            began = time.monotonic()
+            claimed = storage.claim(queue, settings.batch_size, lease)
+            telemetry.timing_ms("claim_latency_ms", (time.monotonic() - began) * 1000)
+            telemetry.count("claimed", len(claimed))
+            if not claimed:
+                continue
+            report = runner.run(claimed, deadline=work_deadline)
+            claimed_this_round += len(claimed)
+            started_this_round += report.started
+            summary["released"] += report.released
+            for outcome, n in report.outcomes.items():
+                summary["outcomes"][outcome] = summary["outcomes"].get(outcome, 0) + n
+        summary["claimed"] += claimed_this_round
+        summary["started"] += started_this_round
+        # Stop when the queues are drained, or when nothing claimed could start (too little
+        # time left for its handler): claiming again would only release it again.
+        if claimed_this_round == 0 or started_this_round == 0:
+            break
+    # A tick that found nothing is the common case; keep it out of the INFO log.
+    (logger.info if summary["claimed"] else logger.debug)("worker invocation done", extra={"summary": summary})
+    return summary
+
+
+def _lease_seconds(invocation_end: float, settings: Settings) -> float:
+    return max(invocation_end - time.monotonic(), 0.0) + settings.lease_grace_seconds
+
+
+def _fan_out(storage: Storage, queues: tuple[str, ...], settings: Settings) -> int:
+    """A scheduled worker that sees a backlog starts more workers, up to the concurrency cap."""
+    backlog = 0
+    for queue in queues:
+        stats = storage.stats(queue)
+        if stats.oldest_pending_age_seconds > 0:  # something is due now, not only delayed
+            backlog += stats.pending
+    extra = extra_workers_for_backlog(backlog, settings.batch_size, settings.max_worker_concurrency)
+    if not extra:
+        return 0
+    started = invoker.fan_out(settings.worker_function, queues, extra)
+    logger.info("fanned out", extra={"backlog": backlog, "extra_workers": started})
+    return started
+
+
+@logger.inject_lambda_context(clear_state=True)
+@tracer.capture_lambda_handler(capture_response=False)
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return run_worker_invocation(event, context)

@@ -1,0 +1,66 @@
+"""Fixtures for the serverless host: real event JSON, a Lambda context with a real deadline,
+a fresh SQLite store per test, and offline AWS settings for the tooling."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+# Set before any Powertools module is imported: it reads these at import time.
+for _name, _value in {
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "SAM_CLI_TELEMETRY": "0",
+    "POWERTOOLS_TRACE_DISABLED": "1",
+    "POWERTOOLS_METRICS_NAMESPACE": "rdq",
+    "POWERTOOLS_SERVICE_NAME": "rdq",
+    "POWERTOOLS_LOG_LEVEL": "WARNING",
+}.items():
+    os.environ[_name] = _value
+
+from rdq_core.lambda_host import connection  # noqa: E402
+from rdq_core.lambda_host.local_invoke import LocalLambdaContext  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+EVENTS = REPO / "events"
+
+_RDQ_ENV = (
+    "RDQ_STORAGE_URL", "RDQ_STORAGE_URL_SECRET", "RDQ_STORAGE_URL_PARAMETER", "RDQ_HANDLERS", "RDQ_QUEUES",
+    "RDQ_WORKER_FUNCTION", "RDQ_WAKE_WORKER", "RDQ_API_TOKEN", "RDQ_MAX_WORKER_CONCURRENCY", "RDQ_BATCH_SIZE",
+    "RDQ_SETTLE_RESERVE_SECONDS", "RDQ_LEASE_GRACE_SECONDS", "RDQ_AUTO_MIGRATE", "RDQ_WAKE_DEBOUNCE_SECONDS",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "sam_build: runs `sam build` for python3.12 (slow; needs pyenv 3.12)")
+    config.addinivalue_line("filterwarnings", "ignore:No application metrics to publish")
+
+
+@pytest.fixture
+def store_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh, migrated SQLite store, configured the way the functions read it."""
+    for name in _RDQ_ENV:
+        monkeypatch.delenv(name, raising=False)
+    url = f"sqlite:///{tmp_path}/rdq.db"
+    monkeypatch.setenv("RDQ_STORAGE_URL", url)
+    monkeypatch.setenv("RDQ_AUTO_MIGRATE", "true")
+    monkeypatch.setenv("RDQ_HANDLERS", "tests.serverless.sample_handlers")
+    yield url
+    connection.close_shared_storage()
+
+
+@pytest.fixture
+def lambda_context() -> Callable[..., LocalLambdaContext]:
+    def make(function_name: str = "rdq-api", timeout_seconds: float = 30.0) -> LocalLambdaContext:
+        return LocalLambdaContext(function_name, timeout_seconds)
+
+    return make
+
+
+def load_event(name: str) -> dict[str, Any]:
+    return json.loads((EVENTS / f"{name}.json").read_text())

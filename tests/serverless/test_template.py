@@ -1,0 +1,196 @@
+"""template.yaml: SAM lint, cfn-lint on the transformed template, assertions on the resources
+CloudFormation would create, and a real `sam build` for python3.12."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO
+
+SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:rdq-url-AbCdEf"
+PY312 = Path("/root/.pyenv/versions/3.12.1/bin")
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name) or str(Path(sys.executable).with_name(name))
+    if not Path(found).exists():
+        pytest.skip(f"{name} is not installed (dev extra)")
+    return found
+
+
+def transformed(parameters: dict[str, str] | None = None) -> dict:
+    """The template after the SAM transform, as CloudFormation receives it."""
+    from samtranslator.translator.transform import transform
+    from samtranslator.yaml_helper import yaml_parse
+
+    template = yaml_parse((REPO / "template.yaml").read_text())
+    for resource in template["Resources"].values():
+        props = resource.get("Properties", {})
+        for key in ("CodeUri", "ContentUri"):
+            if key in props:  # what `sam package` does: local paths become S3 artifacts
+                props[key] = f"s3://rdq-artifacts/{props[key].strip('./').replace('/', '-') or 'root'}.zip"
+
+    class ManagedPolicies:
+        def load(self) -> dict[str, str]:
+            return {"AWSLambdaVPCAccessExecutionRole": "arn:aws:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole"}
+
+    return transform(template, {"StorageUrlSecretArn": SECRET_ARN, **(parameters or {})}, ManagedPolicies())
+
+
+@pytest.fixture(scope="module")
+def resources() -> dict:
+    return transformed()["Resources"]
+
+
+def of_type(resources: dict, kind: str) -> dict:
+    return {name: r for name, r in resources.items() if r["Type"] == kind}
+
+
+def test_sam_validate_lint():
+    result = subprocess.run([_tool("sam"), "validate", "--lint", "--template", str(REPO / "template.yaml")],
+                            capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("parameters", [{}, {"AuthMode": "API_KEY", "SubnetIds": "subnet-1,subnet-2", "SecurityGroupIds": "sg-1"}],
+                         ids=["defaults", "api-key-in-vpc"])
+def test_cfn_lint_on_the_transformed_template(tmp_path, parameters):
+    path = tmp_path / "transformed.json"
+    path.write_text(json.dumps(transformed(parameters)))
+    result = subprocess.run([_tool("cfn-lint"), "--", str(path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_three_functions_on_python312_with_thin_handlers(resources):
+    functions = of_type(resources, "AWS::Lambda::Function")
+    assert set(functions) == {"ApiFunction", "WorkerFunction", "ReaperFunction"}
+    for name, fn in functions.items():
+        props = fn["Properties"]
+        assert props["Runtime"] == "python3.12"
+        assert props["Handler"] == "app.lambda_handler"
+        assert props["TracingConfig"] == {"Mode": "Active"}
+        assert len(props["Layers"]) == 1
+        folder = {"ApiFunction": "api", "WorkerFunction": "worker", "ReaperFunction": "reaper"}[name]
+        assert (REPO / "functions" / folder / "app.py").exists()
+
+
+def test_worker_timeout_leaves_room_for_the_lease_margin(resources):
+    worker = resources["WorkerFunction"]["Properties"]
+    template = transformed()
+    assert worker["Timeout"] == {"Ref": "WorkerTimeout"}
+    env = worker["Environment"]["Variables"]
+    assert env["RDQ_LEASE_GRACE_SECONDS"] == {"Ref": "LeaseGraceSeconds"}
+    params = template["Parameters"]
+    assert params["WorkerTimeout"]["MaxValue"] <= 900 and params["WorkerTimeout"]["MinValue"] >= 10
+    # The reaper must finish well inside a lease grace: it never runs longer than the smallest grace.
+    assert resources["ReaperFunction"]["Properties"]["Timeout"] <= 900
+    assert params["LeaseGraceSeconds"]["MinValue"] >= 5
+    assert resources["ApiFunction"]["Properties"]["Timeout"] <= 29, "API Gateway's integration limit"
+
+
+def test_reserved_concurrency_is_the_fan_out_cap(resources):
+    worker = resources["WorkerFunction"]["Properties"]
+    assert worker["ReservedConcurrentExecutions"] == {"Ref": "MaxWorkerConcurrency"}
+    assert worker["Environment"]["Variables"]["RDQ_MAX_WORKER_CONCURRENCY"] == {"Ref": "MaxWorkerConcurrency"}
+    assert resources["ReaperFunction"]["Properties"]["ReservedConcurrentExecutions"] == 1
+    invoke_config = of_type(resources, "AWS::Lambda::EventInvokeConfig")
+    assert [c["Properties"]["MaximumRetryAttempts"] for c in invoke_config.values()] == [0]
+
+
+def test_schedules_target_worker_and_reaper(resources):
+    rules = of_type(resources, "AWS::Events::Rule")
+    targets = {r["Properties"]["Targets"][0]["Arn"]["Fn::GetAtt"][0]: r["Properties"]["ScheduleExpression"] for r in rules.values()}
+    assert targets == {"WorkerFunction": {"Ref": "WorkerSchedule"}, "ReaperFunction": {"Ref": "ReaperSchedule"}}
+    assert transformed()["Parameters"]["WorkerSchedule"]["Default"] == "rate(1 minute)"
+
+
+def test_rest_api_routes_every_endpoint_to_the_api_function_with_auth(resources):
+    (api,) = of_type(resources, "AWS::ApiGateway::RestApi").values()
+    paths = api["Properties"]["Body"]["paths"]
+    expected = {
+        ("/v1/queues/{queue}/tasks", "post"), ("/v1/queues/{queue}/{action}", "post"),
+        ("/v1/tasks/{id}", "get"), ("/v1/tasks/{id}", "delete"), ("/v1/queues/{queue}/stats", "get"),
+        ("/v1/queues/{queue}/dlq", "get"), ("/v1/openapi.json", "get"), ("/{proxy+}", "x-amazon-apigateway-any-method"),
+    }
+    assert {(p, m) for p, ops in paths.items() for m in ops} == expected
+    for path, ops in paths.items():
+        assert ":" not in path, "API Gateway resource paths cannot hold ':'; tasks:batch goes through {action}"
+        for op in ops.values():
+            assert op["x-amazon-apigateway-integration"]["type"] == "aws_proxy"
+            assert "ApiFunction.Arn" in op["x-amazon-apigateway-integration"]["uri"]["Fn::Sub"]
+            assert op["security"] == {"Fn::If": ["UseApiKey", [{"ApiKey": []}], [{"SigV4": []}]]}
+    schemes = api["Properties"]["Body"]["components"]["securitySchemes"]
+    assert schemes["SigV4"]["x-amazon-apigateway-authtype"] == "awsSigv4"
+    assert {r["Condition"] for r in resources.values() if r["Type"].startswith("AWS::ApiGateway::UsagePlan")} == {"UseApiKey"}
+    permission = resources["ApiInvokePermission"]["Properties"]
+    assert permission["Principal"] == "apigateway.amazonaws.com" and "${RdqApi}" in permission["SourceArn"]["Fn::Sub"]
+
+
+def _statements(role: dict) -> list:
+    found = []
+    for policy in role["Properties"].get("Policies", []):
+        for statement in policy["PolicyDocument"]["Statement"]:
+            found.append(statement)
+    return found
+
+
+def test_iam_is_scoped_to_each_functions_own_needs(resources):
+    for name in ("ApiFunctionRole", "WorkerFunctionRole", "ReaperFunctionRole"):
+        for statement in _statements(resources[name]):
+            body = statement["Fn::If"][1] if "Fn::If" in statement else statement
+            assert body["Resource"] != "*" and "*" not in json.dumps(body["Action"]), (name, body)
+            assert isinstance(body["Action"], str)
+    api_actions = {json.dumps(s) for s in _statements(resources["ApiFunctionRole"])}
+    assert any("secretsmanager:GetSecretValue" in a and "StorageUrlSecretArn" in a for a in api_actions)
+    assert any("lambda:InvokeFunction" in a and "WorkerFunction" in a for a in api_actions), "wake-up targets the worker only"
+    worker_actions = [s for s in _statements(resources["WorkerFunctionRole"]) if "Fn::If" not in s]
+    assert worker_actions == [{"Effect": "Allow", "Action": "lambda:InvokeFunction",
+                               "Resource": {"Fn::Sub": "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-worker"}}]
+    reaper = json.dumps(_statements(resources["ReaperFunctionRole"]))
+    assert "lambda:InvokeFunction" not in reaper, "the reaper invokes nothing"
+
+
+def test_log_retention_alarms_and_outputs(resources):
+    groups = of_type(resources, "AWS::Logs::LogGroup")
+    assert len(groups) == 3 and all(g["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"} for g in groups.values())
+    alarms = {a["Properties"]["MetricName"] for a in of_type(resources, "AWS::CloudWatch::Alarm").values()}
+    assert alarms == {"DeadTasks", "OldestPendingAge"}
+    outputs = transformed()["Outputs"]
+    assert "execute-api" in outputs["ApiUrl"]["Value"]["Fn::Sub"]
+
+
+@pytest.mark.sam_build
+def test_sam_build_for_python312(tmp_path):
+    if not (PY312 / "python3.12").exists():
+        pytest.skip("pyenv's python 3.12 is not installed")
+    env = {**os.environ, "PATH": f"{PY312}:{os.environ['PATH']}"}
+    build_dir = tmp_path / "build"
+    result = subprocess.run(
+        [_tool("sam"), "build", "--template", str(REPO / "template.yaml"), "--build-dir", str(build_dir),
+         "--cache-dir", str(tmp_path / "cache"), "--parallel"],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    layer = build_dir / "RdqLayer" / "python"
+    assert (layer / "rdq_core" / "lambda_host" / "api.py").exists()
+    assert not (layer / "rdq_core" / "compliance").exists(), "the compliance kit (pytest) stays out of Lambda"
+    assert not (layer / "botocore").exists(), "boto3/botocore come with the runtime"
+    for driver in ("psycopg", "redis", "pymongo", "aws_lambda_powertools"):
+        assert (layer / driver).is_dir(), driver
+    for function in ("ApiFunction", "WorkerFunction", "ReaperFunction"):
+        assert (build_dir / function / "app.py").exists()
+    size = sum(f.stat().st_size for f in layer.rglob("*") if f.is_file())
+    assert size < 60 * 1024 * 1024, f"layer unpacked size {size} bytes"
+    # The built package imports on python3.12 (the runtime's boto3 stands in from the host when present).
+    check = subprocess.run(
+        [str(PY312 / "python3.12"), "-c", "import rdq_core.lambda_host.settings, rdq_core.examples"],
+        capture_output=True, text=True, env={**env, "PYTHONPATH": str(layer)}, timeout=60,
+    )
+    assert check.returncode == 0, check.stderr

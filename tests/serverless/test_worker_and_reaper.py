@@ -1,0 +1,162 @@
+"""The worker and reaper functions, invoked with the shipped scheduled events and a real deadline."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from rdq_core import Client
+from rdq_core.lambda_host import connection, reaper, worker
+from rdq_core.lambda_host.invoker import extra_workers_for_backlog, invoker
+
+from .conftest import load_event
+
+
+class RecordingLambdaClient:
+    def __init__(self) -> None:
+        self.invocations: list[dict[str, Any]] = []
+
+    def invoke(self, **kwargs: Any) -> dict[str, Any]:
+        self.invocations.append({**kwargs, "Payload": json.loads(kwargs["Payload"])})
+        return {"StatusCode": 202}
+
+
+@pytest.fixture
+def client(store_url) -> Client:
+    return Client(connection.shared_storage())
+
+
+def test_scheduled_worker_runs_what_fits_and_releases_what_does_not(client, lambda_context, capsys):
+    for n in range(3):
+        client.enqueue("emails", "quick", {"n": n}, id=f"quick-{n}")
+    client.enqueue("emails", "needs-twenty-seconds", id="long-1")
+
+    summary = worker.lambda_handler(load_event("worker-scheduled"), lambda_context("rdq-worker", 10))
+
+    assert summary["outcomes"] == {"SUCCESS": 3}
+    assert summary["released"] >= 1
+    for n in range(3):
+        task = client.get(f"quick-{n}")
+        assert task.status.value == "SUCCEEDED" and task.result == {"echo": {"n": n}, "attempt": 1}
+    long_task = client.get("long-1")
+    assert long_task.status.value == "PENDING", "released, not failed"
+    assert long_task.attempt_count == 0 and long_task.attempts == (), "a release spends no attempt"
+    emf = capsys.readouterr().out
+    assert '"Claimed"' in emf and '"Succeeded"' in emf and '"Released"' in emf
+
+
+def test_lease_is_the_invocations_remaining_time_plus_grace(client, lambda_context, monkeypatch):
+    monkeypatch.setenv("RDQ_LEASE_GRACE_SECONDS", "30")
+    client.enqueue("emails", "report-lease", id="lease-1")
+    before = client.storage.now()
+    worker.lambda_handler(load_event("worker-scheduled"), lambda_context("rdq-worker", 12))
+    result = client.get("lease-1").result
+    lease_expires_at = datetime.fromisoformat(result["lease_expires_at"])
+    held_for = (lease_expires_at - before).total_seconds()
+    assert 12 + 30 - 2 <= held_for <= 12 + 30 + 1, held_for
+    # The handler's own time budget never reaches past the invocation's end.
+    assert result["remaining_seconds"] <= 12
+
+
+def test_worker_keeps_claiming_while_time_remains(client, lambda_context, monkeypatch):
+    monkeypatch.setenv("RDQ_BATCH_SIZE", "2")
+    client.enqueue_many("emails", [{"handler": "quick", "payload": n} for n in range(7)])
+    summary = worker.lambda_handler(load_event("worker-scheduled"), lambda_context("rdq-worker", 30))
+    assert summary["claimed"] == 7 and summary["outcomes"] == {"SUCCESS": 7}
+    assert client.stats("emails").succeeded == 7
+
+
+def test_worker_stops_at_once_when_too_little_time_is_left(client, lambda_context):
+    client.enqueue("emails", "quick", id="q-1")
+    began = time.monotonic()
+    summary = worker.lambda_handler(load_event("worker-scheduled"), lambda_context("rdq-worker", 1.5))
+    assert time.monotonic() - began < 1.5
+    assert summary["started"] == 0
+    assert client.get("q-1").status.value == "PENDING"
+
+
+def test_scheduled_worker_fans_out_bounded_by_max_concurrency(client, lambda_context, monkeypatch):
+    monkeypatch.setenv("RDQ_WORKER_FUNCTION", "rdq-worker")
+    monkeypatch.setenv("RDQ_MAX_WORKER_CONCURRENCY", "3")
+    monkeypatch.setenv("RDQ_BATCH_SIZE", "2")
+    recorder = RecordingLambdaClient()
+    monkeypatch.setattr(invoker, "_client", recorder)
+    client.enqueue_many("emails", [{"handler": "quick", "payload": n} for n in range(40)])
+
+    summary = worker.lambda_handler(load_event("worker-scheduled"), lambda_context("rdq-worker", 30))
+
+    assert summary["fanned_out"] == 2, "the scheduled worker is one of the 3"
+    assert len(recorder.invocations) == 2
+    for invocation in recorder.invocations:
+        assert invocation["FunctionName"] == "rdq-worker" and invocation["InvocationType"] == "Event"
+        assert invocation["Payload"]["detail"]["queues"] == ["emails"]
+
+    # An invoked worker works but never fans out again: no chain reaction.
+    client.enqueue_many("emails", [{"handler": "quick", "payload": n} for n in range(40)])
+    fanned = worker.lambda_handler(recorder.invocations[0]["Payload"], lambda_context("rdq-worker", 30))
+    assert fanned["fanned_out"] == 0 and fanned["claimed"] == 40
+    assert len(recorder.invocations) == 2
+
+
+@pytest.mark.parametrize(
+    "backlog, batch, cap, expected",
+    [(0, 10, 4, 0), (10, 10, 4, 0), (11, 10, 4, 1), (35, 10, 4, 3), (10_000, 10, 4, 3), (10_000, 10, 1, 0)],
+)
+def test_fan_out_size(backlog, batch, cap, expected):
+    assert extra_workers_for_backlog(backlog, batch, cap) == expected
+
+
+def test_delayed_tasks_are_not_a_backlog(client, lambda_context, monkeypatch):
+    monkeypatch.setenv("RDQ_WORKER_FUNCTION", "rdq-worker")
+    monkeypatch.setenv("RDQ_BATCH_SIZE", "2")
+    recorder = RecordingLambdaClient()
+    monkeypatch.setattr(invoker, "_client", recorder)
+    client.enqueue_many("emails", [{"handler": "quick", "delay_seconds": 3600} for _ in range(20)])
+    summary = worker.lambda_handler(load_event("worker-scheduled"), lambda_context("rdq-worker", 30))
+    assert summary["fanned_out"] == 0 and recorder.invocations == []
+
+
+def _wait_until(condition, timeout: float = 10.0, interval: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        time.sleep(interval)
+
+
+def test_reaper_reaps_expired_leases_and_publishes_queue_gauges(client, lambda_context, capsys):
+    client.enqueue("emails", "always-permanent", id="dead-1")
+    worker.lambda_handler(load_event("worker-scheduled"), lambda_context("rdq-worker", 30))  # dead-1 -> DEAD
+    client.enqueue("emails", "quick", id="crashed-1")
+    client.enqueue("emails", "quick", id="crashed-2")
+    # A worker that claimed and then died (timeout/OOM): its lease runs out, nobody settles.
+    claimed = client.storage.claim("emails", 10, 0.05)
+    assert {c.task.id for c in claimed} == {"crashed-1", "crashed-2"}
+    storage = client.storage
+    _wait_until(lambda: len(storage.find_expired_leases(10)) == 2)
+    capsys.readouterr()
+
+    summary = reaper.lambda_handler(load_event("reaper-scheduled"), lambda_context("rdq-reaper", 60))
+
+    assert summary["expired"] == 2 and summary["rescheduled"] == 2 and summary["dead"] == 1
+    for task_id in ("crashed-1", "crashed-2"):
+        task = client.get(task_id)
+        assert task.status.value == "PENDING"
+        assert [a.outcome.value for a in task.attempts] == ["LEASE_EXPIRED"]
+    emf = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
+    names = {m["Name"] for blob in emf for d in blob["_aws"]["CloudWatchMetrics"] for m in d["Metrics"]}
+    assert {"LeaseExpired", "QueueDepth", "DeadTasks", "OldestPendingAge"} <= names
+    per_queue = [blob for blob in emf if blob.get("queue") == "emails"]
+    assert per_queue, "gauges are also published per queue"
+    totals = [blob for blob in emf if "DeadTasks" in blob and "queue" not in blob]
+    assert totals and totals[0]["DeadTasks"] in (1, 1.0, [1.0]), totals
+
+
+def test_reaper_stops_at_its_deadline(client, lambda_context):
+    began = time.monotonic()
+    summary = reaper.lambda_handler(load_event("reaper-scheduled"), lambda_context("rdq-reaper", 1))
+    assert time.monotonic() - began < 1.0 and summary["expired"] == 0
