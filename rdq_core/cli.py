@@ -132,6 +132,10 @@ def cmd_migrate(args: argparse.Namespace, url: str) -> int:
 
 
 def cmd_dev(args: argparse.Namespace, url: str) -> int:
+    try:
+        import aws_lambda_powertools  # noqa: F401 - the dev host drives the real Lambda handlers
+    except ImportError:
+        raise RdqError("rdq dev runs the Lambda handlers and needs the aws extra: python -m pip install -e '.[aws]'") from None
     from .devhost import run_dev
 
     modules = args.handlers or os.environ.get("RDQ_HANDLERS")
