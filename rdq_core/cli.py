@@ -19,7 +19,7 @@ from typing import Any, Sequence
 from .client import Client
 from .errors import InvalidInput, RdqError, StorageUnavailable, TaskConflict, TaskNotFound
 from .handlers import registry
-from .reaper import reap_expired_leases
+from .reaper import reap_expired_leases, reap_forever
 from .retry import policy_book_from_config
 from .storage import default_storage_url, open_storage
 
@@ -158,26 +158,29 @@ def cmd_worker(args: argparse.Namespace, url: str) -> int:
 
 
 def cmd_reaper(args: argparse.Namespace, url: str) -> int:
-    stopping = []
+    stopping: list[bool] = []
     _stop_on_signals(lambda: stopping.append(True))
     policies = _policies()
     with open_storage(url) as storage:
-        while True:
-            report = reap_expired_leases(storage, policies, batch_size=args.batch)
+
+        def apply_retention() -> int:
             purged = 0
-            while (batch := storage.purge_succeeded(args.retention_hours * 3600, 1000)) and not stopping:
+            while not stopping and (batch := storage.purge_succeeded(args.retention_hours * 3600, 1000)):
                 purged += batch
             if purged:
                 log.info("retention: deleted %d finished task(s) older than %gh", purged, args.retention_hours)
-            if args.once:
-                print(json.dumps({"reaped": report.expired, "rescheduled": report.rescheduled,
-                                  "dead_lettered": report.dead_lettered, "retention_deleted": purged}))
-                return 0
-            deadline = time.monotonic() + args.interval
-            while not stopping and time.monotonic() < deadline:
-                time.sleep(min(0.2, args.interval))
-            if stopping:
-                return 0
+            return purged
+
+        if args.once:
+            report = reap_expired_leases(storage, policies, batch_size=args.batch)
+            purged = apply_retention()
+            print(json.dumps({"reaped": report.expired, "rescheduled": report.rescheduled,
+                              "dead_lettered": report.dead_lettered, "retention_deleted": purged}))
+            return 0
+        # Long-running: survives storage outages with backoff (one log line per incident).
+        reap_forever(storage, policies, interval=args.interval, batch_size=args.batch,
+                     should_stop=lambda: bool(stopping), between_passes=apply_retention)
+    return 0
 
 
 def cmd_enqueue(args: argparse.Namespace, url: str) -> int:

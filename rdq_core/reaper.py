@@ -13,8 +13,9 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import Callable
 
-from .errors import StaleClaim
+from .errors import StaleClaim, StorageUnavailable
 from .model import Outcome, TaskStatus
 from .retry import PolicyBook
 from .runner import LEASE_EXPIRED, truncated_error
@@ -82,3 +83,44 @@ def reap_expired_leases(
             report.expired, report.rescheduled, report.dead_lettered,
         )
     return report
+
+
+def reap_forever(
+    storage: Storage,
+    policies: PolicyBook | None = None,
+    *,
+    interval: float = 5.0,
+    batch_size: int = 100,
+    should_stop: Callable[[], bool] = lambda: False,
+    between_passes: Callable[[], None] = lambda: None,
+    telemetry: Telemetry | None = None,
+    max_backoff: float = 30.0,
+) -> None:
+    """The long-running reaper: a pass every ``interval`` seconds until ``should_stop``.
+
+    A storage outage does not end it: it logs one line when the outage starts, backs off
+    (0.5 s doubling to ``max_backoff``) instead of hammering the store, and one line when the
+    store answers again. ``between_passes`` runs after each successful pass (retention).
+    """
+    delay_after_failure = 0.5
+    down_since: float | None = None
+    failures = 0
+    while not should_stop():
+        try:
+            reap_expired_leases(storage, policies, batch_size=batch_size, telemetry=telemetry)
+            between_passes()
+        except StorageUnavailable as exc:
+            failures += 1
+            if down_since is None:
+                down_since = time.monotonic()
+                log.error("storage unavailable (%s); reaper backing off and reconnecting", exc)
+            pause, delay_after_failure = delay_after_failure, min(delay_after_failure * 2, max_backoff)
+        else:
+            if down_since is not None:
+                log.info("reaper: storage reachable again after %.1fs (%d failed pass(es))",
+                         time.monotonic() - down_since, failures)
+                down_since, failures, delay_after_failure = None, 0, 0.5
+            pause = interval
+        wake_at = time.monotonic() + pause
+        while not should_stop() and time.monotonic() < wake_at:
+            time.sleep(min(0.05, pause))

@@ -9,7 +9,13 @@ Rules enforced here:
 * ``PermanentError`` and an unknown handler dead-letter at once; any other exception, including
   panic-like ``BaseException`` s such as ``SystemExit`` or ``RecursionError``, is a retryable
   failure recorded with its type and a truncated stack;
-* outcomes are buffered and settled many per round trip.
+* outcomes are buffered and settled many per round trip;
+* with ``abandon_overdue_handlers`` (the long-running worker), each handler runs on a helper
+  thread and is abandoned when its ``timeout_seconds`` is spent: the batch goes on, the hung
+  task's lease runs out and the reaper records LEASE_EXPIRED (a late result is still offered to
+  storage, fenced, and refused once the task was reaped);
+* a settle that meets an outage is retried with backoff for up to one lease (bounded by the
+  deadline): the store coming back within the lease keeps the outcome instead of re-running it.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import queue as queue_module
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -40,8 +48,20 @@ LEASE_EXPIRED = "rdq.LeaseExpired"
 def error_from_exception(exc: BaseException) -> ErrorInfo:
     kind = type(exc)
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    stack = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
-    return truncated_error(name, str(exc), stack)
+    # Free the failed handler's locals first: after a MemoryError they hold the hoard, and
+    # formatting needs memory. Line numbers survive; frames still executing are skipped.
+    traceback.clear_frames(exc.__traceback__)
+    # A poison exception may fail to describe itself (a raising __str__); that must not take
+    # the worker down with it.
+    try:
+        message = str(exc)
+    except Exception as describe_error:  # noqa: BLE001
+        message = f"<str() of the exception failed: {type(describe_error).__name__}>"
+    try:
+        stack = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
+    except Exception as describe_error:  # noqa: BLE001
+        stack = f"<the traceback could not be formatted: {type(describe_error).__name__}>"
+    return truncated_error(name, message, stack)
 
 
 def truncated_error(kind: str, message: str, stack: str | None = None) -> ErrorInfo:
@@ -58,6 +78,8 @@ class BatchReport:
     released: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
     stale: int = 0
+    #: Handlers that overran their timeout and were left behind (``abandon_overdue_handlers``).
+    abandoned: int = 0
 
     def add(self, outcome: Outcome) -> None:
         self.outcomes[outcome.value] = self.outcomes.get(outcome.value, 0) + 1
@@ -86,6 +108,7 @@ class BatchRunner:
         settle_interval: float = 0.5,
         settle_margin: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        abandon_overdue_handlers: bool = False,
     ) -> None:
         self.storage = storage
         self.policies = policies or PolicyBook()
@@ -96,6 +119,18 @@ class BatchRunner:
         self.settle_interval = settle_interval
         self.settle_margin = settle_margin
         self.clock = clock
+        self.abandon_overdue_handlers = abandon_overdue_handlers
+        # One helper thread per calling thread (claim loop), replaced when a handler hangs.
+        self._handler_threads = threading.local()
+        self._all_handler_threads: list[_HandlerThread] = []
+        self._threads_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Let idle helper threads exit (hung ones exit if their handler ever returns)."""
+        with self._threads_lock:
+            threads, self._all_handler_threads = self._all_handler_threads, []
+        for thread in threads:
+            thread.close()
 
     def run(
         self,
@@ -114,24 +149,29 @@ class BatchRunner:
             needed = (spec.timeout_seconds if spec else 0.0) + self.settle_margin
             if should_stop() or deadline - self.clock() < needed:
                 rest = list(claimed[index:])
-                self._flush(pending, report, ledger)
+                self._flush(pending, report, ledger, deadline)
                 pending = []
-                self._release(rest, report, ledger)
+                self._release(rest, report, ledger, deadline)
                 break
             report.started += 1
             settlement = self.execute(item, deadline, ledger)
+            if settlement is None:
+                # Abandoned after overrunning its timeout: nothing to settle; its lease expires.
+                report.abandoned += 1
+                continue
             report.add(settlement.outcome)
             if not pending:
                 first_buffered = self.clock()
             pending.append(settlement)
             if len(pending) >= self.settle_batch or self.clock() - first_buffered >= self.settle_interval:
-                self._flush(pending, report, ledger)
+                self._flush(pending, report, ledger, deadline)
                 pending = []
-        self._flush(pending, report, ledger)
+        self._flush(pending, report, ledger, deadline)
         return report
 
-    def execute(self, item: ClaimedTask, deadline: float, ledger: ClaimLedger) -> Settlement:
-        """Run one task's handler and turn what happened into a settlement decision."""
+    def execute(self, item: ClaimedTask, deadline: float, ledger: ClaimLedger) -> Settlement | None:
+        """Run one task's handler and turn what happened into a settlement decision; None when
+        the handler overran its timeout and was abandoned (``abandon_overdue_handlers``)."""
         task = item.task
         spec = self.registry.get(task.handler)
         if spec is None:
@@ -148,6 +188,12 @@ class BatchRunner:
             deadline=run_until,
             extend=lambda seconds: self._extend(item.ref, seconds),
         )
+        if self.abandon_overdue_handlers:
+            return self._execute_on_helper_thread(item, spec, ctx, run_until, ledger)
+        return self._invoke(item, spec, ctx)
+
+    def _invoke(self, item: ClaimedTask, spec, ctx: TaskContext) -> Settlement:
+        task = item.task
         try:
             result = spec.func(task.payload, ctx)
         except PermanentError as exc:
@@ -163,16 +209,72 @@ class BatchRunner:
             )
         return Settlement(task.id, item.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED, result=result)
 
+    def _execute_on_helper_thread(
+        self, item: ClaimedTask, spec, ctx: TaskContext, run_until: float, ledger: ClaimLedger
+    ) -> Settlement | None:
+        """Run the handler on this claim loop's helper thread and wait until its time is up.
+
+        Python cannot kill a thread, so a handler that overruns is *abandoned*: the helper is
+        replaced, the claim loop goes on with the batch, the heartbeat stops renewing the task
+        (its ``until`` has passed) and the reaper records LEASE_EXPIRED. If the handler ever
+        returns, its outcome is still offered to storage, fenced by the claim token.
+        """
+        state = {"settlement": None, "abandoned": False}
+        finished = threading.Event()
+        lock = threading.Lock()
+
+        def job() -> None:
+            settlement = self._invoke(item, spec, ctx)
+            with lock:
+                state["settlement"] = settlement
+                late = state["abandoned"]
+                finished.set()
+            if late:
+                self._flush([settlement], BatchReport(), ledger)
+
+        self._helper_thread().submit(job)
+        if finished.wait(max(0.0, run_until - self.clock())):
+            return state["settlement"]
+        with lock:
+            if finished.is_set():  # it made it at the last moment
+                return state["settlement"]
+            state["abandoned"] = True
+            self._handler_threads.current = None  # the next task gets a fresh helper
+        self.telemetry.count("abandoned_handlers")
+        log.error(
+            "handler %r of task %s overran its timeout of %gs; abandoned it (its lease will "
+            "expire and the reaper will record LEASE_EXPIRED), serving the rest of the batch",
+            spec.name, item.task.id, spec.timeout_seconds,
+        )
+        return None
+
+    def _helper_thread(self) -> "_HandlerThread":
+        helper = getattr(self._handler_threads, "current", None)
+        if helper is None:
+            helper = _HandlerThread()
+            self._handler_threads.current = helper
+            with self._threads_lock:
+                self._all_handler_threads = [t for t in self._all_handler_threads if t.thread.is_alive()]
+                self._all_handler_threads.append(helper)
+        return helper
+
     # -- storage writes --------------------------------------------------------------------
     def _extend(self, ref: ClaimRef, seconds: float | None) -> None:
         self.storage.extend_leases([ref], seconds or self.lease_seconds)
 
-    def _flush(self, settlements: list[Settlement], report: BatchReport, ledger: ClaimLedger) -> None:
+    def _write_budget(self, deadline: float) -> float:
+        """How long a settle/release may keep retrying through an outage: up to one lease
+        (after that the reaper owns the task anyway), never past the deadline."""
+        return max(0.0, min(self.lease_seconds, deadline - self.clock() - 0.5))
+
+    def _flush(
+        self, settlements: list[Settlement], report: BatchReport, ledger: ClaimLedger, deadline: float = math.inf
+    ) -> None:
         if not settlements:
             return
         refused: set[str] = set()
         try:
-            _with_retries(lambda: self.storage.settle(settlements))
+            _with_retries(lambda: self.storage.settle(settlements), budget_seconds=self._write_budget(deadline))
         except StaleClaim as exc:
             # The lease was lost (reaped after expiry): the late outcome is fenced off by design.
             refused = set(exc.task_ids)
@@ -188,12 +290,14 @@ class BatchRunner:
             if s.task_id not in refused:
                 self.telemetry.count(_SETTLED_METRIC[s.status])
 
-    def _release(self, items: Sequence[ClaimedTask], report: BatchReport, ledger: ClaimLedger) -> None:
+    def _release(
+        self, items: Sequence[ClaimedTask], report: BatchReport, ledger: ClaimLedger, deadline: float = math.inf
+    ) -> None:
         if not items:
             return
         refs = [item.ref for item in items]
         try:
-            _with_retries(lambda: self.storage.release(refs))
+            _with_retries(lambda: self.storage.release(refs), budget_seconds=self._write_budget(deadline))
             report.released += len(refs)
         except StaleClaim as exc:
             report.released += len(refs) - len(exc.task_ids)
@@ -211,7 +315,9 @@ _SETTLED_METRIC = {TaskStatus.SUCCEEDED: "succeeded", TaskStatus.DEAD: "dead_let
 def _result_problem(result: object) -> str | None:
     try:
         encoded = json.dumps(result, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+    # RecursionError: nesting too deep to encode; any other error: a poison value (e.g. a dict
+    # subclass whose items() raises). Either way a failed attempt, never a dead claim loop.
+    except Exception as exc:  # noqa: BLE001
         return f"handler returned a value that is not JSON-serialisable: {exc}"[: Limits.error_message_chars]
     if "\\u0000" in encoded and has_nul(result):
         return "handler result contains a NUL character (\\u0000), which storage cannot hold"
@@ -220,16 +326,47 @@ def _result_problem(result: object) -> str | None:
     return None
 
 
-def _with_retries(write: Callable[[], None], attempts: int = 3, first_delay: float = 0.2) -> None:
-    """Retry a write on StorageUnavailable a few times: settlements are idempotent under
-    fencing (a repeat of an applied settle is refused as stale, never applied twice)."""
+def _with_retries(
+    write: Callable[[], None], attempts: int = 3, first_delay: float = 0.2, budget_seconds: float = 0.0
+) -> None:
+    """Retry a write on StorageUnavailable: at least ``attempts`` times, and for as long as
+    ``budget_seconds`` allows (backoff doubling to 2 s). Settlements are idempotent under
+    fencing: a repeat of an applied settle is refused as stale, never applied twice."""
     delay = first_delay
-    for attempt in range(attempts):
+    give_up_at = time.monotonic() + budget_seconds
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             write()
+            if attempt > 1:
+                log.info("storage write succeeded on attempt %d after an outage", attempt)
             return
-        except StorageUnavailable:
-            if attempt == attempts - 1:
+        except StorageUnavailable as exc:
+            if attempt >= attempts and time.monotonic() + delay > give_up_at:
                 raise
+            log.debug("storage write failed (%s); retrying in %.1fs", exc, delay)
             time.sleep(delay)
-            delay *= 2
+            delay = min(delay * 2, 2.0)
+
+
+class _HandlerThread:
+    """A daemon thread running handler jobs for one claim loop, one at a time."""
+
+    def __init__(self) -> None:
+        self._jobs: queue_module.SimpleQueue = queue_module.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, name="rdq-handler", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                job()
+            except Exception:  # noqa: BLE001 - keep serving; the claim loop times the job out
+                log.exception("handler job failed outside the handler")
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+    def close(self) -> None:
+        self._jobs.put(None)

@@ -4,6 +4,11 @@ On a container host there is no invocation deadline, so the lease is short (``--
 heartbeat thread renews it for every claim the worker holds. A running task is renewed only
 until its handler's ``timeout_seconds`` is spent: a hung handler then loses its lease, the
 reaper records LEASE_EXPIRED, and the worker's late settle is fenced off (``StaleClaim``).
+Handlers run on a helper thread, so a hung one is abandoned and the rest of its batch served.
+
+Storage outages: the claim loop backs off (0.5 s doubling to 30 s) and reconnects; the claim
+loop and the heartbeat share one ``StorageHealth``, so an outage logs one line when it starts
+and one when the store answers again, however many retries happen in between.
 """
 
 from __future__ import annotations
@@ -28,12 +33,45 @@ log = logging.getLogger("rdq.worker")
 QUEUE_LIST_TTL_SECONDS = 5.0
 
 
+class StorageHealth:
+    """Whether the store answered last time, shared by the claim loop and the heartbeat, so
+    one outage is one ERROR line (plus one INFO line when it ends), not one line per retry."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+        self.failures_in_outage = 0
+        #: Outages seen since start (for operators and tests).
+        self.outages = 0
+
+    def failed(self, where: str, exc: BaseException) -> None:
+        with self._lock:
+            self.failures_in_outage += 1
+            if self._down_since is not None:
+                log.debug("%s: storage still unavailable (%s)", where, exc)
+                return
+            self._down_since = time.monotonic()
+            self.outages += 1
+        log.error("storage unavailable (%s, seen by %s); backing off and reconnecting", exc, where)
+
+    def ok(self) -> None:
+        if self._down_since is None:  # the common case: no lock, no log
+            return
+        with self._lock:
+            if self._down_since is None:
+                return
+            down_for = time.monotonic() - self._down_since
+            failures, self._down_since, self.failures_in_outage = self.failures_in_outage, None, 0
+        log.info("storage reachable again after %.1fs (%d failed call(s) meanwhile)", down_for, failures)
+
+
 class HeartbeatLedger(ClaimLedger):
     """Claims held by this worker, renewed in one batched write per beat."""
 
-    def __init__(self, storage: Storage, lease_seconds: float) -> None:
+    def __init__(self, storage: Storage, lease_seconds: float, health: StorageHealth | None = None) -> None:
         self.storage = storage
         self.lease_seconds = lease_seconds
+        self.health = health or StorageHealth()
         self._held: dict[str, tuple[ClaimRef, float]] = {}
         self._lock = threading.Lock()
         self.lost: set[str] = set()
@@ -63,8 +101,10 @@ class HeartbeatLedger(ClaimLedger):
         except StaleClaim as exc:
             self.lost.update(exc.task_ids)
             log.warning("lost the lease of %d task(s); their outcome will be fenced off", len(exc.task_ids))
-        except StorageUnavailable:
-            log.warning("heartbeat failed: storage unavailable; will retry")
+        except StorageUnavailable as exc:
+            self.health.failed("heartbeat", exc)  # retried next beat
+            return
+        self.health.ok()
 
 
 @dataclass
@@ -90,10 +130,14 @@ class Worker:
         self.storage = storage
         self.config = config
         self.telemetry = telemetry or Telemetry()
+        # A container host has no invocation deadline to cut a hung handler short, so handlers
+        # run on a helper thread and are abandoned when their timeout is spent.
         self.runner = BatchRunner(
-            storage, policies, registry, self.telemetry, lease_seconds=config.lease_seconds
+            storage, policies, registry, self.telemetry, lease_seconds=config.lease_seconds,
+            abandon_overdue_handlers=True,
         )
-        self.ledger = HeartbeatLedger(storage, config.lease_seconds)
+        self.health = StorageHealth()
+        self.ledger = HeartbeatLedger(storage, config.lease_seconds, self.health)
         self.stop_event = threading.Event()
         self._known_queues: tuple[float, list[str]] = (-math.inf, [])
 
@@ -112,6 +156,7 @@ class Worker:
                     loop.join(0.2)
         finally:
             self.stop_event.set()
+            self.runner.close()
 
     def stop(self) -> None:
         """Finish the running task, release unstarted claims, settle, then return."""
@@ -141,6 +186,9 @@ class Worker:
     def _claim(self, queue: str) -> list[ClaimedTask]:
         began = time.monotonic()
         claimed = self.storage.claim(queue, self.config.batch_size, self.config.lease_seconds)
+        # Only a call that reached the store ends an outage (run_once also returns normally
+        # when the runner gave up on a settle, which proves nothing).
+        self.health.ok()
         self.telemetry.timing_ms("claim_latency_ms", (time.monotonic() - began) * 1000)
         self.telemetry.count("claimed", len(claimed))
         return claimed
@@ -152,9 +200,15 @@ class Worker:
                 started = self.run_once()
                 backoff.reset()
             except StorageUnavailable as exc:
-                delay = backoff.next()
-                log.error("storage unavailable (%s); retrying in %.1fs", exc, delay)
-                self.stop_event.wait(delay)
+                # Each pass through here is one reconnect attempt after a backoff pause.
+                self.telemetry.count("reconnect_attempts")
+                self.health.failed("claim loop", exc)
+                self.stop_event.wait(backoff.next())
+                continue
+            except Exception:  # noqa: BLE001 - a bug must not silently end this claim loop
+                self.telemetry.count("claim_loop_errors")
+                log.exception("unexpected error in the claim loop; backing off")
+                self.stop_event.wait(backoff.next())
                 continue
             if not started:
                 self.stop_event.wait(self.config.idle_poll_seconds)

@@ -24,9 +24,12 @@ schema of their own (migrations create objects in the current schema).
 from __future__ import annotations
 
 import json
+import logging
+import math
 import re
 import select
 import threading
+import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -57,6 +60,8 @@ from ..model import (
 )
 from .spi import Storage, decode_dead_cursor, encode_dead_cursor, from_micros
 
+log = logging.getLogger(__name__)
+
 SCHEMA_DIR = Path(__file__).parent / "postgres_schema"
 _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
@@ -64,6 +69,8 @@ _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 DEFAULT_CONNECT_TIMEOUT = 10
 #: Idle connections kept per instance; more concurrent callers get extra, short-lived ones.
 MAX_IDLE_CONNECTIONS = 16
+#: Dropped-connection notices closer together than this belong to one incident: logged once.
+DROPPED_CONNECTIONS_LOG_INTERVAL = 10.0
 #: First key of the two-key advisory lock that serialises migrations (second: the schema).
 MIGRATION_LOCK_NAMESPACE = 0x72647100  # "rdq\0"
 
@@ -367,6 +374,7 @@ class _ConnectionPool:
         self._idle: list[psycopg.Connection] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._last_drop_logged = -math.inf
 
     def acquire(self) -> psycopg.Connection:
         with self._lock:
@@ -376,7 +384,20 @@ class _ConnectionPool:
                 conn = self._idle.pop()
                 if _probably_alive(conn):
                     return conn
-                conn.close()
+                # The server closed it (restart, pg_terminate_backend, idle timeout): its
+                # siblings probably went the same way, so sweep them all now and say so once.
+                dead = [conn] + [c for c in self._idle if not _probably_alive(c)]
+                self._idle = [c for c in self._idle if c not in dead]
+                for stale in dead:
+                    stale.close()
+                # One INFO line per incident (a restart or a kill drops several connections over a
+                # few seconds); nothing failed yet: if the server is gone, the caller's error says so.
+                now = time.monotonic()
+                quiet = now - self._last_drop_logged < DROPPED_CONNECTIONS_LOG_INTERVAL
+                if not quiet:
+                    self._last_drop_logged = now
+                (log.debug if quiet else log.info)(
+                    "dropped %d idle PostgreSQL connection(s) the server had closed; reconnecting", len(dead))
         try:
             # No server-side prepared statements: they break behind PgBouncer in transaction
             # mode and pin sessions in RDS Proxy, the usual fronts for Lambda fleets.
