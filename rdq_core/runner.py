@@ -143,16 +143,18 @@ class BatchRunner:
         ledger = ledger or ClaimLedger()
         report = BatchReport()
         pending: list[Settlement] = []
+        unstarted: list[ClaimedTask] = []
         first_buffered = 0.0
         for index, item in enumerate(claimed):
+            if should_stop():
+                unstarted += claimed[index:]
+                break
             spec = self.registry.get(item.task.handler)
             needed = (spec.timeout_seconds if spec else 0.0) + self.settle_margin
-            if should_stop() or deadline - self.clock() < needed:
-                rest = list(claimed[index:])
-                self._flush(pending, report, ledger, deadline)
-                pending = []
-                self._release(rest, report, ledger, deadline)
-                break
+            if deadline - self.clock() < needed:
+                # Too long for the time left; a quicker task later in the batch may still fit.
+                unstarted.append(item)
+                continue
             report.started += 1
             settlement = self.execute(item, deadline, ledger)
             if settlement is None:
@@ -167,6 +169,7 @@ class BatchRunner:
                 self._flush(pending, report, ledger, deadline)
                 pending = []
         self._flush(pending, report, ledger, deadline)
+        self._release(unstarted, report, ledger, deadline)
         return report
 
     def execute(self, item: ClaimedTask, deadline: float, ledger: ClaimLedger) -> Settlement | None:

@@ -564,6 +564,19 @@ class StorageCompliance:
         for c in claimed[1:]:
             assert storage.get(c.task.id).attempt_count == 0
 
+    def test_engine_skips_only_the_tasks_that_do_not_fit_the_deadline(self, storage: Storage) -> None:
+        registry = HandlerRegistry()
+        registry.register("long", lambda payload, ctx: None, timeout_seconds=60)
+        registry.register("quick", lambda payload, ctx: None, timeout_seconds=0.5)
+        long_id = enqueue_n(storage, "fit", 1, handler="long")[0]
+        time.sleep(0.002)
+        quick_ids = enqueue_n(storage, "fit", 3, handler="quick")
+        runner = BatchRunner(storage, registry=registry, settle_margin=0.1)
+        report = runner.run(storage.claim("fit", 10, 30), deadline=time.monotonic() + 5)
+        assert (report.started, report.released) == (3, 1)
+        assert storage.get(long_id).status is TaskStatus.PENDING and storage.get(long_id).attempt_count == 0
+        assert all(storage.get(i).status is TaskStatus.SUCCEEDED for i in quick_ids)
+
     # -- chaos -------------------------------------------------------------------------------
     @pytest.mark.chaos
     def test_chaos_kill_9_workers_mid_task(self, storage: Storage, storage_url: str, tmp_path) -> None:
