@@ -258,7 +258,6 @@ class MongoStorage(Storage):
                 if doc is None:
                     break
                 claimed_docs.append(doc)
-            histories = self._histories(claimed_docs)
         except BaseException:
             # Hand back what this call already took rather than let it wait out a lease it never
             # used (which would cost the tasks a LEASE_EXPIRED attempt). Best effort.
@@ -268,7 +267,8 @@ class MongoStorage(Storage):
                 except Exception:
                     pass
             raise
-        return [_claimed_from_doc(doc, histories.get(doc["_id"], ())) for doc in claimed_docs]
+        # No history here (see the SPI): the worker never needs it and it would cost a query.
+        return [_claimed_from_doc(doc, ()) for doc in claimed_docs]
 
     @_unavailable_on_connection_error
     def extend_leases(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, datetime]:
@@ -421,8 +421,7 @@ class MongoStorage(Storage):
             self._tasks.find(query, sort=[("lease_expires_at_ms", ASCENDING), ("task_id", ASCENDING)],
                              limit=limit, batch_size=limit)
         )
-        histories = self._histories(docs)
-        return [_claimed_from_doc(doc, histories.get(doc["_id"], ())) for doc in docs]
+        return [_claimed_from_doc(doc, ()) for doc in docs]
 
     # -- operator side ---------------------------------------------------------------------
     @_unavailable_on_connection_error

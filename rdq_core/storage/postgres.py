@@ -172,7 +172,7 @@ WITH claimed AS (
     ))
     RETURNING *
 )
-SELECT {_columns("c")}, {_attempts_of("c")}
+SELECT {_columns("c")}
 FROM claimed AS c
 ORDER BY c.next_attempt_at, c.id
 """
@@ -263,7 +263,7 @@ SELECT ord FROM settled
 """
 
 FIND_EXPIRED_LEASES_SQL = f"""
-SELECT {_columns("t")}, {_attempts_of("t")}
+SELECT {_columns("t")}
 FROM rdq_tasks AS t
 WHERE t.status = 'IN_FLIGHT' AND t.lease_expires_at <= now()
   AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)

@@ -104,6 +104,12 @@ local function task_reply(id)
   return {redis.call('HGETALL', task_key(id)), redis.call('HGETALL', attempts_key(id))}
 end
 
+-- Claims and lease scans hand out tasks without their history (see the SPI): reading it would
+-- make every claim cost per attempt row, and a freshly created task has none to read.
+local function task_reply_without_history(id)
+  return {redis.call('HGETALL', task_key(id)), {}}
+end
+
 local function queue_is_empty()
   for i = 1, 5 do
     if redis.call('ZCARD', KEYS[i]) > 0 then return false end
@@ -203,7 +209,7 @@ for o = 3, #ARGV, 8 do
     if ARGV[o + 5] ~= '' then fields[#fields + 1] = 'backoff'; fields[#fields + 1] = ARGV[o + 5] end
     redis.call('HSET', key, unpack(fields))
     redis.call('ZADD', DUE, us(next_at), id)
-    out[#out + 1] = {1, task_reply(id)}
+    out[#out + 1] = {1, task_reply_without_history(id)}
   end
 end
 return out
@@ -223,7 +229,7 @@ for i, id in ipairs(ids) do
     redis.call('HSET', key, 'status', 'IN_FLIGHT', 'claim_token', ARGV[4] .. i, 'claimed_at', us(now),
       'lease_expires_at', lease_until, 'updated_at', us(now))
     redis.call('ZADD', INFLIGHT, lease_until, id)
-    out[#out + 1] = task_reply(id)
+    out[#out + 1] = task_reply_without_history(id)
   end
 end
 return out
@@ -325,7 +331,7 @@ return refused
 _EXPIRED_LEASES = r"""
 local ids = redis.call('ZRANGEBYSCORE', INFLIGHT, '-inf', us(now_us()), 'LIMIT', 0, tonumber(ARGV[2]))
 local out = {}
-for _, id in ipairs(ids) do out[#out + 1] = task_reply(id) end
+for _, id in ipairs(ids) do out[#out + 1] = task_reply_without_history(id) end
 return out
 """
 

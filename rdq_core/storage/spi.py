@@ -19,7 +19,10 @@ Contract (held by the compliance kit, ``rdq_core.compliance``):
   ``attempt_count``, which is only the retry budget and is reset by redrive. Attempts are
   unique on ``(task_id, attempt_no)``.
 * **Batches.** Enqueue, claim, settle, release, extend and the expired-lease scan take many
-  tasks per call and cost a constant number of round trips per call, not per task.
+  tasks per call and cost a constant number of round trips per call, not per task. Tasks
+  returned by ``claim`` and ``find_expired_leases`` carry no attempt history (``attempts`` is
+  empty): the engine never needs it there, and loading it would make claims cost per history
+  row. ``get`` and ``list_dead`` return the full history.
 * **Idempotent enqueue.** An id that exists on the same queue is a no-op that returns the
   existing task (``created=False``) and changes nothing; on another queue it is a conflict.
 

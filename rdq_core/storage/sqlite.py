@@ -100,25 +100,35 @@ UPDATE rdq_tasks
 RETURNING {_TASK_COLUMNS}
 """
 
-_SETTLE_TASK = """
-UPDATE rdq_tasks
-   SET status = :status, attempt_count = attempt_count + 1, claim_token = NULL,
+# A whole batch of settlements travels as one JSON array (json_each), so a settle costs two
+# statements however many tasks it carries: one fenced UPDATE … FROM, one INSERT of the history.
+_SETTLE_BATCH = """
+UPDATE rdq_tasks AS t
+   SET status = s.status, attempt_count = t.attempt_count + 1, claim_token = NULL,
        lease_expires_at = NULL, updated_at = :now,
-       next_attempt_at = CASE WHEN :status = 'PENDING' THEN :now + :delay ELSE next_attempt_at END,
-       dead_at = CASE WHEN :status = 'DEAD' THEN :now ELSE NULL END,
-       result = CASE WHEN :status = 'SUCCEEDED' THEN :result ELSE result END,
-       last_error_type = COALESCE(:error_type, last_error_type),
-       last_error = COALESCE(:error, last_error)
- WHERE id = :id AND claim_token = :token AND status = 'IN_FLIGHT'
-   AND (:outcome <> 'LEASE_EXPIRED' OR lease_expires_at <= :now)
-RETURNING claimed_at
+       next_attempt_at = CASE WHEN s.status = 'PENDING' THEN :now + s.delay_us ELSE t.next_attempt_at END,
+       dead_at = CASE WHEN s.status = 'DEAD' THEN :now ELSE NULL END,
+       result = CASE WHEN s.status = 'SUCCEEDED' THEN s.result ELSE t.result END,
+       last_error_type = COALESCE(s.error_type, t.last_error_type),
+       last_error = COALESCE(s.error, t.last_error)
+  FROM (SELECT value ->> '$.id' AS id, value ->> '$.token' AS token, value ->> '$.status' AS status,
+               value ->> '$.outcome' AS outcome, value ->> '$.delay_us' AS delay_us,
+               value ->> '$.result' AS result, value ->> '$.error_type' AS error_type,
+               value ->> '$.error' AS error
+          FROM json_each(:batch)) AS s
+ WHERE t.id = s.id AND t.claim_token = s.token AND t.status = 'IN_FLIGHT'
+   AND (s.outcome <> 'LEASE_EXPIRED' OR t.lease_expires_at <= :now)
+RETURNING id, claimed_at
 """
 
 # attempt_no comes from history (MAX + 1), never from attempt_count, which redrive resets.
-_APPEND_ATTEMPT = """
+# The applied ids are distinct, so each row's MAX is independent of the others in the batch.
+_APPEND_ATTEMPTS = """
 INSERT INTO rdq_attempts (task_id, attempt_no, outcome, started_at, finished_at, error)
-SELECT :id, COALESCE(MAX(attempt_no), 0) + 1, :outcome, :started_at, :now, :error
-  FROM rdq_attempts WHERE task_id = :id
+SELECT a.value ->> '$.id',
+       COALESCE((SELECT MAX(h.attempt_no) FROM rdq_attempts AS h WHERE h.task_id = a.value ->> '$.id'), 0) + 1,
+       a.value ->> '$.outcome', a.value ->> '$.started_at', :now, a.value ->> '$.error'
+  FROM json_each(:applied) AS a
 """
 
 
@@ -264,25 +274,39 @@ class SQLiteStorage(Storage):
         return extended
 
     def settle(self, settlements: Sequence[Settlement]) -> None:
+        by_id: dict[str, dict[str, Any]] = {}
+        for item in settlements:
+            if item.task_id in by_id:
+                continue  # one settle per claim: a repeat within the batch is refused below
+            error_json = _dumps(item.error.to_dict()) if item.error else None
+            by_id[item.task_id] = {
+                "id": item.task_id, "token": item.claim_token, "status": item.status.value,
+                "outcome": item.outcome.value, "delay_us": int(item.retry_delay_seconds * 1_000_000),
+                "result": _dumps(item.result) if item.status is TaskStatus.SUCCEEDED else None,
+                "error_type": item.error.type if item.error else None, "error": error_json,
+            }
         applied: set[str] = set()
-        with self._write() as (conn, now):
-            for s in settlements:
-                error_json = _dumps(s.error.to_dict()) if s.error else None
-                params = {
-                    "id": s.task_id, "token": s.claim_token, "status": s.status.value, "outcome": s.outcome.value,
-                    "now": now, "delay": int(s.retry_delay_seconds * 1_000_000),
-                    "result": _dumps(s.result) if s.status is TaskStatus.SUCCEEDED else None,
-                    "error_type": s.error.type if s.error else None, "error": error_json,
-                }
-                row = self._execute(conn, _SETTLE_TASK, params).fetchone()
-                if row is None:
-                    continue
-                self._execute(
-                    conn, _APPEND_ATTEMPT,
-                    {"id": s.task_id, "outcome": s.outcome.value, "started_at": row[0], "now": now, "error": error_json},
-                )
-                applied.add(s.task_id)
-        _raise_stale([ClaimRef(s.task_id, s.claim_token) for s in settlements], applied)
+        if by_id:
+            with self._write() as (conn, now):
+                rows = self._execute(conn, _SETTLE_BATCH, {"batch": _dumps(list(by_id.values())), "now": now}).fetchall()
+                if rows:
+                    history = [
+                        {"id": task_id, "outcome": by_id[task_id]["outcome"], "started_at": claimed_at,
+                         "error": by_id[task_id]["error"]}
+                        for task_id, claimed_at in rows
+                    ]
+                    self._execute(conn, _APPEND_ATTEMPTS, {"applied": _dumps(history), "now": now})
+                applied = {task_id for task_id, _ in rows}
+        refused = [s.task_id for s in settlements if s.task_id not in applied]
+        # A duplicate of an applied item is refused too: its id appears once in ``applied``.
+        seen_applied: set[str] = set()
+        for s in settlements:
+            if s.task_id in applied:
+                if s.task_id in seen_applied:
+                    refused.append(s.task_id)
+                seen_applied.add(s.task_id)
+        if refused:
+            raise StaleClaim(refused)
 
     def release(self, refs: Sequence[ClaimRef]) -> None:
         released: set[str] = set()
