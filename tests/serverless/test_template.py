@@ -59,8 +59,9 @@ def test_sam_validate_lint():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("parameters", [{}, {"AuthMode": "API_KEY", "SubnetIds": "subnet-1,subnet-2", "SecurityGroupIds": "sg-1"}],
-                         ids=["defaults", "api-key-in-vpc"])
+@pytest.mark.parametrize("parameters", [{}, {"AuthMode": "API_KEY", "SubnetIds": "subnet-1,subnet-2", "SecurityGroupIds": "sg-1",
+                                              "EnableTracing": "true"}],
+                         ids=["defaults", "api-key-in-vpc-traced"])
 def test_cfn_lint_on_the_transformed_template(tmp_path, parameters):
     path = tmp_path / "transformed.json"
     path.write_text(json.dumps(transformed(parameters)))
@@ -75,7 +76,9 @@ def test_three_functions_on_python312_with_thin_handlers(resources):
         props = fn["Properties"]
         assert props["Runtime"] == "python3.12"
         assert props["Handler"] == "app.lambda_handler"
-        assert props["TracingConfig"] == {"Mode": "Active"}
+        # X-Ray is opt-in (EnableTracing): the function mode and the Powertools switch agree.
+        assert props["TracingConfig"] == {"Mode": {"Fn::If": ["TracingOn", "Active", "PassThrough"]}}
+        assert props["Environment"]["Variables"]["POWERTOOLS_TRACE_DISABLED"] == {"Fn::If": ["TracingOn", "false", "true"]}
         assert len(props["Layers"]) == 1
         folder = {"ApiFunction": "api", "WorkerFunction": "worker", "ReaperFunction": "reaper"}[name]
         assert (REPO / "functions" / folder / "app.py").exists()
