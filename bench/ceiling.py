@@ -1,0 +1,90 @@
+"""The physical reference on the same PostgreSQL: a bare batched SKIP LOCKED claim of 100 rows
+plus one bulk status update, no library, psycopg 3 autocommit (the driver rdq uses)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+from .common import child_env, stop_process
+
+SETUP_SQL = """
+CREATE TABLE ceiling_jobs (
+    id bigserial PRIMARY KEY,
+    status text NOT NULL DEFAULT 'PENDING',
+    payload jsonb
+);
+CREATE INDEX ceiling_jobs_pending_idx ON ceiling_jobs (id) WHERE status = 'PENDING';
+"""
+CLAIM_SQL = """
+UPDATE ceiling_jobs SET status = 'RUNNING'
+WHERE id = ANY (ARRAY(
+    SELECT id FROM ceiling_jobs WHERE status = 'PENDING' ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+))
+RETURNING id, payload
+"""
+DONE_SQL = "UPDATE ceiling_jobs SET status = 'DONE' WHERE id = ANY(%(ids)s)"
+
+
+def worker_main() -> None:
+    import psycopg
+
+    dsn, limit = sys.argv[1], int(sys.argv[2])
+    conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=None)
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        return
+    first = time.time()
+    last, rows = first, 0
+    while True:
+        claimed = conn.execute(CLAIM_SQL, {"limit": limit}).fetchall()
+        if not claimed:
+            break
+        conn.execute(DONE_SQL, {"ids": [r[0] for r in claimed]})
+        rows += len(claimed)
+        last = time.time()
+    print(json.dumps({"rows": rows, "first": first, "last": last}), flush=True)
+
+
+def ceiling_run(pg_database_url: str, n: int, clients: int, limit: int = 100) -> dict[str, Any]:
+    import psycopg
+
+    with psycopg.connect(pg_database_url, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS ceiling_jobs")
+        conn.execute(SETUP_SQL)
+        conn.execute(
+            "INSERT INTO ceiling_jobs (payload) SELECT jsonb_build_object('n', g) FROM generate_series(1, %(n)s) AS g",
+            {"n": n},
+        )
+        conn.execute("VACUUM ANALYZE ceiling_jobs")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.ceiling", pg_database_url, str(limit)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env(), start_new_session=True,
+        )
+        for _ in range(clients)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        reports = [json.loads(proc.communicate(timeout=300)[0].strip().splitlines()[-1]) for proc in procs]
+    finally:
+        for proc in procs:
+            stop_process(proc)
+        with psycopg.connect(pg_database_url, autocommit=True) as conn:
+            conn.execute("DROP TABLE IF EXISTS ceiling_jobs")
+    rows = sum(r["rows"] for r in reports)
+    assert rows == n, (rows, n)
+    busy = [r for r in reports if r["rows"]]
+    window = max(r["last"] for r in busy) - min(r["first"] for r in busy)
+    return {"n": n, "clients": clients, "batch": limit, "rows_per_s": n / window, "seconds": window}
+
+
+if __name__ == "__main__":
+    worker_main()
