@@ -3,6 +3,7 @@ and the rule that a missing server fails under CI and skips elsewhere."""
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
@@ -97,3 +98,15 @@ def shared_redis_prefix():
     for start in range(0, len(keys), 500):
         client.delete(*keys[start:start + 500])
     client.close()
+
+
+@pytest.fixture(autouse=True)
+def rdq_logs_reach_caplog():
+    """These tests read the engine's incident lines through caplog. Importing the Lambda host
+    (other test packages do) points the ``rdq`` loggers at Powertools' stdout handler, without
+    propagation and at the Powertools level; undo that for the duration of each test."""
+    rdq_logger = logging.getLogger("rdq")
+    saved = (rdq_logger.handlers[:], rdq_logger.propagate, rdq_logger.level)
+    rdq_logger.handlers, rdq_logger.propagate, rdq_logger.level = [], True, logging.NOTSET
+    yield
+    rdq_logger.handlers, rdq_logger.propagate, rdq_logger.level = saved

@@ -144,8 +144,11 @@ def test_settle_killed_while_in_flight_is_retried_on_a_new_connection(shared_pg_
             locker.execute("SELECT 1 FROM rdq_tasks WHERE id = %s FOR UPDATE", (ids[0],))  # opens a transaction
             executions.gate.set()
             with psycopg.connect(shared_pg_database, autocommit=True) as admin:
+                # Only the settle (its statement opens with the decision CTE): the heartbeat's lease renewal may be
+                # waiting on the same row lock, and killing it instead would test nothing.
                 waiting = wait_until(lambda: admin.execute(
-                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'"
+                    " AND query LIKE '%%WITH decision AS%%'",
                     (tag,)).fetchall(), timeout=10, what="the worker's settle to wait on the row lock")
                 for (pid,) in waiting:
                     admin.execute("SELECT pg_terminate_backend(%s)", (pid,))

@@ -10,19 +10,7 @@ from typing import Any, Callable
 
 import pytest
 
-# Set before any Powertools module is imported: it reads these at import time.
-for _name, _value in {
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "SAM_CLI_TELEMETRY": "0",
-    "POWERTOOLS_TRACE_DISABLED": "1",
-    "POWERTOOLS_METRICS_NAMESPACE": "rdq",
-    "POWERTOOLS_SERVICE_NAME": "rdq",
-    "POWERTOOLS_LOG_LEVEL": "WARNING",
-}.items():
-    os.environ[_name] = _value
-
+# The offline AWS / Powertools environment is set once for the whole suite in tests/conftest.py.
 from rdq_core.lambda_host import connection  # noqa: E402
 from rdq_core.lambda_host.local_invoke import LocalLambdaContext  # noqa: E402
 
