@@ -14,15 +14,15 @@ Every argument is validated here (``InvalidInput``) before anything is written.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
 from . import validation
-from .errors import InvalidInput, TaskConflict, TaskNotFound
+from .errors import InvalidCursor, InvalidInput, TaskConflict, TaskNotFound
 from .ids import new_task_id
 from .model import Backoff, DeadFilter, DeadPage, EnqueueResult, NewTask, QueueStats, Task
 from .storage import open_storage
-from .storage.spi import Storage
+from .storage.spi import Storage, decode_dead_cursor, to_micros
 
 
 class Client:
@@ -104,8 +104,11 @@ class Client:
         error_type: str | None = None,
         handler: str | None = None,
     ) -> DeadPage:
+        queue = validation.queue_name(queue)
+        if cursor is not None:
+            _check_cursor(queue, cursor)
         return self.storage.list_dead(
-            validation.queue_name(queue),
+            queue,
             limit=validation.page_size(limit),
             cursor=cursor,
             filter=dead_filter(error_type=error_type, handler=handler),
@@ -121,6 +124,7 @@ class Client:
 
 
 def build_new_tasks(queue: str, items: Sequence[Mapping[str, Any]]) -> list[NewTask]:
+    validation.queue_name(queue)  # the batch's queue is refused as "queue", not as every item's
     if not isinstance(items, Sequence) or isinstance(items, (str, bytes)):
         raise InvalidInput("tasks must be a list", "tasks")
     if not 1 <= len(items) <= validation.Limits.batch_items:
@@ -166,8 +170,9 @@ def build_new_task(queue: str, item: Mapping[str, Any]) -> NewTask:
 
 
 def dead_filter(*, ids: Iterable[str] | None = None, error_type: str | None = None, handler: str | None = None) -> DeadFilter:
-    if error_type is not None and (not isinstance(error_type, str) or not 0 < len(error_type) <= 256):
-        raise InvalidInput("error_type must be a string of 1..256 characters", "error_type")
+    if error_type is not None and (not isinstance(error_type, str) or not 0 < len(error_type) <= 256
+                                   or not validation.storable_text(error_type)):
+        raise InvalidInput("error_type must be a string of 1..256 characters (valid Unicode, no NUL)", "error_type")
     if handler is not None:
         validation.handler_name(handler)
     checked_ids = None
@@ -176,6 +181,18 @@ def dead_filter(*, ids: Iterable[str] | None = None, error_type: str | None = No
         if not 1 <= len(checked_ids) <= validation.Limits.batch_items:
             raise InvalidInput(f"ids holds 1..{validation.Limits.batch_items} task ids", "ids")
     return DeadFilter(ids=checked_ids, error_type=error_type, handler=handler)
+
+
+#: The keyset instant of a cursor must be one every backend can hold (datetime's own range).
+_CURSOR_MICROS = (to_micros(datetime(1, 1, 1, tzinfo=timezone.utc)), to_micros(datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc)))
+
+
+def _check_cursor(queue: str, cursor: Any) -> None:
+    """A cursor is opaque but comes back from the caller: a forged one (instant out of range, an id
+    no task can have) is refused as ``InvalidCursor`` here instead of overflowing in a backend."""
+    micros, after_id = decode_dead_cursor(queue, cursor)
+    if not _CURSOR_MICROS[0] <= micros <= _CURSOR_MICROS[1] or not validation.TASK_ID.fullmatch(after_id):
+        raise InvalidCursor()
 
 
 def _selection(ids: Iterable[str] | None, error_type: str | None, handler: str | None, all: bool) -> DeadFilter:

@@ -23,13 +23,29 @@ import signal
 import sys
 import threading
 import time
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
+from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_PORT = 8787
 #: Requests above this are refused by the local server before the handler sees them
 #: (API Gateway's own hard limit is 10 MB; the API handler's body limit is lower still).
 MAX_REQUEST_BYTES = 6 * 1024 * 1024
+#: Request headers (names plus values) above this are refused with 431, as API Gateway refuses a
+#: REST request whose request line and header values exceed 10,240 bytes. The stdlib parser
+#: already caps the count at 100 headers (also answered 431).
+MAX_HEADER_BYTES = 10_240
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for banners and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _configure_environment(storage_url: str, handler_modules: list[str] | None) -> None:
@@ -148,7 +164,7 @@ class DevHost:
         auth = ' -H "Authorization: Bearer $RDQ_API_TOKEN"' if self.settings.api_token else ""
         base = self.url
         return "\n".join([
-            f"rdq dev: API on {base}  (store: {os.environ['RDQ_STORAGE_URL']}, handlers: {os.environ['RDQ_HANDLERS']})",
+            f"rdq dev: API on {base}  (store: {redact_url(os.environ['RDQ_STORAGE_URL'])}, handlers: {os.environ['RDQ_HANDLERS']})",
             f"  worker every {self.worker_every:g}s, reaper every {self.reaper_every:g}s; Ctrl-C to stop",
             "try:",
             f"  curl -s{auth} -X POST {base}/v1/queues/demo/tasks -H 'Content-Type: application/json' -d '{{\"handler\": \"greet\", \"payload\": {{\"name\": \"Ada\"}}}}'",
@@ -172,6 +188,7 @@ def _check_host(host: str) -> None:
 
 
 def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
+    from .lambda_host.api import problem_title
     from .lambda_host.local_invoke import api_proxy_event, proxy_result_body, proxy_result_headers
 
     class ProxyRequestHandler(BaseHTTPRequestHandler):
@@ -188,6 +205,8 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
                 return self._refuse(400, "Content-Length is not a number")
             if length < 0 or length > MAX_REQUEST_BYTES:
                 return self._refuse(413, f"the request exceeds {MAX_REQUEST_BYTES} bytes")
+            if sum(len(name) + len(value) for name, value in self.headers.items()) > MAX_HEADER_BYTES:
+                return self._refuse(431, f"the request headers exceed {MAX_HEADER_BYTES} bytes")
             body = self.rfile.read(length) if length else b""
             headers: dict[str, str] = {}
             for name, value in self.headers.items():
@@ -205,7 +224,9 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(payload)
 
         def _refuse(self, status: int, detail: str) -> None:
-            body = json.dumps({"type": "about:blank", "title": "Request refused", "status": status, "detail": detail}).encode()
+            title = problem_title(status)
+            body = json.dumps({"type": f"urn:rdq:problem:{title.lower().replace(' ', '-')}", "title": title,
+                               "status": status, "detail": detail}).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/problem+json")
             self.send_header("Content-Length", str(len(body)))
@@ -215,6 +236,23 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
             self.close_connection = True
 
         do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _handle
+
+        def __getattr__(self, name: str) -> Any:
+            # Any other method (TRACE, PROPFIND, ...) goes to the API too, which answers 404/405
+            # as problem+json, instead of the stdlib's 501 HTML page.
+            if name.startswith("do_"):
+                return self._handle
+            raise AttributeError(name)
+
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            # Requests the stdlib refuses before routing (bad request line, too many or too long
+            # headers, URI too long) get a problem+json body like every other error.
+            if code == HTTPStatus.NOT_IMPLEMENTED:
+                code = HTTPStatus.METHOD_NOT_ALLOWED
+            if self.request_version == "HTTP/0.9":  # unparsable request line: still answer with a status line
+                self.request_version = "HTTP/1.0"
+            self.log_error("code %d, message %s", code, message)
+            self._refuse(int(code), message or HTTPStatus(code).phrase)
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
             print(f"rdq dev: {self.address_string()} {format % args}", file=sys.stderr, flush=True)

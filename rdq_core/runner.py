@@ -20,7 +20,6 @@ Rules enforced here:
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import queue as queue_module
@@ -30,13 +29,13 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .errors import PermanentError, StaleClaim, StorageUnavailable
+from .errors import InvalidInput, PermanentError, StaleClaim, StorageUnavailable
 from .handlers import HandlerRegistry, TaskContext, registry as default_registry
 from .model import ClaimedTask, ClaimRef, ErrorInfo, Outcome, Settlement, TaskStatus
 from .retry import PolicyBook
 from .storage.spi import Storage
 from .telemetry import Telemetry
-from .validation import Limits, has_nul
+from .validation import Limits, json_value
 
 log = logging.getLogger("rdq.runner")
 
@@ -316,16 +315,16 @@ _SETTLED_METRIC = {TaskStatus.SUCCEEDED: "succeeded", TaskStatus.DEAD: "dead_let
 
 
 def _result_problem(result: object) -> str | None:
+    """Why a handler's return value cannot be stored, or None. The same rules as a payload
+    (plain JSON, no NUL, no lone surrogate, bounded depth) with the 64 KiB result limit."""
     try:
-        encoded = json.dumps(result, allow_nan=False, separators=(",", ":"))
+        json_value(result, Limits.result_bytes, "handler result")
+    except InvalidInput as exc:
+        return str(exc)[: Limits.error_message_chars]
     # RecursionError: nesting too deep to encode; any other error: a poison value (e.g. a dict
     # subclass whose items() raises). Either way a failed attempt, never a dead claim loop.
     except Exception as exc:  # noqa: BLE001
-        return f"handler returned a value that is not JSON-serialisable: {exc}"[: Limits.error_message_chars]
-    if "\\u0000" in encoded and has_nul(result):
-        return "handler result contains a NUL character (\\u0000), which storage cannot hold"
-    if len(encoded.encode()) > Limits.result_bytes:
-        return f"handler result exceeds {Limits.result_bytes} bytes once encoded as JSON"
+        return f"handler result is not JSON-serialisable: {type(exc).__name__}: {exc}"[: Limits.error_message_chars]
     return None
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from .errors import InvalidInput
@@ -35,6 +35,10 @@ class Limits:
     json_depth = 64
     error_message_chars = 2_000
     error_stack_chars = 8_000
+
+
+#: run_at is clamped into this range (see ``run_at``).
+RUN_AT_RANGE = (datetime(1, 1, 2, tzinfo=timezone.utc), datetime(9999, 12, 30, tzinfo=timezone.utc))
 
 
 def queue_name(value: Any, field: str = "queue") -> str:
@@ -64,11 +68,27 @@ def json_value(value: Any, limit_bytes: int, field: str) -> Any:
     if "\\u0000" in encoded and has_nul(value):
         # PostgreSQL's jsonb (and many consumers) cannot hold NUL; refuse it up front everywhere.
         raise InvalidInput(f"{field} contains a NUL character (\\u0000)", field)
-    if len(encoded.encode("utf-8")) > limit_bytes:
+    try:
+        size = len(encoded.encode("utf-8"))
+    except UnicodeEncodeError:
+        # A lone UTF-16 surrogate ("\\ud800") parses as JSON but is not Unicode text: no store can hold it.
+        raise InvalidInput(f"{field} contains a lone UTF-16 surrogate; send valid Unicode", field) from None
+    if size > limit_bytes:
         raise InvalidInput(f"{field} exceeds {limit_bytes} bytes once encoded as JSON", field)
     if _depth(value) > Limits.json_depth:
         raise InvalidInput(f"{field} nests deeper than {Limits.json_depth} levels", field)
     return value
+
+
+def storable_text(value: str) -> bool:
+    """True when every backend can store ``value`` as text: no NUL, no lone UTF-16 surrogate."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def has_nul(value: Any) -> bool:
@@ -116,6 +136,8 @@ def headers(value: Any) -> dict[str, str]:
             raise InvalidInput("header names starting with 'rdq.' are reserved", "headers")
         if not isinstance(item, str) or len(item) > Limits.header_value_chars:
             raise InvalidInput(f"header values are strings of at most {Limits.header_value_chars} characters", "headers")
+        if not storable_text(key) or not storable_text(item):
+            raise InvalidInput("header names and values must be valid Unicode without NUL characters", "headers")
         clean[key] = item
     return clean
 
@@ -123,6 +145,8 @@ def headers(value: Any) -> dict[str, str]:
 def max_attempts(value: Any) -> int | None:
     if value is None:
         return None
+    if type(value) is float and value.is_integer():
+        value = int(value)  # JSON does not tell 3 from 3.0 (nor does JSON Schema's "integer")
     if type(value) is not int or not 1 <= value <= Limits.max_attempts:
         raise InvalidInput(f"max_attempts must be an integer in 1..{Limits.max_attempts}", "max_attempts")
     return value
@@ -146,7 +170,14 @@ def run_at(value: Any) -> datetime | None:
             raise InvalidInput("run_at must be an ISO-8601 timestamp with a UTC offset", "run_at") from None
     if not isinstance(value, datetime) or value.tzinfo is None:
         raise InvalidInput("run_at must be an ISO-8601 timestamp with a UTC offset", "run_at")
-    return value
+    try:
+        utc = value.astimezone(timezone.utc)
+    except OverflowError:  # a valid RFC 3339 instant whose offset takes it past year 1 or 9999 in UTC
+        utc = RUN_AT_RANGE[0] if value.year == 1 else RUN_AT_RANGE[1]
+    # Clamp to an instant every store round-trips (Redis keeps instants as float scores, which
+    # round at the edges of datetime's range): "long ago" is due now either way, and year 9999
+    # is as never as year 10000.
+    return min(max(utc, RUN_AT_RANGE[0]), RUN_AT_RANGE[1])
 
 
 def backoff(value: Any) -> Backoff | None:

@@ -4,7 +4,8 @@ Errors are ``application/problem+json`` (RFC 9457) with a precise status: 400 ma
 401 missing bearer token (only when ``RDQ_API_TOKEN`` is set), 404 unknown task or route,
 405 known route with another method, 409 conflicts, 413 body or payload too large, 415 not JSON,
 422 invalid fields, 503 storage unreachable. Anything unexpected is a bare 500 problem: the
-stack trace goes to the log, never into the response. Payloads are never logged.
+stack trace goes to the log, never into the response. Payloads are never logged unless the
+deployer opts in with ``RDQ_LOG_PAYLOADS=true``.
 
 Routes with a ``:verb`` suffix (``tasks:batch``, ``dlq:redrive``, ``dlq:purge``) are literal
 rules here; API Gateway cannot hold ':' in a resource path part, so the template routes them
@@ -17,6 +18,7 @@ import base64
 import binascii
 import hmac
 import json
+import os
 import re
 from datetime import datetime, timezone
 from http import HTTPStatus
@@ -50,8 +52,18 @@ class ApiProblem(Exception):
         self.headers = dict(headers or {})
 
 
+#: RFC 9110 titles, pinned: Python renamed these phrases in 3.13 ("Request Entity Too Large",
+#: "Unprocessable Entity" before), and the problem ``type`` URNs derived from them must not change
+#: with the runtime (docs/limits.md lists them).
+_TITLES = {413: "Content Too Large", 422: "Unprocessable Content"}
+
+
+def problem_title(status: int) -> str:
+    return _TITLES.get(status) or HTTPStatus(status).phrase
+
+
 def problem(status: int, detail: str, field: str | None = None, headers: Mapping[str, str] | None = None) -> Response:
-    title = HTTPStatus(status).phrase
+    title = problem_title(status)
     body: dict[str, Any] = {
         "type": f"urn:rdq:problem:{title.lower().replace(' ', '-')}",
         "title": title,
@@ -114,7 +126,7 @@ def json_body() -> dict[str, Any]:
     if not raw.strip():
         raise ApiProblem(400, "the request body is empty; a JSON object is required")
     try:
-        data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+        data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
     except (UnicodeDecodeError, ValueError) as exc:
         raise ApiProblem(400, f"the request body is not valid JSON: {exc}"[:300]) from None
     except RecursionError:
@@ -128,17 +140,33 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # {"handler": "a", "handler": "b"} means different things to different parsers (a gateway or
+    # WAF may read the first, Python keeps the last): refuse the ambiguity instead of picking.
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"duplicate key {duplicate[:100]!r} in an object")
+    return data
+
+
 def _check_payload_size(item: Mapping[str, Any], field: str) -> None:
     # The engine would refuse an oversized payload as invalid (422); over HTTP the precise
     # answer is 413, so measure it here first, the same way the engine does.
     if "payload" not in item:
         return
     try:
-        encoded = json.dumps(item["payload"], allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        size = len(json.dumps(item["payload"], allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
     except (TypeError, ValueError):
-        return  # not JSON-shaped: the engine reports it as a 422
-    if len(encoded.encode("utf-8")) > Limits.payload_bytes:
+        return  # not JSON-shaped, or a lone surrogate (UnicodeEncodeError): the engine reports it as a 422
+    if size > Limits.payload_bytes:
         raise ApiProblem(413, f"{field} exceeds {Limits.payload_bytes} bytes once encoded as JSON", field)
+
+
+def _log_payloads() -> bool:
+    """Payloads are logged only when the deployer opts in with ``RDQ_LOG_PAYLOADS=true``."""
+    return os.environ.get("RDQ_LOG_PAYLOADS", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def _due_now(task: NewTask) -> bool:
@@ -165,7 +193,10 @@ def enqueue_task(queue: str) -> Response:
     if result.conflict:
         raise TaskConflict(f"task id {new_task.id!r} already exists on another queue")
     _wake_worker(queue, [new_task], [result])
-    logger.info("enqueued", extra={"task_id": new_task.id, "queue": queue, "is_new": result.created})
+    extra: dict[str, Any] = {"task_id": new_task.id, "queue": queue, "is_new": result.created}
+    if _log_payloads():
+        extra["payload"] = new_task.payload  # opted in: RDQ_LOG_PAYLOADS=true (never the default)
+    logger.info("enqueued", extra=extra)
     status = 201 if result.created else 200
     return reply(status, result.task.to_dict(), {"Location": f"/v1/tasks/{result.task.id}"})
 
@@ -219,6 +250,9 @@ def queue_stats(queue: str) -> Response:
 @app.get("/v1/queues/<queue>/dlq")
 def list_dead(queue: str) -> Response:
     params = app.current_event.get("queryStringParameters") or {}
+    unknown = set(params) - {"limit", "cursor", "error_type", "handler"}
+    if unknown:  # a misspelt filter must not silently list (and invite purging) the whole DLQ
+        raise InvalidInput(f"unknown query parameters: {', '.join(sorted(unknown))}", sorted(unknown)[0])
     limit_text = params.get("limit")
     limit = 50
     if limit_text is not None:

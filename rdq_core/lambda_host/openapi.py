@@ -1,7 +1,10 @@
-"""The OpenAPI 3.0 document of the HTTP API, built from the engine's own limits and patterns.
+"""The OpenAPI 3.1 document of the HTTP API, built from the engine's own limits and patterns.
 
 It is written by hand (not generated from the routes) so that it can state what the handler
 really enforces: name patterns, size limits, closed request objects, and every problem status.
+3.1 (full JSON Schema) because 3.0 cannot state some of the rules: header names
+(``propertyNames``), "delay_seconds or run_at, not both", "select by ids, a filter or all".
+tests/hostile/test_fuzz_openapi.py fuzzes the API against this document.
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ _QUEUE_PARAM = {"name": "queue", "in": "path", "required": True,
 _TASK_ID_PARAM = {"name": "task_id", "in": "path", "required": True,
                   "schema": {"type": "string", "pattern": f"^{validation.TASK_ID.pattern}$"}}
 _COMMON = (401, 503)  # bearer token missing (when configured), store unreachable
+#: Text every backend can store: no NUL (PostgreSQL refuses it in text and jsonb).
+_NO_NUL = "^[^\\u0000]*$"
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {**schema, "type": [schema["type"], "null"]}
 
 
 def _schemas() -> dict[str, Any]:
@@ -45,27 +54,44 @@ def _schemas() -> dict[str, Any]:
             "jitter": {"type": "number", "minimum": 0, "maximum": 1},
         },
     }
-    error = {"type": "object", "nullable": True, "properties": {
-        "type": {"type": "string"}, "message": {"type": "string"}, "stack": {"type": "string", "nullable": True}}}
-    timestamp = {"type": "string", "format": "date-time", "nullable": True}
+    error = {"type": ["object", "null"], "properties": {
+        "type": {"type": "string"}, "message": {"type": "string"}, "stack": {"type": ["string", "null"]}}}
+    timestamp = {"type": ["string", "null"], "format": "date-time"}
     return {
+        "JsonValue": {
+            "description": f"any JSON value without NUL characters, at most {Limits.payload_bytes} bytes encoded "
+                           f"and {Limits.json_depth} levels deep",
+            "anyOf": [
+                {"type": ["null", "boolean", "number"]},
+                {"type": "string", "pattern": _NO_NUL},
+                {"type": "array", "items": {"$ref": "#/components/schemas/JsonValue"}},
+                {"type": "object", "propertyNames": {"pattern": _NO_NUL},
+                 "additionalProperties": {"$ref": "#/components/schemas/JsonValue"}},
+            ],
+        },
         "NewTask": {
             "type": "object", "additionalProperties": False, "required": ["handler"],
+            "description": "an optional field sent as null counts as absent",
+            "not": {"required": ["delay_seconds", "run_at"], "description": "delay_seconds or run_at, not both",
+                    "properties": {"delay_seconds": {"type": "number"}, "run_at": {"type": "string"}}},
             "properties": {
                 "handler": name,
-                "payload": {"description": f"any JSON value, at most {Limits.payload_bytes} bytes encoded"},
-                "id": task_id,
-                "delay_seconds": {"type": "number", "minimum": 0, "maximum": Limits.delay_seconds},
-                "run_at": {"type": "string", "format": "date-time"},
-                "max_attempts": {"type": "integer", "minimum": 1, "maximum": Limits.max_attempts},
-                "backoff": backoff,
-                "headers": {"type": "object", "maxProperties": Limits.headers_count,
-                            "additionalProperties": {"type": "string", "maxLength": Limits.header_value_chars}},
+                "payload": {"$ref": "#/components/schemas/JsonValue"},
+                "id": _nullable(task_id),
+                "delay_seconds": {"type": ["number", "null"], "minimum": 0, "maximum": Limits.delay_seconds},
+                "run_at": {"type": ["string", "null"], "format": "date-time"},
+                "max_attempts": {"type": ["integer", "null"], "minimum": 1, "maximum": Limits.max_attempts},
+                "backoff": _nullable(backoff),
+                "headers": {"type": ["object", "null"], "maxProperties": Limits.headers_count,
+                            "propertyNames": {"minLength": 1, "maxLength": Limits.header_key_chars, "pattern": _NO_NUL,
+                                              "not": {"pattern": "^rdq\\."}, "description": "the rdq. prefix is reserved"},
+                            "additionalProperties": {"type": "string", "maxLength": Limits.header_value_chars, "pattern": _NO_NUL}},
             },
         },
         "BatchRequest": {
             "type": "object", "additionalProperties": False, "required": ["tasks"],
             "properties": {"tasks": {"type": "array", "minItems": 1, "maxItems": Limits.batch_items,
+                                     "description": "task ids must be unique within a batch (422 otherwise)",
                                      "items": {"$ref": "#/components/schemas/NewTask"}}},
         },
         "BatchResult": {
@@ -95,8 +121,8 @@ def _schemas() -> dict[str, Any]:
                 "payload": {}, "headers": {"type": "object", "additionalProperties": {"type": "string"}},
                 "status": {"$ref": "#/components/schemas/Status"},
                 "attempt_count": {"type": "integer"}, "redrive_count": {"type": "integer"},
-                "max_attempts": {"type": "integer", "nullable": True},
-                "backoff": {**backoff, "nullable": True},
+                "max_attempts": {"type": ["integer", "null"]},
+                "backoff": _nullable(backoff),
                 "next_attempt_at": timestamp, "lease_expires_at": timestamp, "created_at": timestamp,
                 "updated_at": timestamp, "dead_at": timestamp,
                 "result": {}, "last_error": error,
@@ -115,14 +141,16 @@ def _schemas() -> dict[str, Any]:
         "DeadPage": {
             "type": "object", "required": ["tasks", "next_cursor"],
             "properties": {"tasks": {"type": "array", "items": {"$ref": "#/components/schemas/Task"}},
-                           "next_cursor": {"type": "string", "nullable": True}},
+                           "next_cursor": {"type": ["string", "null"]}},
         },
         "DeadSelection": {
             "type": "object", "additionalProperties": False,
             "description": "ids, a filter (error_type and/or handler), or {\"all\": true}; an empty selection is refused",
+            "anyOf": [{"required": ["ids"]}, {"required": ["error_type"]}, {"required": ["handler"]},
+                      {"required": ["all"], "properties": {"all": {"const": True}}}],
             "properties": {
                 "ids": {"type": "array", "minItems": 1, "maxItems": Limits.batch_items, "items": task_id},
-                "error_type": {"type": "string", "minLength": 1, "maxLength": 256},
+                "error_type": {"type": "string", "minLength": 1, "maxLength": 256, "pattern": _NO_NUL},
                 "handler": name,
                 "all": {"type": "boolean"},
             },
@@ -167,10 +195,14 @@ def openapi_document(server_url: str = "/", auth_mode: str = "iam", bearer: bool
             "operationId": "listDead", "summary": "Dead tasks, cursor-paged by (dead_at, id)",
             "parameters": [
                 _QUEUE_PARAM,
-                {"name": "cursor", "in": "query", "schema": {"type": "string", "maxLength": 1024}},
+                {"name": "cursor", "in": "query", "description": "opaque: the next_cursor of the previous page of this queue; "
+                 "any other value is 400; empty means the first page",
+                 "schema": {"type": "string", "maxLength": 1024, "pattern": "^[A-Za-z0-9_-]*$"}},
                 {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": Limits.page_size, "default": 50}},
-                {"name": "error_type", "in": "query", "schema": {"type": "string", "minLength": 1, "maxLength": 256}},
-                {"name": "handler", "in": "query", "schema": {"type": "string", "pattern": f"^{validation.HANDLER_NAME.pattern}$"}},
+                {"name": "error_type", "in": "query", "description": "exact error type; empty means no filter",
+                 "schema": {"type": "string", "maxLength": 256, "pattern": _NO_NUL}},
+                {"name": "handler", "in": "query", "description": "exact handler name; empty means no filter",
+                 "schema": {"type": "string", "pattern": f"^({validation.HANDLER_NAME.pattern})?$"}},
             ],
             "responses": {"200": _ok("one page", "DeadPage"), **_problems(400, 422, *_COMMON)},
         }},
@@ -204,7 +236,7 @@ def openapi_document(server_url: str = "/", auth_mode: str = "iam", bearer: bool
                                      "description": "AWS Signature Version 4 (service execute-api)"}
         security.append({"sigv4": []})
     document: dict[str, Any] = {
-        "openapi": "3.0.3",
+        "openapi": "3.1.0",
         "info": {"title": "rdq", "version": "1", "description": "Retry-and-dead-letter task queue. Errors are application/problem+json."},
         "servers": [{"url": server_url}],
         "paths": paths,

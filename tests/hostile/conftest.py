@@ -1,0 +1,231 @@
+"""Fixtures for the hostile-input, access-control and limits tests.
+
+* ``DevServer``: a real ``rdq dev`` subprocess on a free loopback port (its output captured to a
+  file, so tests can assert on what it logged);
+* ``api_call``: the API Lambda handler called in-process with a real REST proxy event, for the
+  many small request cases that need no socket;
+* ``any_store_url``: one fresh store per backend (SQLite file, PostgreSQL scratch schema, Redis
+  key prefix, MongoDB-wire database), reusing the real-server fixtures of ``tests/backends``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+# The offline AWS / Powertools environment is set once for the whole suite in tests/conftest.py.
+from tests.backends.test_mongo import fresh_mongo_url, mongo_server_url  # noqa: E402,F401 - fixtures
+from tests.backends.test_postgres import fresh_schema_url, pg_database_url  # noqa: E402,F401 - fixtures
+from tests.backends.test_redis import BASE_URL as REDIS_BASE_URL  # noqa: E402
+from tests.backends.test_redis import key_prefix, redis_client, url_with_prefix  # noqa: E402,F401 - fixtures
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("filterwarnings", "ignore:No application metrics to publish")
+TOKEN = "hostile-test-token-9f3b"
+PROBLEM_JSON = "application/problem+json"
+
+_RDQ_ENV = (
+    "RDQ_STORAGE_URL", "RDQ_STORAGE_URL_SECRET", "RDQ_STORAGE_URL_PARAMETER", "RDQ_HANDLERS", "RDQ_QUEUES",
+    "RDQ_WORKER_FUNCTION", "RDQ_WAKE_WORKER", "RDQ_API_TOKEN", "RDQ_MAX_WORKER_CONCURRENCY", "RDQ_BATCH_SIZE",
+    "RDQ_SETTLE_RESERVE_SECONDS", "RDQ_LEASE_GRACE_SECONDS", "RDQ_AUTO_MIGRATE", "RDQ_WAKE_DEBOUNCE_SECONDS",
+    "RDQ_AUTH_MODE", "RDQ_MAX_BODY_BYTES", "RDQ_LOG_PAYLOADS",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class DevServer:
+    """``python -m rdq_core.cli --storage URL dev --port N`` as a subprocess this test owns."""
+
+    def __init__(self, workdir: Path, storage_url: str | None = None, token: str | None = TOKEN,
+                 env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.token = token
+        self.log_path = workdir / f"rdq-dev-{self.port}.log"
+        full_env = {k: v for k, v in os.environ.items() if k not in _RDQ_ENV}
+        full_env.update({"PYTHONPATH": str(REPO), "POWERTOOLS_LOG_LEVEL": "INFO",
+                         "RDQ_DEV_WORKER_EVERY_SECONDS": "0.5", "RDQ_DEV_REAPER_EVERY_SECONDS": "2"})
+        full_env.pop("POWERTOOLS_SERVICE_NAME", None)
+        if token:
+            full_env["RDQ_API_TOKEN"] = token
+        full_env.update(env or {})
+        storage_url = storage_url or f"sqlite:///{workdir}/dev-{self.port}.db"
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "rdq_core.cli", "--storage", storage_url, "dev", "--port", str(self.port), *args],
+            cwd=workdir, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+
+    def wait_ready(self, timeout: float = 30) -> "DevServer":
+        def ready() -> bool:
+            if self.process.poll() is not None:
+                raise AssertionError(f"rdq dev exited early ({self.process.returncode}): {self.output()[-3000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return True
+            except OSError:
+                return False
+
+        wait_for(ready, timeout, "rdq dev to listen")
+        return self
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def request(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
+                content_type: str | None = "application/json", token: str | None | bool = True,
+                headers: dict[str, str] | None = None, timeout: float = 15) -> tuple[int, dict[str, str], bytes]:
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        if data is not None and content_type:
+            req.add_header("Content-Type", content_type)
+        bearer = self.token if token is True else (token or None)
+        if bearer:
+            req.add_header("Authorization", f"Bearer {bearer}")
+        for name, value in (headers or {}).items():
+            req.add_header(name, value)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as response:
+                return response.status, dict(response.headers), response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, dict(error.headers), error.read()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self._log.close()
+
+
+@pytest.fixture
+def dev_server_factory(tmp_path):
+    started: list[DevServer] = []
+
+    def start(**kwargs: Any) -> DevServer:
+        server = DevServer(tmp_path, **kwargs)
+        started.append(server)
+        return server.wait_ready()
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def dev_server(dev_server_factory) -> DevServer:
+    """``rdq dev`` on SQLite with ``RDQ_API_TOKEN`` set."""
+    return dev_server_factory()
+
+
+# -- in-process API calls ----------------------------------------------------------------------
+@pytest.fixture
+def api_store(tmp_path, monkeypatch) -> str:
+    from rdq_core.lambda_host import connection
+
+    for name in _RDQ_ENV:
+        monkeypatch.delenv(name, raising=False)
+    url = f"sqlite:///{tmp_path}/api.db"
+    monkeypatch.setenv("RDQ_STORAGE_URL", url)
+    monkeypatch.setenv("RDQ_AUTO_MIGRATE", "true")
+    monkeypatch.setenv("RDQ_WAKE_WORKER", "false")
+    monkeypatch.setenv("RDQ_HANDLERS", "rdq_core.examples")
+    yield url
+    connection.close_shared_storage()
+
+
+@pytest.fixture
+def api_call(api_store) -> Callable[..., tuple[int, dict[str, str], Any]]:
+    """Call the API Lambda handler with a REST proxy event; returns (status, headers, parsed body)."""
+    from rdq_core.lambda_host import api
+    from rdq_core.lambda_host.local_invoke import LocalLambdaContext, api_proxy_event
+
+    def call(method: str, target: str, body: Any = None, *, raw: bytes | None = None,
+             content_type: str | None = "application/json", headers: dict[str, str] | None = None,
+             event: dict[str, Any] | None = None) -> tuple[int, dict[str, str], Any]:
+        if event is None:
+            data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+            all_headers = {"Content-Type": content_type} if (data is not None and content_type) else {}
+            all_headers.update(headers or {})
+            event = api_proxy_event(method, target, all_headers, data)
+        result = api.lambda_handler(event, LocalLambdaContext("rdq-api", 29))
+        out_headers = {k.lower(): v for k, v in (result.get("headers") or {}).items()}
+        for k, values in (result.get("multiValueHeaders") or {}).items():
+            out_headers.setdefault(k.lower(), values[0])
+        text = result.get("body") or ""
+        parsed = json.loads(text) if text else None
+        return result["statusCode"], out_headers, parsed
+
+    return call
+
+
+def assert_problem(status: int, headers: dict[str, str], body: Any, expected: int) -> dict:
+    """A precise problem+json error: the status, the content type, and a body that says the same."""
+    assert status == expected, (status, body)
+    content_type = {k.lower(): v for k, v in headers.items()}.get("content-type", "")
+    assert content_type.split(";")[0].strip() == PROBLEM_JSON, (content_type, body)
+    if isinstance(body, (bytes, str)):
+        body = json.loads(body)
+    assert body["status"] == expected and body["type"].startswith("urn:rdq:problem:") and body["title"], body
+    assert "Traceback" not in json.dumps(body)
+    return body
+
+
+# -- one fresh store per backend ----------------------------------------------------------------
+BACKENDS = ("sqlite", "postgresql", "redis", "mongodb")
+
+
+@pytest.fixture(params=BACKENDS)
+def any_store_url(request, tmp_path) -> str:
+    """A fresh, migrated store of each backend in turn."""
+    from rdq_core.storage import open_storage
+
+    kind = request.param
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path}/hostile.db"
+    elif kind == "postgresql":
+        url = fresh_schema_url(request.getfixturevalue("pg_database_url"))
+    elif kind == "redis":
+        url = url_with_prefix(REDIS_BASE_URL, request.getfixturevalue("key_prefix"))
+    else:
+        url = request.getfixturevalue("fresh_mongo_url")
+    store = open_storage(url)
+    try:
+        store.migrate()
+    finally:
+        store.close()
+    return url
