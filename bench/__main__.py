@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .common import load_average, machine_facts, median
+from .common import load_average, machine_facts
 
 ALL_PARTS = ("roundtrips", "e2e", "peers", "ceiling", "backlog", "imports", "artifacts")
 
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
 
         if "peers" in parts or "ceiling" in parts:
             from .ceiling import ceiling_run
-            from .peers.drivers import PEERS, peer_run, versions
+            from .peers.drivers import peer_run, versions
             from .rdq_bench import e2e_run
 
             rec.data["peer_versions"] = versions()

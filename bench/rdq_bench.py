@@ -13,7 +13,7 @@ from rdq_core.handlers import HandlerRegistry
 from rdq_core.storage import open_storage
 from rdq_core.worker import Worker, WorkerConfig
 
-from .common import child_env, peak_rss_mb, stop_process
+from .common import child_env, stop_process
 
 ENQUEUE_CHUNK = 500  # Limits.batch_items: the largest batch enqueue_many takes
 

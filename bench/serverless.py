@@ -20,7 +20,6 @@ FUNCTIONS = {
     "api": {"modules": ["functions/api/app.py"], "fallback": ["rdq_core.client", "rdq_core.validation"]},
 }
 BACKEND_MODULES = {"postgres": "rdq_core.storage.postgres", "redis": "rdq_core.storage.redis", "mongo": "rdq_core.storage.mongo"}
-DRIVERS = {"postgres": "psycopg[binary]", "redis": "redis", "mongo": "pymongo"}
 
 
 def _top_level_imports(statement: str, env: dict[str, str], cwd: str) -> dict[str, int]:
@@ -92,30 +91,46 @@ def _du_bytes(path: Path) -> int:
 
 
 def artifact_sizes() -> list[dict[str, Any]]:
-    """``pip install --target`` of each function's runtime deps + rdq_core, without boto3."""
-    rows = []
-    combos = {
-        "postgres": [DRIVERS["postgres"]],
-        "redis": [DRIVERS["redis"]],
-        "mongo": [DRIVERS["mongo"]],
-        "all-backends": list(DRIVERS.values()),
+    """What one deployed function carries: the layer recipe of its backend (the requirement files
+    of ``functions/requirements/``, pruned like ``functions/layer/Makefile``) + rdq_core."""
+    requirements = ROOT / "functions" / "requirements"
+    combos = {  # name -> requirement files (the engine layers also carry rdq_core)
+        "postgres": ["common", "postgresql"],
+        "redis": ["common", "redis"],
+        "mongo": ["common", "mongodb"],
+        "all-backends": ["common", "postgresql", "redis", "mongodb"],  # for comparison: one shared layer
+        "tracing layer (EnableTracing=true only)": ["tracing"],
     }
+    rows = []
     with tempfile.TemporaryDirectory(prefix="rdq-artifact-") as tmp:
-        for name, drivers in combos.items():
-            target = Path(tmp) / name
+        for index, (name, files) in enumerate(combos.items()):
+            target = Path(tmp) / f"artifact-{index}"
+            drivers = [str(requirements / f"{f}.txt") for f in files]
             cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
-                   "--target", str(target), *drivers, "aws-lambda-powertools"]
+                   "--target", str(target)]
+            for file in drivers:
+                cmd += ["-r", file]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             if proc.returncode != 0:
                 rows.append({"deps": name, "error": proc.stderr[-1000:]})
                 continue
-            shutil.copytree(ROOT / "rdq_core", target / "rdq_core", ignore=shutil.ignore_patterns("__pycache__"))
-            for dropped in ("boto3", "botocore", "s3transfer"):  # in the Lambda runtime
-                shutil.rmtree(target / dropped, ignore_errors=True)
+            if "common" in files:
+                shutil.copytree(ROOT / "rdq_core", target / "rdq_core", ignore=shutil.ignore_patterns("__pycache__"))
+            # The same pruning as the real layer build (functions/layer/prune.txt): boto3 and
+            # botocore are in the Lambda runtime, the kit and the Swagger UI assets are not shipped.
+            for line in (ROOT / "functions" / "layer" / "prune.txt").read_text().splitlines():
+                pattern = line.strip()
+                if not pattern or pattern.startswith("#"):
+                    continue
+                for dropped in target.glob(pattern):
+                    if dropped.is_dir():
+                        shutil.rmtree(dropped, ignore_errors=True)
+                    else:
+                        dropped.unlink()
             has_boto = any(p.name.startswith(("boto3", "botocore")) for p in target.iterdir())
             size = _du_bytes(target)
             rows.append({
-                "deps": name, "packages": drivers + ["aws-lambda-powertools", "rdq_core"],
+                "deps": name, "packages": [Path(d).name for d in drivers] + (["rdq_core"] if "common" in files else []),
                 "unzipped_mb": size / 1e6, "boto3_present": has_boto,
             })
     return rows

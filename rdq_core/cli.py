@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from typing import Any, Sequence
 
 from .client import Client

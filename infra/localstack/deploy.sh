@@ -8,9 +8,9 @@ cd "$(dirname "$0")/../.."
 backend="${1:-postgres}"
 # Lambda containers reach the compose services through the Docker host gateway.
 case "$backend" in
-  postgres) url="postgresql://postgres:rdq@host.docker.internal:5432/rdq" ;;
-  redis)    url="redis://host.docker.internal:6379/0" ;;
-  mongo)    url="mongodb://host.docker.internal:27017/rdq" ;;
+  postgres) url="postgresql://postgres:rdq@host.docker.internal:5432/rdq"; storage_backend=postgresql ;;
+  redis)    url="redis://host.docker.internal:6379/0"; storage_backend=redis ;;
+  mongo)    url="mongodb://host.docker.internal:27017/rdq"; storage_backend=mongodb ;;
   *) echo "unknown backend: $backend" >&2; exit 2 ;;
 esac
 
@@ -23,7 +23,7 @@ awslocal ssm put-parameter --name /rdq/storage-url --type SecureString --value "
 
 samlocal build
 samlocal deploy --stack-name rdq-local --resolve-s3 --capabilities CAPABILITY_IAM --no-confirm-changeset \
-  --parameter-overrides StorageUrlParameterName=/rdq/storage-url AuthMode=API_KEY MaxWorkerConcurrency=2
+  --parameter-overrides StorageBackend="$storage_backend" StorageUrlParameterName=/rdq/storage-url AuthMode=API_KEY MaxWorkerConcurrency=2
 
 api_id=$(awslocal apigateway get-rest-apis --query "items[?name=='rdq-local-api'].id" --output text)
 echo "API: http://localhost:4566/restapis/${api_id}/prod/_user_request_/v1/openapi.json"

@@ -16,7 +16,6 @@ import os
 import sqlite3
 import threading
 import time
-import uuid
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Iterator, Sequence

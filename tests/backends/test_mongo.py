@@ -36,6 +36,8 @@ from rdq_core.model import (  # noqa: E402
 )
 from rdq_core.storage import open_storage  # noqa: E402
 from rdq_core.storage.mongo import MongoStorage  # noqa: E402
+from rdq_core.compliance.support import wait_until  # noqa: E402
+from tests.loopback import free_loopback_port  # noqa: E402
 
 SERVER_START_DEADLINE_S = 20.0
 
@@ -57,12 +59,6 @@ def _answers(url: str, timeout_ms: int = 500) -> bool:
         client.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def mongo_server_url():
     configured = os.environ.get("RDQ_TEST_MONGO_URL")
@@ -77,7 +73,7 @@ def mongo_server_url():
     executable = shutil.which("nx-27017")
     if executable is None:
         _fail_or_skip("no MongoDB on 127.0.0.1:27017 and nx-27017 is not installed (pip install nx-27017)")
-    port = _free_port()
+    port = free_loopback_port()
     workdir = Path(tempfile.mkdtemp(prefix="rdq-nx27017-"))
     log_path = workdir / "server.log"
     with open(log_path, "wb") as log:
@@ -160,14 +156,6 @@ def _enqueue(storage, n, queue="q", **fields):
 def _fail(claimed, status=TaskStatus.PENDING, outcome=Outcome.RETRYABLE_FAILURE, error_type="boom.Error"):
     return Settlement(claimed.task.id, claimed.claim_token, outcome, status,
                       error=ErrorInfo(error_type, "failed on purpose"))
-
-
-def _wait_for(condition, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 # -- schema -------------------------------------------------------------------------------------
@@ -307,7 +295,7 @@ def test_lease_expired_settle_refused_until_lease_expires_by_server_clock(storag
     with pytest.raises(StaleClaim):
         storage.settle([_fail(claimed, outcome=Outcome.LEASE_EXPIRED)])
     assert storage.get(task_id).status is TaskStatus.IN_FLIGHT
-    _wait_for(lambda: storage.find_expired_leases(10), what="lease expiry")
+    wait_until(lambda: storage.find_expired_leases(10), what="lease expiry")
     [expired] = storage.find_expired_leases(10, queue="q")
     assert expired.claim_token == claimed.claim_token
     storage.settle([_fail(expired, outcome=Outcome.LEASE_EXPIRED)])
@@ -319,7 +307,7 @@ def test_lease_expired_settle_refused_until_lease_expires_by_server_clock(storag
 def test_racing_reapers_record_one_lease_expired_attempt(fresh_mongo_url, storage):
     [task_id] = _enqueue(storage, 1)
     storage.claim("q", 1, 0.2)
-    _wait_for(lambda: storage.find_expired_leases(1), what="lease expiry")
+    wait_until(lambda: storage.find_expired_leases(1), what="lease expiry")
     [expired] = storage.find_expired_leases(1)
     outcomes: list[str] = []
 
@@ -357,7 +345,7 @@ def test_redrive_then_lease_expiry_numbers_after_all_earlier_attempts(storage):
     assert len(redriven.attempts) == 2
 
     storage.claim("q", 1, 0.2)
-    _wait_for(lambda: storage.find_expired_leases(1), what="lease expiry")
+    wait_until(lambda: storage.find_expired_leases(1), what="lease expiry")
     [expired] = storage.find_expired_leases(1)
     storage.settle([_fail(expired, outcome=Outcome.LEASE_EXPIRED)])
     task = storage.get(task_id)

@@ -10,18 +10,12 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from rdq_core.compliance.support import wait_until
+from tests.loopback import free_loopback_port
 
 PG_BIN = Path(os.environ.get("RDQ_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
-
-
-def free_loopback_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _port_refuses(port: int) -> bool:

@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -25,6 +24,8 @@ from typing import Any, Callable
 import pytest
 
 # The offline AWS / Powertools environment is set once for the whole suite in tests/conftest.py.
+from rdq_core.compliance.support import wait_until  # noqa: E402
+from tests.loopback import free_loopback_port  # noqa: E402
 from tests.backends.test_mongo import fresh_mongo_url, mongo_server_url  # noqa: E402,F401 - fixtures
 from tests.backends.test_postgres import fresh_schema_url, pg_database_url  # noqa: E402,F401 - fixtures
 from tests.backends.test_redis import BASE_URL as REDIS_BASE_URL  # noqa: E402
@@ -46,29 +47,12 @@ _RDQ_ENV = (
 )
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 class DevServer:
     """``python -m rdq_core.cli --storage URL dev --port N`` as a subprocess this test owns."""
 
     def __init__(self, workdir: Path, storage_url: str | None = None, token: str | None = TOKEN,
                  env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:
-        self.port = free_port()
+        self.port = free_loopback_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = token
         self.log_path = workdir / f"rdq-dev-{self.port}.log"
@@ -96,7 +80,7 @@ class DevServer:
             except OSError:
                 return False
 
-        wait_for(ready, timeout, "rdq dev to listen")
+        wait_until(ready, timeout, what="rdq dev to listen")
         return self
 
     def output(self) -> str:

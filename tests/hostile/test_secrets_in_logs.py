@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from .conftest import wait_for
+from rdq_core.compliance.support import wait_until
 
 PASSWORD = "Fake-S3cret-Pw-7c1e"
 PAYLOAD_MARKER = "payload-marker-5d2a"
@@ -104,7 +104,7 @@ def test_rdq_dev_on_postgres_with_a_password_logs_neither(dev_server_factory, pg
         tasks = [json.loads(server.request("GET", f"/v1/tasks/{t}")[2]) for t in ("secret-1", "secret-2")]
         return tasks if all(t["status"] == "SUCCEEDED" for t in tasks) else None
 
-    tasks = wait_for(settled, 30, "the worker to run both tasks")
+    tasks = wait_until(settled, 30, what="the worker to run both tasks")
     assert PASSWORD not in json.dumps(tasks), "task records never carry the storage URL"
     deadline = time.monotonic() + 5
     while "enqueued" not in server.output() and time.monotonic() < deadline:

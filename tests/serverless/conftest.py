@@ -4,7 +4,6 @@ a fresh SQLite store per test, and offline AWS settings for the tooling."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable
 

@@ -5,37 +5,21 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 import pytest
+
+from rdq_core.compliance.support import wait_until
+from tests.loopback import free_loopback_port
 
 from .conftest import REPO
 
 TOKEN = "dev-token-123"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 class Http:
@@ -62,7 +46,7 @@ class Http:
 
 @pytest.fixture
 def dev_server(tmp_path):
-    port = _free_port()
+    port = free_loopback_port()
     env = {**os.environ, "RDQ_API_TOKEN": TOKEN, "RDQ_DEV_WORKER_EVERY_SECONDS": "0.3", "RDQ_DEV_REAPER_EVERY_SECONDS": "1",
            "PYTHONPATH": str(REPO), "POWERTOOLS_LOG_LEVEL": "WARNING"}
     for name in ("RDQ_STORAGE_URL", "RDQ_HANDLERS", "RDQ_WORKER_FUNCTION", "POWERTOOLS_SERVICE_NAME"):
@@ -82,7 +66,7 @@ def dev_server(tmp_path):
             return False
 
     try:
-        wait_for(ready, 20, "rdq dev to serve")
+        wait_until(ready, 20, what="rdq dev to serve")
         yield process, http
     finally:
         if process.poll() is None:
@@ -99,7 +83,7 @@ def task_when(http: Http, task_id: str, status: str, timeout: float = 30) -> dic
         code, _, task = http("GET", f"/v1/tasks/{task_id}")
         return task if code == 200 and task["status"] == status else None
 
-    return wait_for(reached, timeout, f"{task_id} to be {status}")
+    return wait_until(reached, timeout, what=f"{task_id} to be {status}")
 
 
 def test_rdq_dev_end_to_end_over_http(dev_server):
