@@ -17,6 +17,7 @@ from typing import Callable
 
 from .errors import StaleClaim, StorageUnavailable
 from .model import Outcome, TaskStatus
+from .outage import ReconnectBackoff, StorageHealth
 from .retry import PolicyBook
 from .runner import LEASE_EXPIRED, truncated_error
 from .storage.spi import Storage
@@ -102,24 +103,18 @@ def reap_forever(
     (0.5 s doubling to ``max_backoff``) instead of hammering the store, and one line when the
     store answers again. ``between_passes`` runs after each successful pass (retention).
     """
-    delay_after_failure = 0.5
-    down_since: float | None = None
-    failures = 0
+    health = StorageHealth(log)
+    backoff = ReconnectBackoff(max_backoff)
     while not should_stop():
         try:
             reap_expired_leases(storage, policies, batch_size=batch_size, telemetry=telemetry)
             between_passes()
         except StorageUnavailable as exc:
-            failures += 1
-            if down_since is None:
-                down_since = time.monotonic()
-                log.error("storage unavailable (%s); reaper backing off and reconnecting", exc)
-            pause, delay_after_failure = delay_after_failure, min(delay_after_failure * 2, max_backoff)
+            health.failed("reaper", exc)
+            pause = backoff.next()
         else:
-            if down_since is not None:
-                log.info("reaper: storage reachable again after %.1fs (%d failed pass(es))",
-                         time.monotonic() - down_since, failures)
-                down_since, failures, delay_after_failure = None, 0, 0.5
+            health.ok()
+            backoff.reset()
             pause = interval
         wake_at = time.monotonic() + pause
         while not should_stop() and time.monotonic() < wake_at:

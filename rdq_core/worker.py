@@ -23,6 +23,7 @@ from typing import Sequence
 from .errors import StaleClaim, StorageUnavailable
 from .handlers import HandlerRegistry
 from .model import ClaimedTask, ClaimRef
+from .outage import ReconnectBackoff, StorageHealth
 from .retry import PolicyBook
 from .runner import BatchRunner, ClaimLedger
 from .storage.spi import Storage
@@ -33,45 +34,13 @@ log = logging.getLogger("rdq.worker")
 QUEUE_LIST_TTL_SECONDS = 5.0
 
 
-class StorageHealth:
-    """Whether the store answered last time, shared by the claim loop and the heartbeat, so
-    one outage is one ERROR line (plus one INFO line when it ends), not one line per retry."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._down_since: float | None = None
-        self.failures_in_outage = 0
-        #: Outages seen since start (for operators and tests).
-        self.outages = 0
-
-    def failed(self, where: str, exc: BaseException) -> None:
-        with self._lock:
-            self.failures_in_outage += 1
-            if self._down_since is not None:
-                log.debug("%s: storage still unavailable (%s)", where, exc)
-                return
-            self._down_since = time.monotonic()
-            self.outages += 1
-        log.error("storage unavailable (%s, seen by %s); backing off and reconnecting", exc, where)
-
-    def ok(self) -> None:
-        if self._down_since is None:  # the common case: no lock, no log
-            return
-        with self._lock:
-            if self._down_since is None:
-                return
-            down_for = time.monotonic() - self._down_since
-            failures, self._down_since, self.failures_in_outage = self.failures_in_outage, None, 0
-        log.info("storage reachable again after %.1fs (%d failed call(s) meanwhile)", down_for, failures)
-
-
 class HeartbeatLedger(ClaimLedger):
     """Claims held by this worker, renewed in one batched write per beat."""
 
     def __init__(self, storage: Storage, lease_seconds: float, health: StorageHealth | None = None) -> None:
         self.storage = storage
         self.lease_seconds = lease_seconds
-        self.health = health or StorageHealth()
+        self.health = health or StorageHealth(log)
         self._held: dict[str, tuple[ClaimRef, float]] = {}
         self._lock = threading.Lock()
         self.lost: set[str] = set()
@@ -136,7 +105,7 @@ class Worker:
             storage, policies, registry, self.telemetry, lease_seconds=config.lease_seconds,
             abandon_overdue_handlers=True,
         )
-        self.health = StorageHealth()
+        self.health = StorageHealth(log)
         self.ledger = HeartbeatLedger(storage, config.lease_seconds, self.health)
         self.stop_event = threading.Event()
         self._known_queues: tuple[float, list[str]] = (-math.inf, [])
@@ -194,7 +163,7 @@ class Worker:
         return claimed
 
     def _claim_loop(self) -> None:
-        backoff = _Backoff()
+        backoff = ReconnectBackoff()
         while not self.stop_event.is_set():
             try:
                 started = self.run_once()
@@ -217,18 +186,3 @@ class Worker:
         interval = max(self.config.lease_seconds / 3, 0.05)
         while not self.stop_event.wait(interval):
             self.ledger.beat()
-
-
-class _Backoff:
-    """Reconnect backoff: 0.5 s doubling to 30 s, so an outage is neither hammered nor ignored."""
-
-    def __init__(self) -> None:
-        self.delay = 0.5
-
-    def reset(self) -> None:
-        self.delay = 0.5
-
-    def next(self) -> float:
-        current = self.delay
-        self.delay = min(self.delay * 2, 30.0)
-        return current
