@@ -296,14 +296,13 @@ class SQLiteStorage(Storage):
                     ]
                     self._execute(conn, _APPEND_ATTEMPTS, {"applied": _dumps(history), "now": now})
                 applied = {task_id for task_id, _ in rows}
-        refused = [s.task_id for s in settlements if s.task_id not in applied]
-        # A duplicate of an applied item is refused too: its id appears once in ``applied``.
-        seen_applied: set[str] = set()
+        # Refused: items whose claim did not hold, and any repeat of an id within the batch.
+        refused: list[str] = []
+        seen: set[str] = set()
         for s in settlements:
-            if s.task_id in applied:
-                if s.task_id in seen_applied:
-                    refused.append(s.task_id)
-                seen_applied.add(s.task_id)
+            if s.task_id not in applied or s.task_id in seen:
+                refused.append(s.task_id)
+            seen.add(s.task_id)
         if refused:
             raise StaleClaim(refused)
 
