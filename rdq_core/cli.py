@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--batch", type=_positive_int, default=10, help="tasks per claim (default 10)")
     worker.add_argument("--lease", type=_positive_float, default=30.0, help="lease seconds, renewed by a heartbeat (default 30)")
     worker.add_argument("--concurrency", type=_positive_int, default=1, help="claim loops in this process (default 1)")
+    worker.add_argument("--overrun-grace", type=_positive_float, default=2.0, metavar="SECONDS",
+                        help="how long a handler may run past its timeout, keeping its task, before the worker "
+                             "restarts its process to stop it (default 2)")
 
     reaper = commands.add_parser("reaper", help="reap expired leases (and apply retention)")
     reaper.add_argument("--once", action="store_true", help="one pass, then exit")
@@ -143,16 +146,25 @@ def cmd_dev(args: argparse.Namespace, url: str) -> int:
 
 
 def cmd_worker(args: argparse.Namespace, url: str) -> int:
-    from .worker import Worker, WorkerConfig
+    from .worker import HANDLER_OVERRAN, Worker, WorkerConfig
 
     registry.load_modules(args.handlers)
     queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else []
-    config = WorkerConfig(queues=queues, batch_size=args.batch, lease_seconds=args.lease, concurrency=args.concurrency)
+    config = WorkerConfig(queues=queues, batch_size=args.batch, lease_seconds=args.lease, concurrency=args.concurrency,
+                          overrun_grace_seconds=args.overrun_grace)
+    stop_requested: list[bool] = []
     with open_storage(url) as storage:
         worker = Worker(storage, config, policies=_policies())
-        _stop_on_signals(worker.stop)
+        _stop_on_signals(lambda: (stop_requested.append(True), worker.stop()))
         log.info("worker serving %s with handlers %s", ", ".join(queues) or "every queue", ", ".join(registry.names()))
         worker.run_forever()
+    if worker.exit_reason == HANDLER_OVERRAN and not stop_requested:
+        # The one way to stop a thread that will not return: replace the process (same PID,
+        # same arguments). Its task's lease is no longer renewed from here on, so it lapses
+        # and is retried; nothing can run it while the old handler still does.
+        log.error("restarting this worker process to stop the overrunning handler")
+        logging.shutdown()
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
     return 0
 
 

@@ -47,7 +47,8 @@ def fail_until_redrive(payload: Any, ctx: TaskContext) -> dict[str, Any]:
     return {"fixed_after_redrives": ctx.redrive_count}
 
 
-@handler("sleep", timeout_seconds=30)
+# 25 s of sleep plus headroom: fits the 30 s dev worker (and any worker timeout over 28 s).
+@handler("sleep", timeout_seconds=26)
 def sleep(payload: Any, ctx: TaskContext) -> dict[str, Any]:
     seconds = min(float(_field(payload, "seconds", 1.0)), 25.0, ctx.remaining_seconds())
     time.sleep(max(seconds, 0.0))

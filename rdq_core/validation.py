@@ -80,6 +80,19 @@ def json_value(value: Any, limit_bytes: int, field: str) -> Any:
     return value
 
 
+def repaired_text(value: str) -> str:
+    """``value`` made storable on every backend: each NUL and each lone UTF-16 surrogate becomes
+    U+FFFD. For text the engine writes on a handler's behalf (error messages, stacks), where
+    refusing would lose the outcome: an OSError about a file named ``report-\\xff.csv`` carries
+    a lone surrogate, and a store that cannot encode it must not fail the whole settle."""
+    if storable_text(value):
+        return value
+    # UTF-16 with surrogatepass keeps a well-formed pair; decoding with "replace" turns each
+    # unpaired half into U+FFFD.
+    repaired = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return repaired.replace("\x00", "\ufffd")
+
+
 def storable_text(value: str) -> bool:
     """True when every backend can store ``value`` as text: no NUL, no lone UTF-16 surrogate."""
     if "\x00" in value:

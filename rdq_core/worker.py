@@ -1,14 +1,23 @@
 """The long-running worker host (``rdq worker``): claim, run, settle, with a lease heartbeat.
 
 On a container host there is no invocation deadline, so the lease is short (``--lease``) and a
-heartbeat thread renews it for every claim the worker holds. A running task is renewed only
-until its handler's ``timeout_seconds`` is spent: a hung handler then loses its lease, the
-reaper records LEASE_EXPIRED, and the worker's late settle is fenced off (``StaleClaim``).
-Handlers run on a helper thread, so a hung one is abandoned and the rest of its batch served.
+heartbeat thread renews it for every claim the worker holds: waiting in its batch, running, or
+with its outcome waiting in the settle buffer. A claim stops being renewed only once it is
+settled or released.
+
+A handler that overruns its ``timeout_seconds`` keeps its task (Python cannot stop a thread):
+the batch goes on without it, and if it has still not returned ``overrun_grace_seconds`` later
+the worker stops claiming, settles and releases everything else, and ends with
+``exit_reason = "handler_overran"``; ``rdq worker`` then restarts its process, which is what
+stops the handler for real. Only after that can its lease lapse, so two executions of one task
+never overlap.
+
+The worker also reaps expired leases itself (every ``reap_interval_seconds``, one bounded,
+fenced pass), so a crashed worker's tasks come back without a separate ``rdq reaper``.
 
 Storage outages: the claim loop backs off (0.5 s doubling to 30 s) and reconnects; the claim
-loop and the heartbeat share one ``StorageHealth``, so an outage logs one line when it starts
-and one when the store answers again, however many retries happen in between.
+loop, the heartbeat and the reaper share one ``StorageHealth``, so an outage logs one line when
+it starts and one when the store answers again, however many retries happen in between.
 """
 
 from __future__ import annotations
@@ -25,7 +34,8 @@ from .handlers import HandlerRegistry
 from .model import ClaimedTask, ClaimRef
 from .outage import ReconnectBackoff, StorageHealth
 from .retry import PolicyBook
-from .runner import BatchRunner, ClaimLedger
+from .reaper import reap_expired_leases
+from .runner import BatchRunner, ClaimLedger, Overrun
 from .storage.spi import Storage
 from .telemetry import Telemetry
 
@@ -41,28 +51,27 @@ class HeartbeatLedger(ClaimLedger):
         self.storage = storage
         self.lease_seconds = lease_seconds
         self.health = health or StorageHealth(log)
-        self._held: dict[str, tuple[ClaimRef, float]] = {}
+        self._held: dict[str, ClaimRef] = {}
         self._lock = threading.Lock()
         self.lost: set[str] = set()
 
     def hold(self, claimed: Sequence[ClaimedTask]) -> None:
         with self._lock:
             for item in claimed:
-                self._held[item.task.id] = (item.ref, math.inf)
-
-    def running(self, ref: ClaimRef, until: float) -> None:
-        with self._lock:
-            self._held[ref.task_id] = (ref, until)
+                self._held[item.task.id] = item.ref
 
     def drop(self, refs: Sequence[ClaimRef]) -> None:
         with self._lock:
             for ref in refs:
-                self._held.pop(ref.task_id, None)
+                if self._held.get(ref.task_id) == ref:
+                    del self._held[ref.task_id]
+
+    def held(self) -> list[ClaimRef]:
+        with self._lock:
+            return list(self._held.values())
 
     def beat(self) -> None:
-        now = time.monotonic()
-        with self._lock:
-            refs = [ref for ref, until in self._held.values() if until > now]
+        refs = self.held()
         if not refs:
             return
         try:
@@ -73,7 +82,14 @@ class HeartbeatLedger(ClaimLedger):
         except StorageUnavailable as exc:
             self.health.failed("heartbeat", exc)  # retried next beat
             return
+        except Exception:  # noqa: BLE001 - a beat that fails oddly is retried, never the end of the heartbeat
+            log.exception("unexpected error renewing %d lease(s); retrying next beat", len(refs))
+            return
         self.health.ok()
+
+
+#: ``Worker.exit_reason`` when it stopped because a handler overran past its grace period.
+HANDLER_OVERRAN = "handler_overran"
 
 
 @dataclass
@@ -84,6 +100,13 @@ class WorkerConfig:
     lease_seconds: float = 30.0
     concurrency: int = 1
     idle_poll_seconds: float = 1.0
+    #: How long past its timeout a handler may keep running (and its task held) before the
+    #: worker stops so that its process can be restarted.
+    overrun_grace_seconds: float = 2.0
+    #: Seconds between this worker's own passes over expired leases; None: half the lease,
+    #: between 0.5 s and 30 s. 0 turns the built-in reaper off.
+    reap_interval_seconds: float | None = None
+    reap_batch_size: int = 100
 
 
 class Worker:
@@ -98,38 +121,65 @@ class Worker:
     ) -> None:
         self.storage = storage
         self.config = config
+        self.policies = policies or PolicyBook()
         self.telemetry = telemetry or Telemetry()
         # A container host has no invocation deadline to cut a hung handler short, so handlers
-        # run on a helper thread and are abandoned when their timeout is spent.
+        # run on a helper thread and an overrunning one is left running, its task still held.
         self.runner = BatchRunner(
-            storage, policies, registry, self.telemetry, lease_seconds=config.lease_seconds,
+            storage, self.policies, registry, self.telemetry, lease_seconds=config.lease_seconds,
             abandon_overdue_handlers=True,
         )
         self.health = StorageHealth(log)
         self.ledger = HeartbeatLedger(storage, config.lease_seconds, self.health)
         self.stop_event = threading.Event()
+        #: None while running or after a requested stop; ``HANDLER_OVERRAN`` when the worker
+        #: stopped itself because a handler could not be stopped.
+        self.exit_reason: str | None = None
         self._known_queues: tuple[float, list[str]] = (-math.inf, [])
+        self._claim_loops_done = threading.Event()
 
     def run_forever(self) -> None:
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="rdq-heartbeat", daemon=True)
         heartbeat.start()
-        loops = [
+        threads = [
             threading.Thread(target=self._claim_loop, name=f"rdq-worker-{n}", daemon=True)
             for n in range(self.config.concurrency)
         ]
-        for loop in loops:
-            loop.start()
+        if self._reap_interval() > 0:
+            threads.append(threading.Thread(target=self._reap_loop, name="rdq-reaper", daemon=True))
+        for thread in threads:
+            thread.start()
         try:
-            while any(loop.is_alive() for loop in loops):
-                for loop in loops:
-                    loop.join(0.2)
+            while any(thread.is_alive() for thread in threads):
+                self._check_overruns()
+                for thread in threads:
+                    thread.join(0.1)
         finally:
             self.stop_event.set()
+            self._claim_loops_done.set()
             self.runner.close()
 
     def stop(self) -> None:
         """Finish the running task, release unstarted claims, settle, then return."""
         self.stop_event.set()
+
+    def overruns(self) -> list[Overrun]:
+        return self.runner.overruns()
+
+    def _check_overruns(self) -> None:
+        if self.stop_event.is_set():
+            return
+        now = time.monotonic()
+        hung = [o for o in self.runner.overruns() if now - o.overdue_since > self.config.overrun_grace_seconds]
+        if hung:
+            self.exit_reason = HANDLER_OVERRAN
+            log.error(
+                "handler(s) still running %gs past their timeout: %s; stopping this worker so its "
+                "process can be restarted (their tasks' leases then lapse and they are retried)",
+                self.config.overrun_grace_seconds,
+                ", ".join(f"{o.handler!r} (task {o.task_id}, timeout {o.timeout_seconds:g}s)" for o in hung),
+            )
+            self.stop_event.set()
 
     def run_once(self) -> int:
         """Claim and run one batch per queue; returns the number of tasks started."""
@@ -139,7 +189,6 @@ class Worker:
                 break
             claimed = self._claim(queue)
             if claimed:
-                self.ledger.hold(claimed)
                 started += self.runner.run(claimed, ledger=self.ledger, should_stop=self.stop_event.is_set).started
         return started
 
@@ -182,7 +231,34 @@ class Worker:
             if not started:
                 self.stop_event.wait(self.config.idle_poll_seconds)
 
-    def _heartbeat_loop(self) -> None:
-        interval = max(self.config.lease_seconds / 3, 0.05)
+    def _reap_interval(self) -> float:
+        if self.config.reap_interval_seconds is not None:
+            return self.config.reap_interval_seconds
+        return min(max(self.config.lease_seconds / 2, 0.5), 30.0)
+
+    def _reap_loop(self) -> None:
+        """Recover crashed workers' tasks: one bounded pass per interval. Fenced settles make
+        any number of workers reaping at once record exactly one LEASE_EXPIRED per lost lease."""
+        interval = self._reap_interval()
+        queues = list(self.config.queues) or [None]
         while not self.stop_event.wait(interval):
+            try:
+                for queue in queues:
+                    reap_expired_leases(self.storage, self.policies, batch_size=self.config.reap_batch_size,
+                                        deadline=time.monotonic() + interval, queue=queue,
+                                        telemetry=self.telemetry)
+            except StorageUnavailable as exc:
+                self.health.failed("reaper", exc)
+            except Exception:  # noqa: BLE001 - reaping is retried next pass
+                log.exception("unexpected error reaping expired leases; retrying in %gs", interval)
+
+    def _heartbeat_loop(self) -> None:
+        """Renews every held claim until the claim loops have ended *and* nothing is held: a
+        stopping worker still finishes its running tasks, and an overrunning handler keeps its
+        task until it returns or the process ends."""
+        interval = max(self.config.lease_seconds / 3, 0.05)
+        while True:
+            time.sleep(interval)
+            if self._claim_loops_done.is_set() and not self.ledger.held():
+                return
             self.ledger.beat()

@@ -65,6 +65,7 @@ _METRIC_NAMES = {
     "dead_lettered": ("DeadLettered", MetricUnit.Count),
     "lease_expired": ("LeaseExpired", MetricUnit.Count),
     "released": ("Released", MetricUnit.Count),
+    "too_long_for_worker": ("TooLongForWorker", MetricUnit.Count),
     "stale_settlements": ("StaleSettlements", MetricUnit.Count),
     "claim_latency_ms": ("ClaimLatency", MetricUnit.Milliseconds),
 }

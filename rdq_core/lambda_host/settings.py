@@ -38,6 +38,9 @@ class Settings:
     lease_grace_seconds: float = 30.0
     #: Kept free at the end of an invocation to settle and release before Lambda stops us.
     settle_reserve_seconds: float = 2.0
+    #: The worker function's timeout (``RDQ_WORKER_TIMEOUT_SECONDS``, set by the template);
+    #: 0: taken from the invocation's first remaining-time reading, rounded up.
+    worker_timeout_seconds: float = 0.0
     max_worker_concurrency: int = 4
     worker_function: str = ""
     wake_worker: bool = True
@@ -59,6 +62,7 @@ class Settings:
             batch_size=int(_number("RDQ_BATCH_SIZE", 10)),
             lease_grace_seconds=_number("RDQ_LEASE_GRACE_SECONDS", 30.0),
             settle_reserve_seconds=_number("RDQ_SETTLE_RESERVE_SECONDS", 2.0),
+            worker_timeout_seconds=_number("RDQ_WORKER_TIMEOUT_SECONDS", 0.0),
             max_worker_concurrency=max(1, int(_number("RDQ_MAX_WORKER_CONCURRENCY", 4))),
             worker_function=os.environ.get("RDQ_WORKER_FUNCTION", ""),
             wake_worker=_flag("RDQ_WAKE_WORKER", True),

@@ -6,12 +6,21 @@ certainly over, so the reaper can never take a task from a live worker; if the i
 (timeout, OOM), the reaper records LEASE_EXPIRED once the lease runs out.
 
 The engine's ``BatchRunner`` starts a task only if its handler's ``timeout_seconds`` fits before
-the deadline and releases the rest unstarted (no attempt spent). The worker keeps claiming while
-a round finds work and time remains.
+the deadline and releases the rest unstarted (no attempt spent). A task whose handler timeout
+can never fit any invocation of this function (function timeout minus the settle reserve) is
+dead-lettered on its first claim (``rdq.TimeoutExceedsWorker``) with a WARNING, so it cannot
+sit at the head of a queue being claimed and released forever. The worker keeps claiming while
+a round makes progress and time remains.
+
+Outcomes are settled within ``settle_interval`` of each task, and at the deadline (the
+invocation's end minus the settle reserve) everything buffered is settled and every unstarted
+claim released, even while a handler is still running: a handler that overruns the invocation
+costs only its own task (LEASE_EXPIRED once its lease ends), never its batch neighbours.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Mapping
 
@@ -40,14 +49,18 @@ def _requested_queues(event: Mapping[str, Any]) -> tuple[str, ...]:
 def run_worker_invocation(event: Mapping[str, Any], context: Any, settings: Settings | None = None) -> dict[str, Any]:
     """The worker's whole job for one invocation; returns a summary (also logged)."""
     settings = settings or Settings.from_env()
-    invocation_end = time.monotonic() + context.get_remaining_time_in_millis() / 1000.0
+    remaining_ms = context.get_remaining_time_in_millis()
+    invocation_end = time.monotonic() + remaining_ms / 1000.0
+    # Lambda timeouts are whole seconds, so rounding the first reading up recovers the function
+    # timeout when the template did not pass it.
+    function_timeout = settings.worker_timeout_seconds or math.ceil(remaining_ms / 1000.0)
     work_deadline = invocation_end - settings.settle_reserve_seconds
     registry.load_modules(settings.handler_modules)
     storage = shared_storage(settings)
     telemetry = MetricsTelemetry()
 
     queues = settings.queues or _requested_queues(event) or tuple(storage.list_queues())
-    summary: dict[str, Any] = {"queues": list(queues), "claimed": 0, "started": 0, "released": 0, "outcomes": {}, "fanned_out": 0}
+    summary: dict[str, Any] = {"queues": list(queues), "claimed": 0, "started": 0, "released": 0, "too_long": 0, "outcomes": {}, "fanned_out": 0}
     if not queues:
         return summary
 
@@ -57,9 +70,12 @@ def run_worker_invocation(event: Mapping[str, Any], context: Any, settings: Sett
     runner = BatchRunner(
         storage, settings.policy_book(), LoggedRegistry(registry), telemetry,
         lease_seconds=_lease_seconds(invocation_end, settings),
+        longest_run_seconds=function_timeout - settings.settle_reserve_seconds,
+        longest_run_reason=f"the worker function's {function_timeout:g}s timeout minus its "
+                           f"{settings.settle_reserve_seconds:g}s settle reserve",
     )
     while time.monotonic() < work_deadline:
-        claimed_this_round = started_this_round = 0
+        claimed_this_round = progress_this_round = 0
         for queue in queues:
             if time.monotonic() >= work_deadline:
                 break
@@ -73,15 +89,17 @@ def run_worker_invocation(event: Mapping[str, Any], context: Any, settings: Sett
                 continue
             report = runner.run(claimed, deadline=work_deadline)
             claimed_this_round += len(claimed)
-            started_this_round += report.started
+            # Dead-lettering a task that can never fit is progress too: the tasks behind it run.
+            progress_this_round += report.started + report.too_long
+            summary["started"] += report.started
             summary["released"] += report.released
+            summary["too_long"] += report.too_long
             for outcome, n in report.outcomes.items():
                 summary["outcomes"][outcome] = summary["outcomes"].get(outcome, 0) + n
         summary["claimed"] += claimed_this_round
-        summary["started"] += started_this_round
         # Stop when the queues are drained, or when nothing claimed could start (too little
         # time left for its handler): claiming again would only release it again.
-        if claimed_this_round == 0 or started_this_round == 0:
+        if claimed_this_round == 0 or progress_this_round == 0:
             break
     # A tick that found nothing is the common case; keep it out of the INFO log.
     (logger.info if summary["claimed"] else logger.debug)("worker invocation done", extra={"summary": summary})

@@ -30,7 +30,8 @@ def client(store_url) -> Client:
     return Client(connection.shared_storage())
 
 
-def test_scheduled_worker_runs_what_fits_and_releases_what_does_not(client, lambda_context, capsys):
+def test_scheduled_worker_runs_what_fits_and_releases_what_does_not_fit_the_time_left(client, lambda_context, monkeypatch, capsys):
+    monkeypatch.setenv("RDQ_WORKER_TIMEOUT_SECONDS", "30")  # a 30 s function, 10 s of it left
     for n in range(3):
         client.enqueue("emails", "quick", {"n": n}, id=f"quick-{n}")
     client.enqueue("emails", "needs-twenty-seconds", id="long-1")
@@ -43,10 +44,30 @@ def test_scheduled_worker_runs_what_fits_and_releases_what_does_not(client, lamb
         task = client.get(f"quick-{n}")
         assert task.status.value == "SUCCEEDED" and task.result == {"echo": {"n": n}, "attempt": 1}
     long_task = client.get("long-1")
-    assert long_task.status.value == "PENDING", "released, not failed"
+    assert long_task.status.value == "PENDING", "released, not failed: a fresh invocation has time for it"
     assert long_task.attempt_count == 0 and long_task.attempts == (), "a release spends no attempt"
     emf = capsys.readouterr().out
     assert '"Claimed"' in emf and '"Succeeded"' in emf and '"Released"' in emf
+
+
+def test_a_task_that_can_never_fit_the_function_is_dead_lettered_and_the_rest_runs(client, lambda_context, caplog):
+    # A batch's worth of tasks that need 20 s, at the head of the queue, in a 10 s function.
+    for n in range(12):
+        client.enqueue("emails", "needs-twenty-seconds", id=f"long-{n}")
+    for n in range(3):
+        client.enqueue("emails", "quick", {"n": n}, id=f"quick-{n}")
+
+    summary = worker.lambda_handler(load_event("worker-scheduled"), lambda_context("rdq-worker", 10))
+
+    assert summary["too_long"] == 12 and summary["outcomes"] == {"SUCCESS": 3}, summary
+    for n in range(3):
+        assert client.get(f"quick-{n}").status.value == "SUCCEEDED"
+    dead = client.get("long-0")
+    assert dead.status.value == "DEAD"
+    (attempt,) = dead.attempts
+    assert attempt.error.type == "rdq.TimeoutExceedsWorker"
+    assert "timeout_seconds=20" in attempt.error.message and "10s timeout" in attempt.error.message
+    assert any(r.levelname == "WARNING" and "long-0" in r.getMessage() for r in caplog.records)
 
 
 def test_lease_is_the_invocations_remaining_time_plus_grace(client, lambda_context, monkeypatch):
