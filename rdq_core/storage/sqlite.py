@@ -5,21 +5,26 @@ a claim (``UPDATE … RETURNING`` over the oldest due rows) is atomic against ev
 on the machine. The clock is read *while holding that lock*, which makes timestamps (and so the
 DLQ order) monotonic in commit order. Times are stored as integer microseconds since the epoch.
 
-WAL mode lets readers proceed during writes; ``busy_timeout`` makes writers queue instead of
-failing. SQLite has no network, so "round trips" here are statements, counted all the same.
+WAL mode lets readers proceed during writes; the busy timeout makes writers queue instead of
+failing, for a bounded time (``sqlite:///rdq.db?timeout=5``, seconds, default 30, at most 300):
+past it a call raises ``StorageUnavailable`` like a network backend that cannot be reached, so
+a writer stuck behind a held lock can never hang a claim loop. SQLite has no network, so
+"round trips" here are statements, counted all the same.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import sqlite3
 import threading
 import time
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Iterator, Sequence
-from urllib.parse import unquote, urlsplit
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..errors import StaleClaim, StorageUnavailable, TaskConflict, TaskNotFound
 from ..model import (
@@ -38,7 +43,49 @@ from ..model import (
     Task,
     TaskStatus,
 )
-from .spi import Storage, decode_dead_cursor, encode_dead_cursor, from_micros, to_micros
+from .spi import (
+    Storage,
+    decode_dead_cursor,
+    encode_dead_cursor,
+    from_micros,
+    storable_error,
+    storable_json,
+    to_micros,
+)
+
+#: Seconds a writer waits for SQLite's write lock before the call fails as StorageUnavailable.
+DEFAULT_BUSY_TIMEOUT = 30.0
+#: The URL may lower or raise the busy timeout, but never make it unbounded.
+MAX_BUSY_TIMEOUT = 300.0
+
+# SQLite result codes that mean "the store cannot serve this right now" (another process holds
+# the lock, the disk failed or filled up) rather than a bug in a statement.
+_UNAVAILABLE_CODES = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_FULL", "SQLITE_PROTOCOL")
+
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
+def _unavailable(exc: sqlite3.Error) -> bool:
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    if name:
+        return name.startswith(_UNAVAILABLE_CODES)
+    text = str(exc).lower()  # Python < 3.11 has no error names
+    return "locked" in text or "busy" in text or "disk i/o" in text or "unable to open" in text
+
+
+def _bounded(method: _Fn) -> _Fn:
+    """Lock waits that ran out and I/O failures surface as the SPI's retryable StorageUnavailable."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except sqlite3.OperationalError as exc:
+            if _unavailable(exc):
+                raise StorageUnavailable(f"sqlite: {exc}") from exc
+            raise
+
+    return wrapper  # type: ignore[return-value]
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: tasks, attempts, and the partial indexes that keep claim/reap/DLQ cost per batch.
@@ -134,12 +181,20 @@ SELECT a.value ->> '$.id',
 class SQLiteStorage(Storage):
     schemes = ("sqlite",)
 
-    def __init__(self, url: str, *, busy_timeout_seconds: float = 30.0) -> None:
+    def __init__(self, url: str, *, busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT) -> None:
         parts = urlsplit(url)
         path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
         if not path or path == ":memory:":
             raise ValueError("sqlite URL needs a file path: sqlite:///relative.db or sqlite:////absolute.db")
         self.path = path
+        query = dict(parse_qsl(parts.query))
+        if "timeout" in query:
+            try:
+                busy_timeout_seconds = float(query["timeout"])
+            except ValueError:
+                raise ValueError(f"sqlite URL: timeout must be seconds, got {query['timeout']!r}") from None
+        if not (math.isfinite(busy_timeout_seconds) and 0 <= busy_timeout_seconds <= MAX_BUSY_TIMEOUT):
+            raise ValueError(f"sqlite busy timeout must be between 0 and {MAX_BUSY_TIMEOUT:g} seconds")
         self.busy_timeout_seconds = busy_timeout_seconds
         self._local = threading.local()
         self._all_connections: list[sqlite3.Connection] = []
@@ -182,14 +237,23 @@ class SQLiteStorage(Storage):
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        else:
+        try:
             conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            # A COMMIT that failed leaves the transaction open on this thread's connection:
+            # roll it back so the next call can begin, and report the write as not done.
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError) and _unavailable(exc):
+                raise StorageUnavailable(f"sqlite: {exc}") from exc
+            raise
 
     def _execute(self, conn: sqlite3.Connection, sql: str, params: Any = ()) -> sqlite3.Cursor:
         self.round_trips += 1
         return conn.execute(sql, params)
 
     # -- lifecycle -------------------------------------------------------------------------
+    @_bounded
     def migrate(self) -> None:
         with self._write() as (conn, _):
             version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -209,6 +273,7 @@ class SQLiteStorage(Storage):
         return from_micros(_now_micros())
 
     # -- producer --------------------------------------------------------------------------
+    @_bounded
     def enqueue(self, tasks: Sequence[NewTask], *, connection: Any = None) -> list[EnqueueResult]:
         if connection is not None:
             raise TypeError("the SQLite backend cannot join a caller's transaction")
@@ -247,6 +312,7 @@ class SQLiteStorage(Storage):
         return results
 
     # -- worker ----------------------------------------------------------------------------
+    @_bounded
     def claim(self, queue: str, limit: int, lease_seconds: float) -> list[ClaimedTask]:
         with self._write() as (conn, now):
             rows = self._execute(
@@ -256,33 +322,40 @@ class SQLiteStorage(Storage):
         rows.sort(key=lambda r: (r[10], r[0]))
         return [_claimed_from_row(row) for row in rows]
 
+    @_bounded
     def extend_leases(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, datetime]:
         extended: dict[str, datetime] = {}
         with self._write() as (conn, now):
             until = now + int(lease_seconds * 1_000_000)
             for ref in refs:
+                # MAX: an extension never moves an expiry earlier (a short heartbeat must not
+                # hand a long-leased task to the reaper); the stored value is what we report.
                 row = self._execute(
                     conn,
-                    "UPDATE rdq_tasks SET lease_expires_at = ?, updated_at = ? WHERE id = ? AND claim_token = ?"
-                    " AND status = 'IN_FLIGHT' RETURNING id",
+                    "UPDATE rdq_tasks SET lease_expires_at = MAX(lease_expires_at, ?), updated_at = ?"
+                    " WHERE id = ? AND claim_token = ? AND status = 'IN_FLIGHT' RETURNING lease_expires_at",
                     (until, now, ref.task_id, ref.claim_token),
                 ).fetchone()
                 if row:
-                    extended[ref.task_id] = from_micros(until)
+                    extended[ref.task_id] = from_micros(row[0])
         _raise_stale(refs, extended)
         return extended
 
+    @_bounded
     def settle(self, settlements: Sequence[Settlement]) -> None:
         by_id: dict[str, dict[str, Any]] = {}
         for item in settlements:
             if item.task_id in by_id:
                 continue  # one settle per claim: a repeat within the batch is refused below
-            error_json = _dumps(item.error.to_dict()) if item.error else None
+            # Text is repaired (lone surrogates -> U+FFFD) before it reaches sqlite3, which would
+            # otherwise fail the whole batch with a UnicodeEncodeError.
+            error = storable_error(item.error)
+            error_json = storable_json(error.to_dict()) if error else None
             by_id[item.task_id] = {
                 "id": item.task_id, "token": item.claim_token, "status": item.status.value,
                 "outcome": item.outcome.value, "delay_us": int(item.retry_delay_seconds * 1_000_000),
-                "result": _dumps(item.result) if item.status is TaskStatus.SUCCEEDED else None,
-                "error_type": item.error.type if item.error else None, "error": error_json,
+                "result": storable_json(item.result) if item.status is TaskStatus.SUCCEEDED else None,
+                "error_type": error.type if error else None, "error": error_json,
             }
         applied: set[str] = set()
         if by_id:
@@ -306,6 +379,7 @@ class SQLiteStorage(Storage):
         if refused:
             raise StaleClaim(refused)
 
+    @_bounded
     def release(self, refs: Sequence[ClaimRef]) -> None:
         released: set[str] = set()
         with self._write() as (conn, now):
@@ -321,6 +395,7 @@ class SQLiteStorage(Storage):
                     released.add(ref.task_id)
         _raise_stale(refs, released)
 
+    @_bounded
     def find_expired_leases(self, limit: int, queue: str | None = None) -> list[ClaimedTask]:
         conn = self._conn()
         now = _now_micros()
@@ -334,6 +409,7 @@ class SQLiteStorage(Storage):
         return [_claimed_from_row(row) for row in self._execute(conn, sql, params).fetchall()]
 
     # -- operator --------------------------------------------------------------------------
+    @_bounded
     def get(self, task_id: str) -> Task | None:
         conn = self._conn()
         rows = _select_tasks(conn, [task_id])
@@ -342,6 +418,7 @@ class SQLiteStorage(Storage):
             return None
         return _with_attempts(conn, [_task_from_row(rows[0])])[0]
 
+    @_bounded
     def cancel(self, task_id: str) -> Task:
         with self._write() as (conn, now):
             row = self._execute(
@@ -357,6 +434,7 @@ class SQLiteStorage(Storage):
                 raise TaskConflict(f"task {task_id!r} is {existing[0][5]}, only PENDING tasks can be cancelled")
         return _with_attempts(self._conn(), [_task_from_row(row)])[0]
 
+    @_bounded
     def list_dead(self, queue: str, *, limit: int, cursor: str | None = None, filter: DeadFilter = DeadFilter()) -> DeadPage:
         where, params = _dead_where(queue, filter)
         if cursor is not None:
@@ -376,6 +454,7 @@ class SQLiteStorage(Storage):
             next_cursor = encode_dead_cursor(queue, last.dead_at, last.id)
         return DeadPage(tuple(tasks), next_cursor)
 
+    @_bounded
     def redrive(self, queue: str, filter: DeadFilter) -> int:
         where, params = _dead_where(queue, filter)
         with self._write() as (conn, now):
@@ -387,11 +466,13 @@ class SQLiteStorage(Storage):
             )
             return cur.rowcount
 
+    @_bounded
     def purge_dead(self, queue: str, filter: DeadFilter) -> int:
         where, params = _dead_where(queue, filter)
         with self._write() as (conn, _):
             return self._execute(conn, f"DELETE FROM rdq_tasks WHERE {where}", params).rowcount
 
+    @_bounded
     def stats(self, queue: str) -> QueueStats:
         conn = self._conn()
         now = _now_micros()
@@ -413,10 +494,12 @@ class SQLiteStorage(Storage):
             oldest_pending_age_seconds=max(0.0, (now - oldest) / 1_000_000) if oldest is not None else 0.0,
         )
 
+    @_bounded
     def list_queues(self) -> list[str]:
         rows = self._execute(self._conn(), "SELECT DISTINCT queue FROM rdq_tasks ORDER BY queue").fetchall()
         return [r[0] for r in rows]
 
+    @_bounded
     def purge_succeeded(self, older_than_seconds: float, limit: int) -> int:
         with self._write() as (conn, now):
             cutoff = now - int(older_than_seconds * 1_000_000)
@@ -439,7 +522,8 @@ def _due_micros(task: NewTask, now: int) -> int:
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    # Repaired JSON text: sqlite3 encodes parameters as strict UTF-8.
+    return storable_json(value)
 
 
 def _select_tasks(conn: sqlite3.Connection, ids: Sequence[str]) -> list[tuple]:

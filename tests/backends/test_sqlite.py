@@ -47,3 +47,36 @@ def test_database_runs_in_wal_mode_with_real_constraints(tmp_path):
 def test_memory_urls_are_refused():
     with pytest.raises(ValueError):
         open_storage("sqlite:///:memory:")
+
+
+def test_a_held_write_lock_fails_the_call_within_the_url_busy_timeout(tmp_path):
+    """Another process holding SQLite's write lock must not hang a claim loop: past the busy
+    timeout (from the URL) the call raises StorageUnavailable, and the store works afterwards."""
+    import time
+
+    from rdq_core.errors import StorageUnavailable
+    from rdq_core.model import NewTask
+
+    store = open_storage(f"sqlite:///{tmp_path}/rdq.db?timeout=0.3")
+    store.migrate()
+    store.enqueue([NewTask(id="t1", queue="q", handler="h")])
+    holder = sqlite3.connect(tmp_path / "rdq.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        for call in (lambda: store.claim("q", 1, 30), lambda: store.enqueue([NewTask(id="t2", queue="q", handler="h")])):
+            started = time.monotonic()
+            with pytest.raises(StorageUnavailable):
+                call()
+            assert 0.25 <= time.monotonic() - started < 3
+        assert store.get("t1") is not None  # WAL readers are not blocked by the writer
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert [c.task.id for c in store.claim("q", 1, 30)] == ["t1"]
+    store.close()
+
+
+@pytest.mark.parametrize("timeout", ["-1", "nan", "inf", "301", "soon"])
+def test_busy_timeout_from_the_url_must_be_bounded(tmp_path, timeout):
+    with pytest.raises(ValueError):
+        open_storage(f"sqlite:///{tmp_path}/rdq.db?timeout={timeout}")
