@@ -23,6 +23,13 @@ Contract (held by the compliance kit, ``rdq_core.compliance``):
   returned by ``claim`` and ``find_expired_leases`` carry no attempt history (``attempts`` is
   empty): the engine never needs it there, and loading it would make claims cost per history
   row. ``get`` and ``list_dead`` return the full history.
+* **Text.** Strings in a ``Settlement`` (error type, message and stack; strings inside the
+  result) are stored with every lone UTF-16 surrogate replaced by U+FFFD (``storable_text``):
+  a handler that echoes an undecodable file name (``os.fsdecode(b"report-\\xff.csv")``) must
+  not make its batch fail with an encoding error on one backend and not on another.
+* **Bounded calls.** Every call either completes or raises ``StorageUnavailable`` within a
+  bounded time (connect, statement and socket timeouts, overridable from the URL), so a
+  half-open connection can never hang a claim loop.
 * **Idempotent enqueue.** An id that exists on the same queue is a no-op that returns the
   existing task (``created=False``) and changes nothing; on another queue it is a conflict.
 
@@ -46,6 +53,7 @@ from ..model import (
     DeadFilter,
     DeadPage,
     EnqueueResult,
+    ErrorInfo,
     NewTask,
     QueueStats,
     Settlement,
@@ -91,9 +99,13 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def extend_leases(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, datetime]:
-        """Set ``lease_expires_at = now + lease_seconds`` for each still-held claim.
+        """Set ``lease_expires_at = max(lease_expires_at, now + lease_seconds)`` for each
+        still-held claim, computed by the store in the same atomic step as the fence check.
 
-        Returns the new expiry per task id; raises ``StaleClaim`` for refused refs.
+        An extension never moves an expiry earlier: a short extension (a heartbeat that asks
+        for less than the lease still has left) leaves the lease as it is. Returns the
+        resulting expiry per task id -- the later of the two, as stored -- and raises
+        ``StaleClaim`` for refused refs (after applying the others).
         """
 
     @abc.abstractmethod
@@ -204,3 +216,36 @@ def from_micros(micros: int) -> datetime:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+# -- text every store can hold -----------------------------------------------------------------
+# Python strings may carry lone UTF-16 surrogates (os.fsdecode of undecodable bytes does that).
+# No store can encode them: SQLite and PostgreSQL want UTF-8, BSON too, jsonb rejects "\ud800".
+# Settlement text is diagnostic or a handler's result; storing U+FFFD in place of the broken
+# code point beats failing the whole batch.
+
+def storable_text(value: str) -> str:
+    """``value`` with each lone surrogate replaced by U+FFFD (a well-formed pair is joined)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return value
+
+
+def storable_json(value: Any) -> str:
+    """Compact JSON text of ``value`` (non-ASCII kept as is), made storable by ``storable_text``.
+
+    Repairing the encoded text fixes strings and object keys alike without walking the value.
+    """
+    return storable_text(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+
+
+def storable_error(error: ErrorInfo | None) -> ErrorInfo | None:
+    if error is None:
+        return None
+    return ErrorInfo(
+        type=storable_text(error.type),
+        message=storable_text(error.message or ""),
+        stack=None if error.stack is None else storable_text(error.stack),
+    )
