@@ -209,6 +209,7 @@ class BatchRunner:
                     batch.set_aside(item)
                     continue
                 report.started += 1
+                outcomes.watch_while_a_handler_runs()
                 settlement = self.execute(item, deadline, ledger)
                 if settlement is None:
                     # Overran its timeout: still running, its task still held (see execute).
@@ -440,6 +441,10 @@ class _BatchCursor:
         with self._lock:
             self._set_aside.append(item)
 
+    def has_unstarted(self) -> bool:
+        with self._lock:
+            return bool(self._set_aside) or self._next < len(self._items)
+
     def take_unstarted(self) -> list[ClaimedTask]:
         with self._lock:
             rest = self._set_aside + self._items[self._next:]
@@ -470,8 +475,15 @@ class _OutcomeBuffer:
         self._write_lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
-        self._thread = threading.Thread(target=self._watch, name="rdq-settle", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+
+    def watch_while_a_handler_runs(self) -> None:
+        """Called before each handler: from here on something may wait on it -- a buffered
+        outcome, or (with a deadline) unstarted claims -- so start the watcher if it is not
+        running. A batch of one task on Lambda, the common case at low load, needs no thread."""
+        if self._thread is None and (self._pending or (math.isfinite(self._deadline) and self._batch.has_unstarted())):
+            self._thread = threading.Thread(target=self._watch, name="rdq-settle", daemon=True)
+            self._thread.start()
 
     def add(self, settlement: Settlement) -> None:
         with self._lock:
@@ -494,7 +506,8 @@ class _OutcomeBuffer:
         with self._lock:
             self._closed = True
         self._wake.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         self.flush()
 
     def _watch(self) -> None:
