@@ -32,3 +32,14 @@ def report_lease(payload, ctx):
 
     task = shared_storage().get(ctx.task_id)
     return {"lease_expires_at": task.lease_expires_at.isoformat(), "remaining_seconds": ctx.remaining_seconds()}
+
+
+#: Set by a test to let ``overruns-the-invocation`` return.
+OVERRUN_RELEASE = __import__("threading").Event()
+
+
+@handler("overruns-the-invocation", timeout_seconds=1)
+def overruns_the_invocation(payload, ctx):
+    """Runs past its own timeout and past the invocation's end (until the test lets it go)."""
+    OVERRUN_RELEASE.wait(30)
+    return {"late": True}

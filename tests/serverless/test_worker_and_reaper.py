@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from datetime import datetime
 from typing import Any
@@ -68,6 +69,30 @@ def test_a_task_that_can_never_fit_the_function_is_dead_lettered_and_the_rest_ru
     assert attempt.error.type == "rdq.TimeoutExceedsWorker"
     assert "timeout_seconds=20" in attempt.error.message and "10s timeout" in attempt.error.message
     assert any(r.levelname == "WARNING" and "long-0" in r.getMessage() for r in caplog.records)
+
+
+def test_a_handler_overrunning_the_invocation_costs_only_its_own_task(client, lambda_context):
+    from rdq_core.compliance.runner_paths import enqueue_in_order
+    from rdq_core.compliance.support import wait_until
+
+    from . import sample_handlers
+
+    sample_handlers.OVERRUN_RELEASE.clear()
+    done, stuck, *behind = enqueue_in_order(client.storage, "emails", ["quick", "overruns-the-invocation"] + ["quick"] * 3)
+    invocation = threading.Thread(
+        target=worker.lambda_handler, args=(load_event("worker-scheduled"), lambda_context("rdq-worker", 7)), daemon=True)
+    invocation.start()
+    try:
+        # The deadline (7 s minus the 2 s settle reserve) passes while the handler still runs:
+        # the success before it is in the store and the tasks behind it are released, so a
+        # Lambda timeout now would cost only the overrunning task.
+        wait_until(lambda: client.get(done).status.value == "SUCCEEDED"
+                   and all(client.get(t).status.value == "PENDING" for t in behind),
+                   timeout=10, what="the deadline to settle and release around the overrunning handler")
+        assert invocation.is_alive() and client.get(stuck).status.value == "IN_FLIGHT"
+    finally:
+        sample_handlers.OVERRUN_RELEASE.set()
+        invocation.join(30)
 
 
 def test_lease_is_the_invocations_remaining_time_plus_grace(client, lambda_context, monkeypatch):
