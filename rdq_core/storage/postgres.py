@@ -19,24 +19,39 @@ idle ones wait in a list under a lock, so an instance can serve many threads.
 
 The URL is a plain libpq URL; ``?options=-csearch_path%3Dmyschema`` puts rdq's tables in a
 schema of their own (migrations create objects in the current schema).
+
+Every call is bounded in time (see ``_ConnectionPool``): ``connect_timeout`` (10 s), TCP
+keepalives and ``tcp_user_timeout``, and the session settings ``statement_timeout`` (30 s),
+``lock_timeout`` (10 s) and ``idle_in_transaction_session_timeout`` (60 s), each added only
+when the URL does not set it (``?options=-c%20statement_timeout%3D5s``; with
+``?rdq_session_timeouts=off`` none is sent, for poolers that refuse startup options). The
+server's own timeout needs the server to hear about the statement, so a client-side watchdog
+also drops a connection whose statement has not answered a little after
+``statement_timeout``: a half-open connection raises ``StorageUnavailable`` instead of
+hanging a claim loop.
 """
 
 from __future__ import annotations
 
-import json
+import heapq
+import itertools
 import logging
 import math
+import os
 import re
 import select
+import socket
 import threading
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
@@ -58,7 +73,7 @@ from ..model import (
     Task,
     TaskStatus,
 )
-from .spi import Storage, decode_dead_cursor, encode_dead_cursor, from_micros
+from .spi import Storage, decode_dead_cursor, encode_dead_cursor, from_micros, storable_json, storable_text
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +82,27 @@ _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 #: Seconds to wait for a new connection unless the URL says otherwise (libpq waits forever).
 DEFAULT_CONNECT_TIMEOUT = 10
+#: Session settings sent at connect (startup ``options``) unless the URL's ``options`` set them.
+#: Far above any statement rdq runs (milliseconds), low enough that nothing waits forever.
+DEFAULT_SESSION_TIMEOUTS = {
+    "statement_timeout": "30s",
+    "lock_timeout": "10s",
+    "idle_in_transaction_session_timeout": "60s",
+}
+#: libpq TCP settings unless the URL sets them: a peer that vanished (host down, NAT state
+#: dropped) is detected within about a minute instead of the kernel's two hours.
+DEFAULT_TCP_SETTINGS = {
+    "keepalives": "1",
+    "keepalives_idle": "30",
+    "keepalives_interval": "10",
+    "keepalives_count": "3",
+}
+#: Milliseconds sent data may stay unacknowledged before the kernel drops the connection
+#: (libpq 12+; ignored on Unix sockets).
+DEFAULT_TCP_USER_TIMEOUT_MS = 30_000
+#: The client gives up on a statement this long after the server should have (statement_timeout):
+#: a quarter of it, between 1 and 5 seconds.
+CLIENT_DEADLINE_GRACE = (0.25, 1.0, 5.0)
 #: Idle connections kept per instance; more concurrent callers get extra, short-lived ones.
 MAX_IDLE_CONNECTIONS = 16
 #: Dropped-connection notices closer together than this belong to one incident: logged once.
@@ -193,10 +229,12 @@ WITH ref AS (
          WITH ORDINALITY AS ref(task_id, claim_token, ord)
 )"""
 
-# A ref is honoured only while its token still owns an IN_FLIGHT task (fencing).
+# A ref is honoured only while its token still owns an IN_FLIGHT task (fencing). GREATEST: an
+# extension never moves an expiry earlier (a short heartbeat must not hand a long-leased task to
+# the reaper); RETURNING reports the expiry as stored.
 EXTEND_LEASES_SQL = _FENCE_INPUT + f"""
 UPDATE rdq_tasks AS t
-SET lease_expires_at = now() + %(lease_seconds)s * interval '1 second',
+SET lease_expires_at = GREATEST(t.lease_expires_at, now() + %(lease_seconds)s * interval '1 second'),
     updated_at = now()
 FROM ref
 WHERE {LOCK_BATCH_IN_ID_ORDER}
@@ -357,6 +395,186 @@ WHERE id IN (
 
 # -- connections ------------------------------------------------------------------------------
 
+_SESSION_OPTION = re.compile(r"^(?:-c|--)?([A-Za-z_][A-Za-z0-9_.-]*)=(.*)$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|min|h|d)?\s*$")
+_DURATION_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _session_options(options: str) -> dict[str, str]:
+    """``-c name=value`` / ``-cname=value`` / ``--name=value`` settings in a libpq ``options``
+    string (whitespace-separated, backslash escapes a space), by lower-case name."""
+    tokens, current, escaped = [], [], False
+    for char in options:
+        if escaped:
+            current.append(char)
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char.isspace():
+            if current:
+                tokens.append("".join(current))
+                current = []
+        else:
+            current.append(char)
+    if current:
+        tokens.append("".join(current))
+    settings: dict[str, str] = {}
+    for i, token in enumerate(tokens):
+        if token == "-c":
+            continue
+        if not (token.startswith(("-c", "--")) or (i > 0 and tokens[i - 1] == "-c")):
+            continue
+        match = _SESSION_OPTION.match(token)
+        if match:
+            settings[match.group(1).lower().replace("-", "_")] = match.group(2)
+    return settings
+
+
+def _duration_seconds(value: str) -> float | None:
+    """A PostgreSQL time setting (``"30s"``, ``"500ms"``, ``"5000"`` = ms) in seconds, or None."""
+    match = _DURATION.match(value)
+    if not match:
+        return None
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2) or "ms"]
+
+
+def _client_deadline(statement_timeout: str) -> float | None:
+    """Seconds the client waits for a statement before dropping the connection; None when the
+    URL turned statement_timeout off (0) -- then only TCP settings bound a call."""
+    seconds = _duration_seconds(statement_timeout)
+    if seconds is None:  # a unit this parser does not know: the server validates it; use ours
+        seconds = _duration_seconds(DEFAULT_SESSION_TIMEOUTS["statement_timeout"])
+    if seconds == 0:
+        return None
+    share, low, high = CLIENT_DEADLINE_GRACE
+    return seconds + min(high, max(low, seconds * share))
+
+
+#: URL parameter (rdq's own, removed before libpq sees the URL): ``off`` sends no session
+#: settings at connect, for poolers that refuse the startup ``options`` parameter (PgBouncer
+#: without ``ignore_startup_parameters = options``). The client-side deadline still applies.
+SESSION_TIMEOUTS_PARAM = "rdq_session_timeouts"
+
+
+def _bounded_connect_kwargs(conninfo: str) -> tuple[str, dict[str, Any], float | None]:
+    """The conninfo for libpq, the connect arguments that bound every call (only those the URL
+    does not set itself), and the client-side statement deadline that goes with them."""
+    send_session_settings = True
+    parts = urlsplit(conninfo)
+    if parts.scheme in ("postgresql", "postgres") and SESSION_TIMEOUTS_PARAM in parts.query:
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        flags = [value.lower() for name, value in query if name == SESSION_TIMEOUTS_PARAM]
+        send_session_settings = flags[-1] not in ("off", "0", "false", "no")
+        rest = [(name, value) for name, value in query if name != SESSION_TIMEOUTS_PARAM]
+        conninfo = urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote)))
+    params = conninfo_to_dict(conninfo)
+    kwargs: dict[str, Any] = {}
+    if "connect_timeout" not in params:
+        kwargs["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT
+    for name, value in DEFAULT_TCP_SETTINGS.items():
+        if name not in params:
+            kwargs[name] = value
+    if "tcp_user_timeout" not in params and pq.version() >= 120000:
+        kwargs["tcp_user_timeout"] = DEFAULT_TCP_USER_TIMEOUT_MS
+    options = str(params.get("options") or "")
+    present = _session_options(options)
+    added = [f"-c {name}={value}" for name, value in DEFAULT_SESSION_TIMEOUTS.items() if name not in present]
+    if added and send_session_settings:
+        kwargs["options"] = " ".join(([options] if options.strip() else []) + added)
+    statement_timeout = present.get("statement_timeout", DEFAULT_SESSION_TIMEOUTS["statement_timeout"])
+    return conninfo, kwargs, _client_deadline(statement_timeout)
+
+
+class _Watch:
+    __slots__ = ("conn", "seconds", "deadline", "active", "fired")
+
+    def __init__(self, conn: psycopg.Connection, seconds: float) -> None:
+        self.conn, self.seconds = conn, seconds
+        self.deadline = time.monotonic() + seconds
+        self.active, self.fired = True, False
+
+
+class _Watchdog:
+    """One daemon thread that cuts off calls whose statement has not answered in time.
+
+    ``statement_timeout`` only works when the server hears the statement: through a half-open
+    connection (a NAT that dropped its state, a proxy or server host that froze) libpq would
+    wait for a reply forever. Shutting the socket down makes libpq's pending read fail at once,
+    psycopg raises OperationalError, and the backend reports StorageUnavailable.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, _Watch]] = []
+        self._order = itertools.count()
+        self._by_conn: dict[int, _Watch] = {}
+        self._thread: threading.Thread | None = None
+
+    def watch(self, conn: psycopg.Connection, seconds: float) -> _Watch:
+        watch = _Watch(conn, seconds)
+        with self._cond:
+            self._by_conn[id(conn)] = watch
+            heapq.heappush(self._heap, (watch.deadline, next(self._order), watch))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="rdq-pg-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return watch
+
+    def refresh(self, conn: psycopg.Connection) -> None:
+        """A new statement on a watched connection gets the full deadline again (a call may run
+        a few). Connections not watched (a caller's own) are left alone."""
+        with self._cond:
+            watch = self._by_conn.get(id(conn))
+            if watch is not None and watch.active:
+                watch.deadline = time.monotonic() + watch.seconds
+
+    def done(self, watch: _Watch) -> bool:
+        """Stop watching; True if the deadline had already cut the connection off."""
+        with self._cond:
+            watch.active = False
+            if self._by_conn.get(id(watch.conn)) is watch:
+                del self._by_conn[id(watch.conn)]
+            return watch.fired
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                while self._heap and not self._heap[0][2].active:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                due, _, watch = self._heap[0]
+                now = time.monotonic()
+                if due > now:
+                    self._cond.wait(due - now)
+                    continue
+                heapq.heappop(self._heap)
+                if watch.deadline > now:  # refreshed since it was queued
+                    heapq.heappush(self._heap, (watch.deadline, next(self._order), watch))
+                    continue
+                # Still under the lock: done() cannot return the connection (and its fd) meanwhile.
+                watch.fired = True
+                _shut_down_socket(watch.conn)
+
+
+def _shut_down_socket(conn: psycopg.Connection) -> None:
+    try:
+        duplicate = socket.socket(fileno=os.dup(conn.fileno()))
+    except (OSError, ValueError, psycopg.Error):
+        return
+    try:
+        duplicate.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        duplicate.close()
+
+
+_WATCHDOG = _Watchdog()
+
+
 class _ConnectionPool:
     """Idle autocommit connections in a list under a lock.
 
@@ -366,10 +584,7 @@ class _ConnectionPool:
     """
 
     def __init__(self, conninfo: str, max_idle: int) -> None:
-        self._conninfo = conninfo
-        self._connect_kwargs: dict[str, Any] = {}
-        if "connect_timeout" not in conninfo_to_dict(conninfo):
-            self._connect_kwargs["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT
+        self._conninfo, self._connect_kwargs, self.statement_deadline = _bounded_connect_kwargs(conninfo)
         self._max_idle = max_idle
         self._idle: list[psycopg.Connection] = []
         self._lock = threading.Lock()
@@ -455,17 +670,30 @@ class PostgresStorage(Storage):
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection]:
         conn = self._pool.acquire()
+        deadline = self._pool.statement_deadline
+        watch = _WATCHDOG.watch(conn, deadline) if deadline is not None else None
+        cut_off = False
         try:
             yield conn
         except psycopg.OperationalError as exc:
+            cut_off = watch is not None and _WATCHDOG.done(watch)
+            if cut_off:
+                raise StorageUnavailable(
+                    f"PostgreSQL did not answer within {deadline:g}s; connection dropped") from exc
             raise StorageUnavailable(f"PostgreSQL operation failed: {exc}") from exc
         finally:
-            self._pool.give_back(conn)
+            if watch is not None:
+                cut_off = _WATCHDOG.done(watch) or cut_off
+            if cut_off:
+                conn.close()  # its socket is shut down: never hand it out again
+            else:
+                self._pool.give_back(conn)
 
     def _execute(self, conn: psycopg.Connection, sql: str, params: Mapping[str, Any] | None = None):
         """Send one statement (one round trip) and return its cursor, rows already fetched."""
         with self._round_trip_lock:
             self.round_trips += 1
+        _WATCHDOG.refresh(conn)
         cursor = conn.cursor(row_factory=dict_row)
         cursor.execute(sql, params)
         return cursor
@@ -508,10 +736,11 @@ class PostgresStorage(Storage):
             "ids": [t.id for t in tasks],
             "queues": [t.queue for t in tasks],
             "handlers": [t.handler for t in tasks],
-            "payloads": [json.dumps(t.payload) for t in tasks],
-            "headers": [json.dumps(dict(t.headers)) for t in tasks],
+            # JSON as UTF-8 text, lone surrogates repaired: jsonb rejects "\\ud800" escapes.
+            "payloads": [storable_json(t.payload) for t in tasks],
+            "headers": [storable_json(dict(t.headers)) for t in tasks],
             "max_attempts": [t.max_attempts for t in tasks],
-            "backoffs": [json.dumps(t.backoff.to_dict()) if t.backoff else None for t in tasks],
+            "backoffs": [storable_json(t.backoff.to_dict()) if t.backoff else None for t in tasks],
             "delays": [float(t.delay_seconds or 0.0) for t in tasks],
             "run_ats": [_as_utc(t.run_at) for t in tasks],
         }
@@ -596,9 +825,14 @@ class PostgresStorage(Storage):
             "statuses": [TaskStatus(s.status).value for s in settlements],
             "retry_delays": [float(s.retry_delay_seconds or 0.0) for s in settlements],
             "errors": [_error_json(s.error) for s in settlements],
-            "results": [json.dumps(s.result) for s in settlements],
+            "results": [storable_json(s.result) for s in settlements],
         }
-        rows = self._fetch_all(SETTLE_SQL, params)
+        try:
+            rows = self._fetch_all(SETTLE_SQL, params)
+        except (pg_errors.DataError, UnicodeEncodeError) as exc:
+            # A value jsonb cannot hold (a NUL inside a result string): the single statement
+            # wrote nothing. Classified, so the caller can tell bad input from a bug.
+            raise InvalidInput(f"settlement not storable in PostgreSQL: {exc}") from exc
         _raise_for_refused(settlements, {row["ord"] for row in rows}, key=lambda s: s.task_id)
 
     def release(self, refs: Sequence[ClaimRef]) -> None:
@@ -712,12 +946,13 @@ def _dead_selection(queue: str, filter: DeadFilter) -> tuple[str, dict[str, Any]
 
 
 def _error_json(error: ErrorInfo | None) -> str | None:
-    """jsonb cannot hold U+0000; an error text carrying one must not sink the whole settle batch,
-    so it is replaced (the text is diagnostic, unlike payloads and results)."""
+    """jsonb cannot hold U+0000 nor a lone surrogate ("\\ud800"); an error text carrying one must
+    not sink the whole settle batch, so each becomes U+FFFD (the text is diagnostic). The JSON
+    is sent as UTF-8 text (ensure_ascii off), so the repair sees the real code points."""
     if error is None:
         return None
-    return json.dumps(
-        {key: value.replace("\x00", "\ufffd") if isinstance(value, str) else value
+    return storable_json(
+        {key: storable_text(value).replace("\x00", "\ufffd") if isinstance(value, str) else value
          for key, value in error.to_dict().items()}
     )
 

@@ -13,7 +13,7 @@ import threading
 import time
 from collections import Counter
 from datetime import timedelta
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import pytest
 
@@ -461,6 +461,15 @@ def test_error_text_with_nul_does_not_sink_the_settle(storage):
     assert storage.get(c.task.id).last_error == ErrorInfo("Bin", "a\ufffdb", "s\ufffd")
 
 
+def test_a_result_jsonb_cannot_hold_is_invalid_input_and_writes_nothing(storage):
+    storage.enqueue(new_tasks(2))
+    a, b = storage.claim("q", 2, 60)
+    with pytest.raises(InvalidInput):
+        storage.settle([Settlement(a.task.id, a.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED, result="ok"),
+                        Settlement(b.task.id, b.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED, result="a\x00b")])
+    assert {storage.get(c.task.id).status for c in (a, b)} == {TaskStatus.IN_FLIGHT}
+
+
 def test_release_spends_no_attempt(storage):
     storage.enqueue(new_tasks(1))
     original = storage.get("t00000")
@@ -653,3 +662,93 @@ def test_client_enqueue_commits_with_the_business_write_or_not_at_all(storage, s
         client.enqueue("emails", "send_email", {"order": "o-2"}, id="mail-o-2", connection=conn)
         conn.commit()
     assert client.get("mail-o-2").payload == {"order": "o-2"}
+
+
+# -- every call is bounded in time --------------------------------------------------------------
+
+def _through(proxy, url: str, **query: str) -> str:
+    """``url`` re-aimed at the proxy's port, with extra query parameters."""
+    parts = urlsplit(url)
+    merged = dict(parse_qsl(parts.query))
+    for name, value in query.items():
+        merged[name] = f"{merged[name]} {value}" if name == "options" and name in merged else value
+    # quote, not quote_plus: libpq does not read "+" as a space.
+    return urlunsplit(parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{proxy.port}",
+                                     query=urlencode(merged, quote_via=quote)))
+
+
+def test_session_timeouts_and_tcp_settings_default_and_yield_to_the_url(storage_url):
+    store = PostgresStorage(storage_url)
+    try:
+        shown = {name: store._fetch_all(f"SHOW {name}")[0][name]
+                 for name in ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")}
+        assert shown == {"statement_timeout": "30s", "lock_timeout": "10s", "idle_in_transaction_session_timeout": "1min"}
+        with store._connection() as conn:
+            params = conn.info.get_parameters()
+        assert (params["keepalives"], params["keepalives_idle"], params["connect_timeout"]) == ("1", "30", "10")
+        assert store._fetch_all("SHOW search_path")[0]["search_path"] == dict(parse_qsl(urlsplit(storage_url).query))["options"].split("=", 1)[1]
+    finally:
+        store.close()
+    custom = url_with_search_path(storage_url, "public").replace("options=", "options=-c%20statement_timeout%3D2s%20", 1)
+    custom += "&keepalives_idle=7&connect_timeout=3"
+    store = PostgresStorage(custom)
+    try:
+        assert store._fetch_all("SHOW statement_timeout")[0]["statement_timeout"] == "2s"
+        with store._connection() as conn:
+            params = conn.info.get_parameters()
+        assert (params["keepalives_idle"], params["connect_timeout"]) == ("7", "3")
+        assert store._pool.statement_deadline == 3.0  # 2 s + a quarter, at least 1 s
+    finally:
+        store.close()
+    # For a pooler that refuses startup options: nothing sent, the client deadline stays.
+    store = PostgresStorage(storage_url + "&rdq_session_timeouts=off")
+    try:
+        assert store._fetch_all("SHOW lock_timeout")[0]["lock_timeout"] == "0"
+        assert store._pool.statement_deadline == 35.0
+        assert "rdq_session_timeouts" not in store._pool._conninfo
+    finally:
+        store.close()
+
+
+def test_a_half_open_connection_raises_storage_unavailable_within_the_statement_deadline(storage_url):
+    from tests.backends.stall_proxy import StallingProxy
+
+    with StallingProxy("127.0.0.1", urlsplit(storage_url).port or 5432) as proxy:
+        store = PostgresStorage(_through(proxy, storage_url, options="-c statement_timeout=500ms", connect_timeout="1"))
+        try:
+            store.migrate()
+            store.enqueue(new_tasks(1))
+            proxy.stall()  # the pooled connection stays open; nothing answers any more
+            started = time.monotonic()
+            with pytest.raises(StorageUnavailable, match="did not answer"):
+                store.claim("q", 1, 30)
+            assert time.monotonic() - started < 5  # 0.5 s statement_timeout + 1 s grace
+            # The cut-off connection was dropped; a new one cannot get through either.
+            started = time.monotonic()
+            with pytest.raises(StorageUnavailable, match="connect"):
+                store.get("t00000")
+            assert time.monotonic() - started < 6
+        finally:
+            proxy.close()  # first: closing the store must not wait on the stalled peer
+            store.close()
+
+
+def test_a_server_that_never_answers_the_handshake_is_storage_unavailable(storage_url):
+    from tests.backends.stall_proxy import StallingProxy
+
+    with StallingProxy("127.0.0.1", urlsplit(storage_url).port or 5432, stalled=True) as proxy:
+        store = PostgresStorage(_through(proxy, storage_url, connect_timeout="1"))
+        started = time.monotonic()
+        with pytest.raises(StorageUnavailable):
+            store.stats("q")
+        assert time.monotonic() - started < 6  # libpq may try twice (SSL, then plain)
+        store.close()
+
+
+def test_the_watchdog_never_cuts_off_a_statement_that_answers_in_time(storage):
+    storage.enqueue(new_tasks(3))
+    for _ in range(50):
+        assert len(storage.claim("q", 3, 30)) in (0, 3)
+    assert storage.stats("q").in_flight == 3
+    idle = list(storage._pool._idle)
+    assert idle and not any(conn.closed or conn.broken for conn in idle)  # reused, never cut off
