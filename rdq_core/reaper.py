@@ -19,7 +19,7 @@ from .errors import StaleClaim, StorageUnavailable
 from .model import Outcome, TaskStatus
 from .outage import ReconnectBackoff, StorageHealth
 from .retry import PolicyBook
-from .runner import LEASE_EXPIRED, truncated_error
+from .runner import LEASE_EXPIRED, log_outcome, truncated_error
 from .storage.spi import Storage
 from .telemetry import Telemetry
 
@@ -65,10 +65,12 @@ def reap_expired_leases(
         except StaleClaim as exc:
             # Another reaper got there first, or the worker renewed its lease in time.
             refused = set(exc.task_ids)
+        tasks = {item.task.id: item.task for item in expired}
         for s in settlements:
             if s.task_id in refused:
                 report.contended += 1
                 continue
+            log_outcome(tasks[s.task_id], s, policies, None)
             report.expired += 1
             if s.status is TaskStatus.DEAD:
                 report.dead_lettered += 1

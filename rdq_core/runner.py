@@ -36,13 +36,15 @@ from typing import Any, Callable, Sequence
 
 from .errors import InvalidInput, PermanentError, StaleClaim, StorageUnavailable
 from .handlers import HandlerRegistry, TaskContext, registry as default_registry
-from .model import ClaimedTask, ClaimRef, ErrorInfo, Outcome, Settlement, TaskStatus
+from .model import ClaimedTask, ClaimRef, ErrorInfo, Outcome, Settlement, Task, TaskStatus
 from .retry import PolicyBook
 from .storage.spi import Storage
 from .telemetry import Telemetry
 from .validation import Limits, json_value, repaired_text
 
 log = logging.getLogger("rdq.runner")
+#: One line per task outcome (``rdq worker``, ``rdq dev``, the Lambda worker, the reaper).
+task_log = logging.getLogger("rdq.task")
 
 UNKNOWN_HANDLER = "rdq.UnknownHandler"
 INVALID_RESULT = "rdq.InvalidResult"
@@ -210,12 +212,14 @@ class BatchRunner:
                     continue
                 report.started += 1
                 outcomes.watch_while_a_handler_runs()
+                began = self.clock()
                 settlement = self.execute(item, deadline, ledger)
                 if settlement is None:
                     # Overran its timeout: still running, its task still held (see execute).
                     report.abandoned += 1
                     continue
                 report.add(settlement.outcome)
+                log_outcome(item.task, settlement, self.policies, self.clock() - began)
                 # Buffered outcomes are durable within settle_interval even while the next
                 # handler runs (the buffer's own thread writes them), and the ledger renews
                 # their leases until then: a finished task is never reaped and run again.
@@ -257,8 +261,10 @@ class BatchRunner:
         )
         log.warning("dead-lettering task %s: %s", item.task.id, message)
         self.telemetry.count("too_long_for_worker")
-        return Settlement(item.task.id, item.claim_token, Outcome.PERMANENT_FAILURE, TaskStatus.DEAD,
-                          error=truncated_error(TIMEOUT_EXCEEDS_WORKER, message))
+        settlement = Settlement(item.task.id, item.claim_token, Outcome.PERMANENT_FAILURE, TaskStatus.DEAD,
+                                error=truncated_error(TIMEOUT_EXCEEDS_WORKER, message))
+        log_outcome(item.task, settlement, self.policies, None)
+        return settlement
 
     def _invoke(self, item: ClaimedTask, spec, ctx: TaskContext) -> Settlement:
         task = item.task
@@ -300,6 +306,7 @@ class BatchRunner:
                 late = state["overran"]
                 finished.set()
             if late:
+                log_outcome(item.task, settlement, self.policies, None)
                 try:
                     self._flush([settlement], BatchReport(), ledger)
                 finally:
@@ -530,6 +537,38 @@ class _OutcomeBuffer:
                 with self._write_lock:
                     self._runner._release(self._batch.take_unstarted(), self._report, self._ledger, self._deadline)
             self.flush()
+
+
+def log_outcome(task: Task, settlement: Settlement, policies: PolicyBook, seconds: float | None) -> None:
+    """One line per outcome: readable on a terminal, and every field in ``rdq_task`` for the
+    JSON formats. Dead-lettering is a WARNING: someone has to look at it."""
+    level = logging.WARNING if settlement.status is TaskStatus.DEAD else logging.INFO
+    if not task_log.isEnabledFor(level):  # the hot path of a drain: build nothing
+        return
+    error = settlement.error
+    fields = {
+        "task_id": task.id,
+        "queue": task.queue,
+        "handler": task.handler,
+        "try": task.attempt_count + 1,
+        "max_tries": policies.for_task(task).max_attempts,
+        "outcome": settlement.outcome.value,
+        "status": settlement.status.value,
+        "duration_ms": None if seconds is None else round(seconds * 1000, 1),
+        "error_type": error.type if error else None,
+    }
+    took = "" if seconds is None else f" in {_human_duration(seconds)}"
+    what = {TaskStatus.SUCCEEDED: "", TaskStatus.DEAD: "; dead-lettered"}.get(
+        settlement.status, f"; retry in {_human_duration(settlement.retry_delay_seconds)}")
+    because = f": {error.type}: {error.message[:200]}" if error else ""
+    task_log.log(
+        level, "%s %s/%s try %d/%d %s%s%s%s", task.id, task.queue, task.handler, fields["try"], fields["max_tries"],
+        settlement.outcome.value, took, because, what, extra={"rdq_task": fields},
+    )
+
+
+def _human_duration(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
 _SETTLED_METRIC = {TaskStatus.SUCCEEDED: "succeeded", TaskStatus.DEAD: "dead_lettered", TaskStatus.PENDING: "retried"}
