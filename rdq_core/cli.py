@@ -1,35 +1,48 @@
 """The ``rdq`` command line: the local host and the operator's tool.
 
-Exit codes: 0 ok, 1 storage unavailable or unexpected failure, 2 invalid input (usage),
-3 task not found, 4 conflict with the task's state. Errors go to stderr; ``--json`` output on
-stdout is stable and machine-readable.
+Exit codes: 0 ok, 1 storage unavailable or unexpected failure, 2 invalid input or
+configuration (usage), 3 task or queue not found, 4 conflict with the task's state, 130
+stopped at once by a second Ctrl-C. Errors go to stderr; ``--json`` output on stdout is stable
+and machine-readable.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
-from typing import Any, Sequence
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+from urllib.parse import urlsplit
 
 from .client import Client
 from .errors import InvalidInput, RdqError, StorageUnavailable, TaskConflict, TaskNotFound
 from .handlers import registry
 from .reaper import reap_expired_leases, reap_forever
+from .model import TaskStatus
 from .retry import policy_book_from_config
-from .storage import default_storage_url, open_storage
+from .storage import default_storage_url, open_storage, redact_url as _redact
+from .storage.spi import Storage
+from .validation import queue_name
 
 log = logging.getLogger("rdq.cli")
 
-EXIT_FAILURE, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_CONFLICT = 1, 2, 3, 4
+EXIT_FAILURE, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_STOPPED_AT_ONCE = 1, 2, 3, 4, 130
+
+#: Commands that may create a store; any other one says so when it would.
+CREATES_STORES = {"migrate", "dev"}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rdq", description="rdq: retries, a dead-letter queue and redrive on your own datastore.")
     parser.add_argument("--storage", metavar="URL", help="storage URL (default: $RDQ_STORAGE_URL, else sqlite:///rdq.db)")
+    parser.add_argument("--log-format", choices=("auto", "text", "json"), default=os.environ.get("RDQ_LOG_FORMAT", "auto"),
+                        help="log lines as text (default on a terminal) or JSON (default otherwise); $RDQ_LOG_FORMAT")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     commands.add_parser("migrate", help="create or upgrade the storage schema")
@@ -41,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = commands.add_parser("worker", help="a long-running worker (container hosts)")
     worker.add_argument("--handlers", metavar="MODULE[,MODULE]", default=os.environ.get("RDQ_HANDLERS"), required="RDQ_HANDLERS" not in os.environ)
-    worker.add_argument("--queues", metavar="Q[,Q]", help="queues to serve (default: every queue in the store)")
+    worker.add_argument("--queues", metavar="Q[,Q]", type=_queue_list, help="queues to serve (default: every queue in the store)")
     worker.add_argument("--batch", type=_positive_int, default=10, help="tasks per claim (default 10)")
     worker.add_argument("--lease", type=_positive_float, default=30.0, help="lease seconds, renewed by a heartbeat (default 30)")
     worker.add_argument("--concurrency", type=_positive_int, default=1, help="claim loops in this process (default 1)")
@@ -59,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue = commands.add_parser("enqueue", help="enqueue one task")
     enqueue.add_argument("queue")
     enqueue.add_argument("handler")
-    enqueue.add_argument("--payload", default="null", help="JSON payload (default null)")
+    enqueue.add_argument("--payload", default="null",
+                         help="JSON payload (default null); @FILE reads it from a file, - from standard input")
     enqueue.add_argument("--id")
     enqueue.add_argument("--delay", type=float, help="seconds before the task is due")
     enqueue.add_argument("--max-attempts", type=int)
@@ -73,8 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     show = task.add_parser("show", help="a task with its attempt history")
     show.add_argument("id")
     show.add_argument("--json", action="store_true")
-    cancel = task.add_parser("cancel", help="cancel a PENDING task")
-    cancel.add_argument("id")
+    show.add_argument("--wait", nargs="?", const="FINISHED", metavar="STATUS",
+                      help="first wait until the task is STATUS (PENDING, IN_FLIGHT, SUCCEEDED, DEAD, CANCELLED), "
+                           "or without STATUS until it is SUCCEEDED, DEAD or CANCELLED")
+    show.add_argument("--timeout", type=_positive_float, default=120.0, help="seconds --wait waits at most (default 120)")
+    cancel = task.add_parser("cancel", help="cancel PENDING tasks")
+    cancel.add_argument("ids", nargs="+", metavar="ID")
     cancel.add_argument("--json", action="store_true")
 
     dlq = commands.add_parser("dlq", help="the dead-letter queue").add_subparsers(dest="dlq_command", required=True)
@@ -95,19 +113,27 @@ def build_parser() -> argparse.ArgumentParser:
         action.add_argument("--all", action="store_true")
         action.add_argument("--error-type")
         action.add_argument("--handler", dest="filter_handler")
+        action.add_argument("--dry-run", action="store_true", help="say how many tasks match, change nothing")
+        if name == "purge":
+            action.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         action.add_argument("--json", action="store_true")
+
+    invoke = commands.add_parser("invoke", help="run one Lambda function locally with an event file (no Docker)")
+    invoke.add_argument("function", choices=("api", "worker", "reaper"))
+    invoke.add_argument("event", metavar="EVENT.json", help="e.g. events/api-enqueue.json; - reads standard input")
+    invoke.add_argument("--timeout", type=_positive_float, help="the function timeout to emulate (default: the template's)")
+    invoke.add_argument("--handlers", metavar="MODULE[,MODULE]", help="handler modules (default: $RDQ_HANDLERS, else the examples)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=os.environ.get("RDQ_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    _configure_logging(args.log_format)
     url = args.storage or default_storage_url()
     try:
+        _check_storage_url(url)
+        if args.command not in CREATES_STORES:
+            _note_new_sqlite_file(url)
         return COMMANDS[args.command](args, url) or 0
     except InvalidInput as exc:
         return _fail(exc, EXIT_INVALID)
@@ -117,8 +143,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(exc, EXIT_CONFLICT)
     except (StorageUnavailable, RdqError) as exc:
         return _fail(exc, EXIT_FAILURE)
+    except BrokenPipeError:
+        # `rdq dlq list q | head -1`: the reader has all it wanted. Say nothing more.
+        _silence_stdout()
+        return 0
     except KeyboardInterrupt:
-        return 130
+        return EXIT_STOPPED_AT_ONCE
     except Exception as exc:  # noqa: BLE001 - one clear line for the operator, not a traceback
         log.debug("unexpected failure", exc_info=True)
         return _fail(f"unexpected {type(exc).__name__}: {exc} (RDQ_LOG_LEVEL=DEBUG shows the traceback)", EXIT_FAILURE)
@@ -127,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # -- commands -------------------------------------------------------------------------------------
 
 def cmd_migrate(args: argparse.Namespace, url: str) -> int:
-    with open_storage(url) as storage:
+    with _open_storage(url) as storage:
         storage.migrate()
     print(f"migrated {_redact(url)}")
     return 0
@@ -140,31 +170,60 @@ def cmd_dev(args: argparse.Namespace, url: str) -> int:
         raise RdqError("rdq dev runs the Lambda handlers and needs the aws extra: python -m pip install -e '.[aws]'") from None
     from .devhost import run_dev
 
-    modules = args.handlers or os.environ.get("RDQ_HANDLERS")
-    run_dev(url, host=args.host, port=args.port, handler_modules=modules.split(",") if modules else None)
+    _check_storage_url(url)
+    modules = _module_list(args.handlers or os.environ.get("RDQ_HANDLERS"))
+    _import_handler_modules(modules)
+    try:
+        run_dev(url, host=args.host, port=args.port, handler_modules=modules or None)
+    except ValueError as exc:  # a configuration the dev host refuses (e.g. --host 0.0.0.0 without a token)
+        raise InvalidInput(str(exc), "--host") from None
+    except OSError as exc:
+        if exc.errno in (98, 48):  # EADDRINUSE (Linux, macOS)
+            raise InvalidInput(f"port {args.port} on {args.host} is already in use (another rdq dev?); "
+                               f"stop it or pass --port", "--port") from None
+        raise
     return 0
 
 
 def cmd_worker(args: argparse.Namespace, url: str) -> int:
     from .worker import HANDLER_OVERRAN, Worker, WorkerConfig
 
-    registry.load_modules(args.handlers)
-    queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else []
+    _import_handler_modules(_module_list(args.handlers))
+    queues = args.queues or []
     config = WorkerConfig(queues=queues, batch_size=args.batch, lease_seconds=args.lease, concurrency=args.concurrency,
                           overrun_grace_seconds=args.overrun_grace)
-    stop_requested: list[bool] = []
-    with open_storage(url) as storage:
+    signals = _SignalCount()
+    with _open_storage(url) as storage:
         worker = Worker(storage, config, policies=_policies())
-        _stop_on_signals(lambda: (stop_requested.append(True), worker.stop()))
-        log.info("worker serving %s with handlers %s", ", ".join(queues) or "every queue", ", ".join(registry.names()))
+
+        def on_signal(count: int) -> None:
+            if count == 1:
+                running = worker.running()
+                waits = (f"waiting for {len(running)} running task(s) to finish: "
+                         + ", ".join(f"{task_id} ({name})" for task_id, name in running.items())) if running else "no task is running"
+                log.warning("stopping: %s; unstarted claims are released. Press Ctrl-C again to stop at once", waits)
+                worker.stop()
+                return
+            released = worker.settle_and_release_now()
+            running = worker.running()
+            log.warning("stopping at once: released %d unstarted claim(s); %d running task(s) will be retried "
+                        "when their lease expires", released, len(running))
+            logging.shutdown()
+            os._exit(EXIT_STOPPED_AT_ONCE)
+
+        signals.install(on_signal)
+        log.info("worker on %s serving %s with handlers %s (batch %d, lease %gs, concurrency %d)",
+                 _redact(url), ", ".join(queues) or "every queue", ", ".join(registry.names()),
+                 args.batch, args.lease, args.concurrency)
         worker.run_forever()
-    if worker.exit_reason == HANDLER_OVERRAN and not stop_requested:
+    if worker.exit_reason == HANDLER_OVERRAN and not signals.count:
         # The one way to stop a thread that will not return: replace the process (same PID,
         # same arguments). Its task's lease is no longer renewed from here on, so it lapses
         # and is retried; nothing can run it while the old handler still does.
         log.error("restarting this worker process to stop the overrunning handler")
         logging.shutdown()
         os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    log.info("worker stopped")
     return 0
 
 
@@ -172,7 +231,7 @@ def cmd_reaper(args: argparse.Namespace, url: str) -> int:
     stopping: list[bool] = []
     _stop_on_signals(lambda: stopping.append(True))
     policies = _policies()
-    with open_storage(url) as storage:
+    with _open_storage(url) as storage:
 
         def apply_retention() -> int:
             purged = 0
@@ -188,6 +247,7 @@ def cmd_reaper(args: argparse.Namespace, url: str) -> int:
             print(json.dumps({"reaped": report.expired, "rescheduled": report.rescheduled,
                               "dead_lettered": report.dead_lettered, "retention_deleted": purged}))
             return 0
+        log.info("reaper on %s: a pass every %gs, retention %gh", _redact(url), args.interval, args.retention_hours)
         # Long-running: survives storage outages with backoff (one log line per incident).
         reap_forever(storage, policies, interval=args.interval, batch_size=args.batch,
                      should_stop=lambda: bool(stopping), between_passes=apply_retention)
@@ -195,23 +255,30 @@ def cmd_reaper(args: argparse.Namespace, url: str) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace, url: str) -> int:
-    try:
-        payload = json.loads(args.payload)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"--payload is not valid JSON: {exc}", "payload") from None
+    payload = _read_payload(args.payload)
+    item = {"handler": args.handler, "payload": payload, "id": args.id, "delay_seconds": args.delay,
+            "max_attempts": args.max_attempts}
     with Client(url) as client:
-        task = client.enqueue(args.queue, args.handler, payload, id=args.id, delay_seconds=args.delay,
-                              max_attempts=args.max_attempts)
+        (result,) = client.enqueue_many(args.queue, [item])
+    task = result.task
+    if result.conflict:
+        raise TaskConflict(f"task id {task.id!r} already exists on queue {task.queue!r}")
     if args.json:
-        _print_json(task.to_dict())
-    else:
+        _print_json({**task.to_dict(), "created": result.created})
+    elif result.created:
         print(f"{task.id} {task.status.value} queue={task.queue} handler={task.handler}")
+    else:
+        print(f"{task.id} already existed ({task.status.value}, handler {task.handler}); nothing was enqueued")
     return 0
 
 
 def cmd_stats(args: argparse.Namespace, url: str) -> int:
     with Client(url) as client:
         stats = client.stats(args.queue)
+        if not any((stats.pending, stats.in_flight, stats.dead, stats.succeeded, stats.cancelled)) \
+                and args.queue not in client.storage.list_queues():
+            raise _NotFound(f"queue {args.queue!r} holds no tasks (never used, or everything in it was "
+                                 f"deleted) in {_redact(url)}")
     if args.json:
         _print_json(stats.to_dict())
     else:
@@ -222,9 +289,11 @@ def cmd_stats(args: argparse.Namespace, url: str) -> int:
 
 def cmd_task(args: argparse.Namespace, url: str) -> int:
     with Client(url) as client:
-        task = client.get(args.id) if args.task_command == "show" else client.cancel(args.id)
-    _print_task(task, args.json)
-    return 0
+        if args.task_command == "show":
+            task = _wait_for(client, args.id, args.wait, args.timeout) if args.wait else client.get(args.id)
+            _print_task(task, args.json)
+            return 0
+        return _cancel_many(client, args.ids, args.json)
 
 
 def cmd_dlq(args: argparse.Namespace, url: str) -> int:
@@ -235,31 +304,311 @@ def cmd_dlq(args: argparse.Namespace, url: str) -> int:
             if args.json:
                 _print_json({"tasks": [t.to_dict() for t in page.tasks], "next_cursor": page.next_cursor})
             else:
-                for t in page.tasks:
-                    error = t.last_error.type if t.last_error else "-"
-                    print(f"{t.id}  {t.handler:<24} {error:<32} attempts={len(t.attempts)} dead_at={t.dead_at.isoformat() if t.dead_at else '-'}")
+                _print_dead_table(page.tasks)
+                if not page.tasks and args.error_type and "." not in args.error_type:
+                    _hint_full_error_type(args.error_type)
                 if page.next_cursor:
                     print(f"more: --cursor {page.next_cursor}")
             return 0
         if args.dlq_command == "show":
-            _print_task(client.get(args.id), args.json)
+            task = client.get(args.id)
+            if task.status is not TaskStatus.DEAD:
+                raise TaskConflict(f"task {task.id!r} is {task.status.value}, not DEAD (rdq task show {task.id} shows it)")
+            _print_task(task, args.json)
             return 0
-        selection = dict(ids=args.ids, error_type=args.error_type, handler=args.filter_handler, all=args.all)
-        count = client.redrive(args.queue, **selection) if args.dlq_command == "redrive" else client.purge_dead(args.queue, **selection)
-    if args.json:
-        _print_json({"count": count})
-    else:
-        print(f"{'redriven' if args.dlq_command == 'redrive' else 'purged'}: {count}")
+        return _redrive_or_purge(client, args)
+
+
+def cmd_invoke(args: argparse.Namespace, url: str) -> int:
+    """One local invocation of a Lambda function with a sample event (``sam local invoke``
+    without Docker): the real handler, a context whose remaining time counts down."""
+    try:
+        import aws_lambda_powertools  # noqa: F401
+    except ImportError:
+        raise RdqError("rdq invoke runs the Lambda handlers and needs the aws extra: python -m pip install -e '.[aws]'") from None
+    event = _read_json_argument(args.event, "EVENT.json")
+    if not isinstance(event, dict):
+        raise InvalidInput("the event must be a JSON object", "EVENT.json")
+    os.environ["RDQ_STORAGE_URL"] = url
+    os.environ.setdefault("RDQ_AUTO_MIGRATE", "true")
+    modules = _module_list(args.handlers or os.environ.get("RDQ_HANDLERS")) or ["rdq_core.examples"]
+    os.environ["RDQ_HANDLERS"] = ",".join(modules)
+    _import_handler_modules(modules)
+    os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
+    os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "rdq")
+    from importlib import import_module
+
+    from .lambda_host.local_invoke import LocalLambdaContext
+
+    timeout = args.timeout or {"api": 29, "worker": 60, "reaper": 60}[args.function]
+    # The function's own output (Powertools logs and EMF metrics print to stdout, as on Lambda)
+    # goes to stderr: stdout carries only the function's return value, for pipes and jq.
+    with contextlib.redirect_stdout(sys.stderr):
+        function = import_module(f"rdq_core.lambda_host.{args.function}")
+        result = function.lambda_handler(event, LocalLambdaContext(f"rdq-{args.function}", timeout))
+    _print_json(result)
     return 0
 
 
-COMMANDS = {
+COMMANDS: dict[str, Callable[[argparse.Namespace, str], int]] = {
     "migrate": cmd_migrate, "dev": cmd_dev, "worker": cmd_worker, "reaper": cmd_reaper,
-    "enqueue": cmd_enqueue, "stats": cmd_stats, "task": cmd_task, "dlq": cmd_dlq,
+    "enqueue": cmd_enqueue, "stats": cmd_stats, "task": cmd_task, "dlq": cmd_dlq, "invoke": cmd_invoke,
 }
 
 
+# -- command pieces ---------------------------------------------------------------------------------
+
+class _NotFound(TaskNotFound):
+    """Not found, with a message of its own (several ids, or a queue)."""
+
+    def __init__(self, message: str) -> None:
+        RdqError.__init__(self, message)
+
+
+_FINISHED = (TaskStatus.SUCCEEDED, TaskStatus.DEAD, TaskStatus.CANCELLED)
+
+
+def _wait_for(client: Client, task_id: str, wanted: str, timeout: float) -> Any:
+    if wanted == "FINISHED":
+        statuses, described = _FINISHED, "SUCCEEDED, DEAD or CANCELLED"
+    else:
+        try:
+            statuses = (TaskStatus(wanted.upper()),)
+        except ValueError:
+            raise InvalidInput(f"--wait takes one of {', '.join(s.value for s in TaskStatus)}", "--wait") from None
+        described = statuses[0].value
+    task = client.get(task_id)
+    if task.status not in statuses:
+        print(f"waiting up to {timeout:g}s for task {task_id} to be {described} (now {task.status.value}) ...",
+              file=sys.stderr, flush=True)
+    deadline = time.monotonic() + timeout
+    while task.status not in statuses:
+        if time.monotonic() > deadline:
+            raise TaskConflict(f"task {task_id!r} is still {task.status.value} after {timeout:g}s, not {described}")
+        if wanted != "FINISHED" and task.status in _FINISHED:
+            raise TaskConflict(f"task {task_id!r} ended {task.status.value}; it will not become {described}")
+        time.sleep(0.2)
+        task = client.get(task_id)
+    return task
+
+
+def _cancel_many(client: Client, ids: Sequence[str], as_json: bool) -> int:
+    """Cancel each id; the others are still cancelled when one cannot be. Exit code: the worst
+    problem met (3 not found, 4 not PENDING), 0 when all were cancelled."""
+    results: list[dict[str, Any]] = []
+    code = 0
+    for task_id in dict.fromkeys(ids):
+        try:
+            task = client.cancel(task_id)
+            results.append({"id": task_id, "result": "cancelled", "task": task.to_dict()})
+            if not as_json:
+                print(f"{task_id} CANCELLED")
+        except TaskNotFound as exc:
+            code = max(code, EXIT_NOT_FOUND)
+            results.append({"id": task_id, "result": "not_found", "error": str(exc)})
+            print(f"rdq: error: {exc}", file=sys.stderr)
+        except TaskConflict as exc:
+            code = max(code, EXIT_CONFLICT)
+            results.append({"id": task_id, "result": "conflict", "error": str(exc)})
+            print(f"rdq: error: {exc}", file=sys.stderr)
+    if as_json:
+        _print_json(results[0]["task"] if len(ids) == 1 and code == 0 else {"results": results})
+    return code
+
+
+def _redrive_or_purge(client: Client, args: argparse.Namespace) -> int:
+    redrive = args.dlq_command == "redrive"
+    verb, done_key = ("redrive", "redriven") if redrive else ("purge", "purged")
+    selection = dict(ids=args.ids, error_type=args.error_type, handler=args.filter_handler, all=args.all)
+    if args.ids:
+        _check_dead_ids(client, args.queue, args.ids)
+    matching = _count_dead(client, args.queue, args.ids, args.error_type, args.filter_handler)
+    if args.dry_run:
+        if args.json:
+            _print_json({"dry_run": True, "matching": matching})
+        else:
+            print(f"would {verb} {matching} dead task(s) of queue {args.queue!r} (dry run: nothing changed)")
+        return 0
+    if not redrive and not args.ids and matching and not args.yes:  # naming ids is confirmation enough
+        _confirm(f"purge {matching} dead task(s) of queue {args.queue!r} and their history for good?")
+    count = client.redrive(args.queue, **selection) if redrive else client.purge_dead(args.queue, **selection)
+    if args.json:
+        _print_json({done_key: count})
+    else:
+        print(f"{done_key}: {count}")
+    if not count and args.error_type and "." not in args.error_type:
+        _hint_full_error_type(args.error_type)
+    return 0
+
+
+def _check_dead_ids(client: Client, queue: str, ids: Sequence[str]) -> None:
+    """Name every id that cannot be redriven or purged, before changing anything."""
+    missing: list[str] = []
+    not_dead: list[str] = []
+    for task_id in dict.fromkeys(ids):
+        try:
+            task = client.get(task_id)
+        except TaskNotFound:
+            missing.append(task_id)
+            continue
+        if task.queue != queue:
+            missing.append(f"{task_id} (it is on queue {task.queue!r})")
+        elif task.status is not TaskStatus.DEAD:
+            not_dead.append(f"{task_id} is {task.status.value}")
+    if missing:
+        raise _NotFound(f"no such task on queue {queue!r}: {', '.join(missing)}; nothing was changed")
+    if not_dead:
+        raise TaskConflict(f"only DEAD tasks can be redriven or purged: {'; '.join(not_dead)}; nothing was changed")
+
+
+def _count_dead(client: Client, queue: str, ids: Sequence[str] | None, error_type: str | None,
+                handler: str | None) -> int:
+    if ids:
+        return len(dict.fromkeys(ids))
+    if not error_type and not handler:
+        return client.stats(queue).dead
+    count, cursor = 0, None
+    while True:
+        page = client.list_dead(queue, limit=500, cursor=cursor, error_type=error_type, handler=handler)
+        count += len(page.tasks)
+        if not page.next_cursor:
+            return count
+        cursor = page.next_cursor
+
+
+def _confirm(question: str) -> None:
+    if not sys.stdin.isatty():
+        raise InvalidInput(f"refusing to {question.rstrip('?')} without confirmation: pass --yes "
+                           f"(or --dry-run to see what would change)", "--yes")
+    answer = input(f"{question} [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        raise InvalidInput("not confirmed; nothing was changed", "--yes")
+
+
+def _hint_full_error_type(error_type: str) -> None:
+    print(f"note: error types are matched in full, e.g. 'rdq_core.errors.{error_type}' or 'mymodule.{error_type}'; "
+          f"`rdq dlq list QUEUE` shows them", file=sys.stderr)
+
+
+def _print_dead_table(tasks: Sequence[Any]) -> None:
+    if not tasks:
+        print("no dead tasks")
+        return
+    rows = [(t.id, t.handler, t.last_error.type if t.last_error else "-", str(len(t.attempts)),
+             t.dead_at.isoformat() if t.dead_at else "-") for t in tasks]
+    header = ("ID", "HANDLER", "ERROR", "ATTEMPTS", "DEAD AT")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
 # -- helpers --------------------------------------------------------------------------------------
+
+def _configure_logging(fmt: str) -> None:
+    level = os.environ.get("RDQ_LOG_LEVEL", "INFO").upper()
+    try:
+        from .logs import configure_logging
+    except ImportError:  # pragma: no cover - the formats module ships with the package
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+        return
+    configure_logging(fmt, level)
+
+
+def _module_list(text: str | None) -> list[str]:
+    return [m.strip() for m in (text or "").split(",") if m.strip()]
+
+
+def _import_handler_modules(modules: Sequence[str]) -> None:
+    """Import the user's handler modules the way Celery and RQ do: the working directory is on
+    the path. A module that cannot be imported, or registers a name twice, is a usage error."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    for module in modules:
+        try:
+            registry.load_modules([module])
+        except ModuleNotFoundError as exc:
+            raise InvalidInput(f"cannot import handler module {module!r}: {exc} (run from the directory that holds "
+                               f"it, or set PYTHONPATH)", "--handlers") from None
+        except ValueError as exc:  # a handler name registered twice, or an invalid name
+            raise InvalidInput(f"handler module {module!r}: {exc}", "--handlers") from None
+
+
+def _check_storage_url(url: str) -> None:
+    """Configuration errors in the URL itself are usage errors (exit 2), named as such."""
+    from .storage import _BACKENDS
+
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in _BACKENDS:
+        raise InvalidInput(f"unsupported storage URL scheme {parts.scheme!r} in {_redact(url)}; expected one of "
+                           f"{', '.join(sorted(_BACKENDS))}", "--storage")
+    if parts.scheme.lower() == "sqlite" and _sqlite_path(url) is None:
+        raise InvalidInput(f"a SQLite URL needs a file path, e.g. sqlite:///rdq.db or sqlite:////abs/path/rdq.db "
+                           f"(got {url!r})", "--storage")
+
+
+def _open_storage(url: str) -> Storage:
+    _check_storage_url(url)
+    try:
+        return open_storage(url)
+    except InvalidInput:
+        raise
+    except ValueError as exc:
+        raise InvalidInput(f"storage URL {_redact(url)}: {exc}", "--storage") from None
+
+
+def _sqlite_path(url: str) -> Path | None:
+    path = url.split("://", 1)[1].split("?", 1)[0] if "://" in url else ""
+    if not path.startswith("/") or path in ("/", "/:memory:"):
+        return None
+    return Path(path[1:])  # sqlite:///rel/rdq.db -> rel/rdq.db; sqlite:////abs/rdq.db -> /abs/rdq.db
+
+
+def _note_new_sqlite_file(url: str) -> None:
+    """The embedded default is a file in the working directory: say so when a command is
+    about to create a new, empty one (often: run from the wrong directory)."""
+    if not url.lower().startswith("sqlite:"):
+        return
+    path = _sqlite_path(url)
+    if path is not None and not path.exists():
+        print(f"rdq: note: there is no store at {path.resolve()}; creating a new, empty one (run from the directory "
+              f"that holds yours, or pass --storage / set RDQ_STORAGE_URL)", file=sys.stderr, flush=True)
+
+
+def _read_payload(text: str) -> Any:
+    return _read_json_argument(text, "payload", files_start_with_at=True)
+
+
+def _read_json_argument(text: str, field: str, files_start_with_at: bool = False) -> Any:
+    """``-`` reads standard input; ``@FILE`` (for --payload) or a path (for an event) a file."""
+    source = "the argument"
+    names_a_file = text.startswith("@") if files_start_with_at else True
+    if text == "-":
+        raw, source = sys.stdin.read(), "standard input"
+    elif names_a_file:
+        path = Path(text[1:] if files_start_with_at else text)
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidInput(f"cannot read {field} from {path}: {exc}", field) from None
+        source = str(path)
+    else:
+        raw = text
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{field} from {source} is not valid JSON: {exc}", field) from None
+
+
+def _queue_list(text: str) -> list[str]:
+    queues = [q.strip() for q in text.split(",") if q.strip()]
+    for queue in queues:
+        try:
+            queue_name(queue)
+        except InvalidInput as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return queues
+
 
 def _policies():
     raw = os.environ.get("RDQ_QUEUE_POLICIES")
@@ -274,7 +623,8 @@ def _print_task(task: Any, as_json: bool) -> None:
         _print_json(task.to_dict())
         return
     print(f"{task.id}  {task.status.value}  queue={task.queue} handler={task.handler}")
-    print(f"  attempt_count={task.attempt_count} redrive_count={task.redrive_count} next_attempt_at={_at(task.next_attempt_at)}")
+    due = f" next_attempt_at={_at(task.next_attempt_at)}" if task.status is TaskStatus.PENDING else ""
+    print(f"  attempt_count={task.attempt_count} redrive_count={task.redrive_count}{due}")
     if task.result is not None:
         print(f"  result={json.dumps(task.result)[:200]}")
     for a in task.attempts:
@@ -295,15 +645,25 @@ def _fail(exc: BaseException | str, code: int) -> int:
     return code
 
 
-def _redact(url: str) -> str:
-    """Hide a password in a URL before printing it."""
-    from urllib.parse import urlsplit, urlunsplit
+def _silence_stdout() -> None:
+    # Python flushes stdout at exit and would fail again on the closed pipe.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
+
+class _SignalCount:
+    """SIGINT/SIGTERM handling that counts: the host decides what the n-th signal does."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def install(self, on_signal: Callable[[int], None]) -> None:
+        def handle(*_: Any) -> None:
+            self.count += 1
+            on_signal(self.count)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, handle)
 
 
 def _stop_on_signals(stop: Any) -> None:

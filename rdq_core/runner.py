@@ -164,6 +164,9 @@ class BatchRunner:
         self._all_handler_threads: list[_HandlerThread] = []
         self._threads_lock = threading.Lock()
         self._overruns: dict[str, Overrun] = {}
+        #: Handlers running now (task id -> handler name), for a host that reports what it waits for.
+        self._running: dict[str, str] = {}
+        self._active_batches: list[tuple[_BatchCursor, _OutcomeBuffer, BatchReport, ClaimLedger, float]] = []
 
     def close(self) -> None:
         """Let idle helper threads exit (overrunning ones exit when their handler returns)."""
@@ -171,6 +174,25 @@ class BatchRunner:
             threads, self._all_handler_threads = self._all_handler_threads, []
         for thread in threads:
             thread.close()
+
+    def running(self) -> dict[str, str]:
+        """Task id -> handler name of every handler running now (overrunning ones included)."""
+        with self._threads_lock:
+            return dict(self._running)
+
+    def settle_and_release_now(self) -> int:
+        """For a host about to exit at once (a second Ctrl-C): write every buffered outcome and
+        release every claim whose handler has not started, in every batch in progress. Running
+        handlers are left to their leases. Returns the number of claims released."""
+        with self._threads_lock:
+            active = list(self._active_batches)
+        released = 0
+        for batch, outcomes, report, ledger, deadline in active:
+            outcomes.flush()
+            before = report.released
+            self._release(batch.take_unstarted(), report, ledger, deadline)
+            released += report.released - before
+        return released
 
     def overruns(self) -> list[Overrun]:
         """Handlers running past their timeout right now; their tasks are still held."""
@@ -195,6 +217,9 @@ class BatchRunner:
         report = BatchReport()
         batch = _BatchCursor(claimed)
         outcomes = _OutcomeBuffer(self, report, ledger, batch, deadline)
+        active = (batch, outcomes, report, ledger, deadline)
+        with self._threads_lock:
+            self._active_batches.append(active)
         try:
             while (item := batch.take()) is not None:
                 if should_stop():
@@ -227,6 +252,8 @@ class BatchRunner:
         finally:
             outcomes.close()
             self._release(batch.take_unstarted(), report, ledger, deadline)
+            with self._threads_lock:
+                self._active_batches.remove(active)
         return report
 
     def execute(self, item: ClaimedTask, deadline: float, ledger: ClaimLedger) -> Settlement | None:
@@ -247,9 +274,16 @@ class BatchRunner:
             deadline=run_until,
             extend=lambda seconds: self._extend(item.ref, seconds),
         )
-        if self.abandon_overdue_handlers:
-            return self._execute_on_helper_thread(item, spec, ctx, run_until, ledger)
-        return self._invoke(item, spec, ctx)
+        with self._threads_lock:
+            self._running[task.id] = spec.name
+        try:
+            if self.abandon_overdue_handlers:
+                return self._execute_on_helper_thread(item, spec, ctx, run_until, ledger)
+            return self._invoke(item, spec, ctx)
+        finally:
+            with self._threads_lock:
+                if task.id not in self._overruns:  # an overrunning handler is still running
+                    self._running.pop(task.id, None)
 
     def _too_long_for_host(self, item: ClaimedTask, spec, needed: float) -> Settlement:
         message = (
@@ -312,6 +346,7 @@ class BatchRunner:
                 finally:
                     with self._threads_lock:
                         self._overruns.pop(item.task.id, None)
+                        self._running.pop(item.task.id, None)
                 log.warning("overrunning handler %r of task %s returned; settled its outcome (%s)",
                             spec.name, item.task.id, settlement.outcome.value)
 

@@ -163,6 +163,15 @@ class Worker:
         """Finish the running task, release unstarted claims, settle, then return."""
         self.stop_event.set()
 
+    def running(self) -> dict[str, str]:
+        """Task id -> handler name of every handler running now."""
+        return self.runner.running()
+
+    def settle_and_release_now(self) -> int:
+        """Before exiting at once: write buffered outcomes, release every unstarted claim."""
+        self.stop_event.set()
+        return self.runner.settle_and_release_now()
+
     def overruns(self) -> list[Overrun]:
         return self.runner.overruns()
 

@@ -197,8 +197,9 @@ def enqueue_task(queue: str) -> Response:
     if _log_payloads():
         extra["payload"] = new_task.payload  # opted in: RDQ_LOG_PAYLOADS=true (never the default)
     logger.info("enqueued", extra=extra)
+    # 200 with created=false: the id already existed on this queue and nothing was enqueued.
     status = 201 if result.created else 200
-    return reply(status, result.task.to_dict(), {"Location": f"/v1/tasks/{result.task.id}"})
+    return reply(status, {**result.task.to_dict(), "created": result.created}, {"Location": f"/v1/tasks/{result.task.id}"})
 
 
 @app.post("/v1/queues/<queue>/tasks:batch")

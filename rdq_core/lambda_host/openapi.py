@@ -118,6 +118,7 @@ def _schemas() -> dict[str, Any]:
             "required": ["id", "queue", "handler", "status", "attempt_count", "redrive_count", "attempts"],
             "properties": {
                 "id": {"type": "string"}, "queue": {"type": "string"}, "handler": {"type": "string"},
+                "created": {"type": "boolean", "description": "enqueue only: false when the id already existed on this queue and nothing was enqueued"},
                 "payload": {}, "headers": {"type": "object", "additionalProperties": {"type": "string"}},
                 "status": {"$ref": "#/components/schemas/Status"},
                 "attempt_count": {"type": "integer"}, "redrive_count": {"type": "integer"},

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import importlib
 import os
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
+from ..errors import InvalidInput
 from .spi import Storage
 
 DEFAULT_SQLITE_URL = "sqlite:///rdq.db"
@@ -34,6 +35,16 @@ def register_backend(scheme: str, target: str) -> None:
     _BACKENDS[scheme.lower()] = target
 
 
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for banners, logs and errors)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
 def default_storage_url() -> str:
     return os.environ.get("RDQ_STORAGE_URL") or DEFAULT_SQLITE_URL
 
@@ -47,10 +58,10 @@ def open_storage(url: str | None = None) -> Storage:
     scheme = urlsplit(url).scheme.lower()
     target = _BACKENDS.get(scheme)
     if target is None:
-        raise ValueError(f"unsupported storage URL scheme {scheme!r}; expected one of {sorted(_BACKENDS)}")
+        raise InvalidInput(f"unsupported storage URL scheme {scheme!r}; expected one of {sorted(_BACKENDS)}", "storage_url")
     module_name, class_name = target.split(":")
     backend = getattr(importlib.import_module(module_name), class_name)
     return backend(url)
 
 
-__all__ = ["Storage", "open_storage", "register_backend", "default_storage_url", "DEFAULT_SQLITE_URL"]
+__all__ = ["Storage", "open_storage", "register_backend", "default_storage_url", "redact_url", "DEFAULT_SQLITE_URL"]

@@ -84,10 +84,10 @@ def test_worker_reaper_and_dlq_commands_end_to_end(rdq):
         "doomed": "rdq_core.errors.PermanentError", "orphan": "rdq.UnknownHandler"}
     listed = json.loads(rdq("dlq", "list", "jobs", "--error-type", "rdq.UnknownHandler", "--json").stdout)
     assert [t["id"] for t in listed["tasks"]] == ["orphan"]
-    assert json.loads(rdq("dlq", "redrive", "jobs", "--id", "doomed", "--json").stdout) == {"count": 1}
+    assert json.loads(rdq("dlq", "redrive", "jobs", "--id", "doomed", "--json").stdout) == {"redriven": 1}
     redriven = json.loads(rdq("task", "show", "doomed", "--json").stdout)
     assert (redriven["status"], redriven["redrive_count"], len(redriven["attempts"])) == ("PENDING", 1, 1)
-    assert json.loads(rdq("dlq", "purge", "jobs", "--all", "--json").stdout) == {"count": 1}
+    assert json.loads(rdq("dlq", "purge", "jobs", "--all", "--yes", "--json").stdout) == {"purged": 1}
     assert rdq("task", "show", "orphan", check=False).returncode == 3
     assert json.loads(rdq("task", "cancel", "doomed", "--json").stdout)["status"] == "CANCELLED"
     assert json.loads(rdq("reaper", "--once").stdout)["reaped"] == 0
