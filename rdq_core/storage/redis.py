@@ -63,7 +63,7 @@ from ..model import (
     Task,
     TaskStatus,
 )
-from .spi import Storage, decode_dead_cursor, encode_dead_cursor, from_micros, to_micros
+from .spi import Storage, decode_dead_cursor, encode_dead_cursor, from_micros, storable_error, storable_json, to_micros
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,15 @@ _SETTLED_STATUSES = {TaskStatus.SUCCEEDED, TaskStatus.PENDING, TaskStatus.DEAD}
 _DEAD_SCAN_BUDGET = 1000
 _MIN_SERVER_VERSION = (5, 0)
 _TRANSIENT_ERRORS = ("OOM", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "LOADING", "BUSY")
+#: Seconds to open a connection, and to wait for any reply (a script runs in milliseconds).
+DEFAULT_CONNECT_TIMEOUT = 5
+DEFAULT_SOCKET_TIMEOUT = 30
+#: Seconds a pooled connection may sit idle before it is checked with a PING on reuse.
+DEFAULT_HEALTH_CHECK_INTERVAL = 30
+#: redis-py URL options that would make it resend a command after a timeout or error.
+_RESEND_OPTIONS = ("retry_on_timeout", "retry_on_error")
+#: The error prefix of a script that refused its arguments before writing anything.
+_INVALID_ARGUMENTS = "RDQ_INVALID"
 
 
 # --------------------------------------------------------------------------------------------
@@ -82,13 +91,57 @@ _TRANSIENT_ERRORS = ("OOM", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "LOADING", 
 # the queue's key base (``P:{q}:``); per-task keys are built from that base, so they share the
 # hash tag and therefore the slot. Numbers are formatted with ``us()``: Redis turns a Lua number
 # argument into a string with 14 significant digits, which would truncate microsecond times.
+#
+# Redis does not roll back a script that fails half way: the writes made before the error stay.
+# So every script that writes runs in two phases. Phase 1 reads and checks everything -- the
+# argument count, every number, enum value and JSON text it will decode or embed, every fence
+# (token, status, lease) -- and plans the writes; a bad argument raises ``RDQ_INVALID …``
+# (``InvalidInput`` in Python) while nothing has been written yet. Phase 2 only applies the
+# plan, with commands that cannot fail on checked input. Payload, headers, backoff and result
+# JSON are stored verbatim and never decoded by a script (decoding up to a MiB per batch would
+# stall the server), so they cannot make a script fail; the client encodes them.
 # --------------------------------------------------------------------------------------------
 
 _QUEUE_ZSETS = ("due", "inflight", "dead", "succeeded", "cancelled")
 
-_PRELUDE = r"""
+# Argument checks shared by every script (queue-scoped or global). They run before any write.
+_CHECKS = r"""
+local function invalid(message) error({err = 'RDQ_INVALID ' .. message}) end
+
+local function need_string(value, what)
+  if type(value) ~= 'string' or value == '' then invalid(what .. ' must be a non-empty string') end
+  return value
+end
+
+local function need_number(value, what)
+  local n = tonumber(value)
+  if n == nil or n ~= n or n == math.huge or n == -math.huge then invalid(what .. ' must be a finite number') end
+  return n
+end
+
+local function need_count(value, what)
+  local n = need_number(value, what)
+  if n < 0 or n ~= math.floor(n) then invalid(what .. ' must be a whole number >= 0') end
+  return n
+end
+
+-- ARGV[first..] must hold whole groups of `size` values.
+local function need_groups(first, size, what)
+  if #ARGV < first - 1 or (#ARGV - first + 1) % size ~= 0 then
+    invalid(what .. ': expected groups of ' .. size .. ' arguments, got ' .. (#ARGV - first + 1))
+  end
+end
+
+local function need_json(text, what)
+  local ok, value = pcall(cjson.decode, text)
+  if not ok then invalid(what .. ' is not valid JSON') end
+  return value
+end
+"""
+
+_PRELUDE = _CHECKS + r"""
 local DUE, INFLIGHT, DEAD, SUCCEEDED, CANCELLED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local BASE = ARGV[1]
+local BASE = need_string(ARGV[1], 'key base')
 
 local function us(n) return string.format('%.0f', n) end
 
@@ -143,9 +196,23 @@ local function dead_matches(id, ids, error_type, handler)
   return true
 end
 
+-- The DLQ selection arguments (after_score, after_id, ids_json, error_type, handler), checked.
+local function need_dead_selection(after_score, after_id, ids_json, error_type, handler)
+  if after_score ~= '' then need_number(after_score, 'cursor position') end
+  if type(after_id) ~= 'string' then invalid('cursor id must be a string') end
+  if ids_json ~= '' then
+    local ids = need_json(ids_json, 'ids')
+    if type(ids) ~= 'table' then invalid('ids must be a JSON array') end
+    for _, id in ipairs(ids) do
+      if type(id) ~= 'string' then invalid('ids must be strings') end
+    end
+  end
+  if type(error_type) ~= 'string' or type(handler) ~= 'string' then invalid('filters must be strings') end
+end
+
 -- Up to `want` DEAD entries after the position that match the filter, in (dead_at, id) order,
 -- examining at most `budget` entries. Returns matches {score, id}, the last examined position
--- and whether the zset was exhausted.
+-- and whether the zset was exhausted. Arguments are checked by need_dead_selection first.
 local function scan_dead(after_score, after_id, want, budget, ids_json, error_type, handler)
   local matches, last_score, last_id = {}, after_score, after_id
   if ids_json ~= '' then
@@ -191,6 +258,18 @@ end
 # ARGV: base, queue, then per task: id, handler, payload, headers, max_attempts, backoff,
 # delay_us, run_at_us ('' for none). An existing id is returned untouched (idempotency).
 _ENQUEUE = r"""
+need_string(ARGV[2], 'queue')
+need_groups(3, 8, 'enqueue')
+for o = 3, #ARGV, 8 do
+  need_string(ARGV[o], 'task id')
+  need_string(ARGV[o + 1], 'handler')
+  need_string(ARGV[o + 2], 'payload')
+  need_string(ARGV[o + 3], 'headers')
+  if ARGV[o + 4] ~= '' then need_count(ARGV[o + 4], 'max_attempts') end
+  need_number(ARGV[o + 6], 'delay')
+  if ARGV[o + 7] ~= '' then need_number(ARGV[o + 7], 'run_at') end
+end
+
 local now = now_us()
 local queue = ARGV[2]
 local out = {}
@@ -218,15 +297,19 @@ return out
 # ARGV: base, limit, lease_us, token_prefix. Oldest due first; the token is the prefix (random
 # per call, minted by the client) plus the position in the batch, so it is never reused.
 _CLAIM = r"""
+local limit = need_count(ARGV[2], 'limit')
+local lease = need_number(ARGV[3], 'lease')
+local token_prefix = need_string(ARGV[4], 'token prefix')
+
 local now = now_us()
-local lease_until = us(now + tonumber(ARGV[3]))
-local ids = redis.call('ZRANGEBYSCORE', DUE, '-inf', us(now), 'LIMIT', 0, tonumber(ARGV[2]))
+local lease_until = us(now + lease)
+local ids = redis.call('ZRANGEBYSCORE', DUE, '-inf', us(now), 'LIMIT', 0, limit)
 local out = {}
 for i, id in ipairs(ids) do
   redis.call('ZREM', DUE, id)
   local key = task_key(id)
   if redis.call('HGET', key, 'status') == 'PENDING' then
-    redis.call('HSET', key, 'status', 'IN_FLIGHT', 'claim_token', ARGV[4] .. i, 'claimed_at', us(now),
+    redis.call('HSET', key, 'status', 'IN_FLIGHT', 'claim_token', token_prefix .. i, 'claimed_at', us(now),
       'lease_expires_at', lease_until, 'updated_at', us(now))
     redis.call('ZADD', INFLIGHT, lease_until, id)
     out[#out + 1] = task_reply_without_history(id)
@@ -236,100 +319,134 @@ return out
 """
 
 # ARGV: base, then per settlement: id, token, outcome, status, retry_delay_us, error_json,
-# error_type, result_json ('' = none). The JSON strings come from the client's encoder and are
-# stored verbatim (never decoded here), so any text the engine accepted round-trips unchanged.
-# Returns the refused ids. Each item is checked (token, IN_FLIGHT, lease expiry for
-# LEASE_EXPIRED) before anything of it is written.
+# error_type, result_json ('' = none). The error JSON is embedded in the attempt record, so it
+# is decoded (checked) first; the result JSON is stored verbatim. Returns the refused ids.
+# Phase 1 checks every item and its fence (token, IN_FLIGHT, lease expiry for LEASE_EXPIRED,
+# one settle per task within the batch) and numbers its attempt; phase 2 writes.
 _SETTLE = r"""
+local OUTCOMES = {SUCCESS = true, RETRYABLE_FAILURE = true, PERMANENT_FAILURE = true, LEASE_EXPIRED = true}
+local SETTLED = {SUCCEEDED = true, PENDING = true, DEAD = true}
+need_groups(2, 8, 'settle')
+
 local now = now_us()
-local refused = {}
+local refused, plan, seen = {}, {}, {}
 for o = 2, #ARGV, 8 do
   local id, token, outcome, status = ARGV[o], ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
   local error_json, error_type, result_json = ARGV[o + 5], ARGV[o + 6], ARGV[o + 7]
+  need_string(id, 'task id')
+  if not OUTCOMES[outcome] then invalid('unknown outcome for task ' .. id) end
+  if not SETTLED[status] then invalid('cannot settle task ' .. id .. ' as ' .. tostring(status)) end
+  local delay = need_number(ARGV[o + 4], 'retry delay')
+  if error_json ~= '' then
+    local decoded = need_json(error_json, 'error')
+    if type(decoded) ~= 'table' or type(decoded['type']) ~= 'string' then invalid('error must be an object with a type') end
+  end
   local key = task_key(id)
   local held = redis.call('HMGET', key, 'status', 'claim_token', 'lease_expires_at', 'claimed_at')
-  local valid = held[1] == 'IN_FLIGHT' and held[2] == token
-  if valid and outcome == 'LEASE_EXPIRED' and tonumber(held[3]) > now then valid = false end
-  local attempt_no = 0
+  local valid = not seen[id] and held[1] == 'IN_FLIGHT' and held[2] == token
+  if valid and outcome == 'LEASE_EXPIRED' and (tonumber(held[3]) or 0) > now then valid = false end
   if valid then
     -- attempt_no = MAX(attempt_no) + 1 over the history, never derived from attempt_count.
+    local attempt_no = 0
     for _, no in ipairs(redis.call('HKEYS', attempts_key(id))) do
-      attempt_no = math.max(attempt_no, tonumber(no))
+      attempt_no = math.max(attempt_no, tonumber(no) or 0)
     end
-    attempt_no = attempt_no + 1
-    local attempt = '{"outcome":"' .. outcome .. '","started_at":"' .. held[4] .. '","finished_at":"' ..
-      us(now) .. '","error":' .. (error_json ~= '' and error_json or 'null') .. '}'
-    valid = redis.call('HSETNX', attempts_key(id), tostring(attempt_no), attempt) == 1
-  end
-  if not valid then
-    refused[#refused + 1] = id
+    seen[id] = true
+    plan[#plan + 1] = {id = id, key = key, status = status, delay = delay, error_json = error_json,
+      error_type = error_type, result_json = result_json, attempt_no = attempt_no + 1,
+      attempt = '{"outcome":"' .. outcome .. '","started_at":"' .. (held[4] or '') .. '","finished_at":"' ..
+        us(now) .. '","error":' .. (error_json ~= '' and error_json or 'null') .. '}'}
   else
-    redis.call('ZREM', INFLIGHT, id)
-    redis.call('HDEL', key, 'claim_token', 'claimed_at', 'lease_expires_at', 'dead_at')
-    redis.call('HINCRBY', key, 'attempt_count', 1)
-    redis.call('HSET', key, 'status', status, 'updated_at', us(now))
-    if error_json ~= '' then
-      redis.call('HSET', key, 'last_error', error_json, 'error_type', error_type)
-    end
-    if status == 'PENDING' then
-      local next_at = us(now + tonumber(ARGV[o + 4]))
-      redis.call('HSET', key, 'next_attempt_at', next_at)
-      redis.call('ZADD', DUE, next_at, id)
-    elseif status == 'SUCCEEDED' then
-      if result_json ~= '' then redis.call('HSET', key, 'result', result_json) end
-      redis.call('ZADD', SUCCEEDED, us(now), id)
-    else
-      redis.call('HSET', key, 'dead_at', us(now))
-      redis.call('ZADD', DEAD, us(now), id)
-    end
+    refused[#refused + 1] = id
+  end
+end
+
+for _, p in ipairs(plan) do
+  local id, key = p.id, p.key
+  redis.call('HSETNX', attempts_key(id), tostring(p.attempt_no), p.attempt)
+  redis.call('ZREM', INFLIGHT, id)
+  redis.call('HDEL', key, 'claim_token', 'claimed_at', 'lease_expires_at', 'dead_at')
+  redis.call('HINCRBY', key, 'attempt_count', 1)
+  redis.call('HSET', key, 'status', p.status, 'updated_at', us(now))
+  if p.error_json ~= '' then
+    redis.call('HSET', key, 'last_error', p.error_json, 'error_type', p.error_type)
+  end
+  if p.status == 'PENDING' then
+    local next_at = us(now + p.delay)
+    redis.call('HSET', key, 'next_attempt_at', next_at)
+    redis.call('ZADD', DUE, next_at, id)
+  elseif p.status == 'SUCCEEDED' then
+    if p.result_json ~= '' then redis.call('HSET', key, 'result', p.result_json) end
+    redis.call('ZADD', SUCCEEDED, us(now), id)
+  else
+    redis.call('HSET', key, 'dead_at', us(now))
+    redis.call('ZADD', DEAD, us(now), id)
   end
 end
 return refused
 """
 
-# ARGV: base, lease_us, then pairs id, token. Returns {now, extended ids, refused ids}.
+# ARGV: base, lease_us, then pairs id, token. The new expiry is max(current, now + lease): an
+# extension never moves a lease earlier. Returns {{id, expiry_us, ...}, refused ids}.
 _EXTEND = r"""
+local lease = need_number(ARGV[2], 'lease')
+need_groups(3, 2, 'extend')
+
 local now = now_us()
-local lease_until = us(now + tonumber(ARGV[2]))
-local extended, refused = {}, {}
+local wanted = now + lease
+local plan, refused = {}, {}
 for o = 3, #ARGV, 2 do
   local id, token = ARGV[o], ARGV[o + 1]
-  local key = task_key(id)
-  local held = redis.call('HMGET', key, 'status', 'claim_token')
+  local held = redis.call('HMGET', task_key(id), 'status', 'claim_token', 'lease_expires_at')
   if held[1] == 'IN_FLIGHT' and held[2] == token then
-    redis.call('HSET', key, 'lease_expires_at', lease_until, 'updated_at', us(now))
-    redis.call('ZADD', INFLIGHT, lease_until, id)
-    extended[#extended + 1] = id
+    plan[#plan + 1] = {id, math.max(tonumber(held[3]) or 0, wanted)}
   else
     refused[#refused + 1] = id
   end
 end
-return {lease_until, extended, refused}
+
+local extended = {}
+for _, p in ipairs(plan) do
+  local id, lease_until = p[1], us(p[2])
+  redis.call('HSET', task_key(id), 'lease_expires_at', lease_until, 'updated_at', us(now))
+  redis.call('ZADD', INFLIGHT, lease_until, id)
+  extended[#extended + 1] = id
+  extended[#extended + 1] = lease_until
+end
+return {extended, refused}
 """
 
 # ARGV: base, then pairs id, token. Back to PENDING at its old next_attempt_at; no attempt.
 _RELEASE = r"""
+need_groups(2, 2, 'release')
+
 local now = now_us()
-local refused = {}
+local plan, refused, seen = {}, {}, {}
 for o = 2, #ARGV, 2 do
   local id, token = ARGV[o], ARGV[o + 1]
-  local key = task_key(id)
-  local held = redis.call('HMGET', key, 'status', 'claim_token', 'next_attempt_at')
-  if held[1] == 'IN_FLIGHT' and held[2] == token then
-    redis.call('ZREM', INFLIGHT, id)
-    redis.call('HDEL', key, 'claim_token', 'claimed_at', 'lease_expires_at')
-    redis.call('HSET', key, 'status', 'PENDING', 'updated_at', us(now))
-    redis.call('ZADD', DUE, held[3], id)
+  local held = redis.call('HMGET', task_key(id), 'status', 'claim_token', 'next_attempt_at')
+  if not seen[id] and held[1] == 'IN_FLIGHT' and held[2] == token and tonumber(held[3]) then
+    seen[id] = true
+    plan[#plan + 1] = {id, held[3]}
   else
     refused[#refused + 1] = id
   end
+end
+
+for _, p in ipairs(plan) do
+  local id, key = p[1], task_key(p[1])
+  redis.call('ZREM', INFLIGHT, id)
+  redis.call('HDEL', key, 'claim_token', 'claimed_at', 'lease_expires_at')
+  redis.call('HSET', key, 'status', 'PENDING', 'updated_at', us(now))
+  redis.call('ZADD', DUE, p[2], id)
 end
 return refused
 """
 
 # ARGV: base, limit. Read-only: IN_FLIGHT tasks whose lease expired by server time.
 _EXPIRED_LEASES = r"""
-local ids = redis.call('ZRANGEBYSCORE', INFLIGHT, '-inf', us(now_us()), 'LIMIT', 0, tonumber(ARGV[2]))
+local limit = need_count(ARGV[2], 'limit')
+local ids = redis.call('ZRANGEBYSCORE', INFLIGHT, '-inf', us(now_us()), 'LIMIT', 0, limit)
 local out = {}
 for _, id in ipairs(ids) do out[#out + 1] = task_reply_without_history(id) end
 return out
@@ -346,7 +463,7 @@ return out
 
 # ARGV: base, id. Returns {'missing'} | {'conflict', task} | {'cancelled', task}.
 _CANCEL = r"""
-local id = ARGV[2]
+local id = need_string(ARGV[2], 'task id')
 local key = task_key(id)
 local status = redis.call('HGET', key, 'status')
 if not status then return {'missing'} end
@@ -368,20 +485,24 @@ return {us(now_us()), redis.call('ZCARD', DUE), redis.call('ZCARD', INFLIGHT), r
 # ARGV: base, after_score, after_id, want, budget, ids_json, error_type, handler.
 # Returns {exhausted, last_score, last_id, {{score, task}, ...}}.
 _DEAD_PAGE = r"""
-local matches, last_score, last_id, exhausted = scan_dead(ARGV[2], ARGV[3], tonumber(ARGV[4]),
-  tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8])
+local want, budget = need_count(ARGV[4], 'want'), need_count(ARGV[5], 'budget')
+need_dead_selection(ARGV[2], ARGV[3], ARGV[6], ARGV[7], ARGV[8])
+local matches, last_score, last_id, exhausted = scan_dead(ARGV[2], ARGV[3], want, budget, ARGV[6], ARGV[7], ARGV[8])
 local out = {}
 for i, m in ipairs(matches) do out[i] = {m[1], task_reply(m[2])} end
 return {exhausted and 1 or 0, last_score, last_id, out}
 """
 
 # ARGV: base, action ('redrive' | 'purge'), after_score, after_id, budget, ids_json, error_type,
-# handler. Applies the action to the matches found in one bounded scan.
+# handler. Applies the action to the matches found in one bounded scan (phase 1 is the scan).
 # Returns {exhausted, last_score, last_id, affected ids, queue_is_empty}.
 _DEAD_APPLY = r"""
 local action = ARGV[2]
-local budget = tonumber(ARGV[5])
+if action ~= 'redrive' and action ~= 'purge' then invalid('unknown DLQ action ' .. tostring(action)) end
+local budget = need_count(ARGV[5], 'budget')
+need_dead_selection(ARGV[3], ARGV[4], ARGV[6], ARGV[7], ARGV[8])
 local matches, last_score, last_id, exhausted = scan_dead(ARGV[3], ARGV[4], budget, budget, ARGV[6], ARGV[7], ARGV[8])
+
 local now = us(now_us())
 local affected = {}
 for _, m in ipairs(matches) do
@@ -405,8 +526,9 @@ return {exhausted and 1 or 0, last_score, last_id, affected, queue_is_empty() an
 # ARGV: base, older_than_us, limit. Deletes SUCCEEDED then CANCELLED tasks last updated before
 # now - older_than. Returns {deleted ids, queue_is_empty}.
 _PURGE_FINISHED = r"""
-local cutoff = '(' .. us(now_us() - tonumber(ARGV[2]))
-local limit = tonumber(ARGV[3])
+local older_than = need_number(ARGV[2], 'older_than')
+local limit = need_count(ARGV[3], 'limit')
+local cutoff = '(' .. us(now_us() - older_than)
 local deleted = {}
 for _, zset in ipairs({SUCCEEDED, CANCELLED}) do
   if #deleted >= limit then break end
@@ -433,7 +555,12 @@ return {existing, queue_is_empty() and 1 or 0}
 
 # ARGV: pairs id, queue. Reserves each id for its queue unless it is already taken; returns the
 # owning queue per id and registers the queues that own their ids.
-_RESERVE_IDS = r"""
+_RESERVE_IDS = _CHECKS + r"""
+need_groups(1, 2, 'reserve_ids')
+for i = 1, #ARGV, 2 do
+  need_string(ARGV[i], 'task id')
+  need_string(ARGV[i + 1], 'queue')
+end
 local owners = {}
 for i = 1, #ARGV, 2 do
   local id, queue = ARGV[i], ARGV[i + 1]
@@ -447,8 +574,9 @@ return owners
 
 # ARGV: queue, queue_is_empty, ids... Drops the ids' index entries that still point at queue
 # and, when the queue emptied, its registry entry.
-_UNINDEX = r"""
-local queue = ARGV[1]
+_UNINDEX = _CHECKS + r"""
+local queue = need_string(ARGV[1], 'queue')
+if ARGV[2] ~= '0' and ARGV[2] ~= '1' then invalid('queue_is_empty must be 0 or 1') end
 for i = 3, #ARGV do
   if redis.call('HGET', KEYS[1], ARGV[i]) == queue then redis.call('HDEL', KEYS[1], ARGV[i]) end
 end
@@ -458,7 +586,13 @@ return 1
 
 # ARGV: triples id, expected_owner, new_owner: compare-and-set of index entries whose task is
 # gone (an enqueue that died between reserving and creating). Returns the owner per id.
-_TAKE_OVER_IDS = r"""
+_TAKE_OVER_IDS = _CHECKS + r"""
+need_groups(1, 3, 'take_over_ids')
+for i = 1, #ARGV, 3 do
+  need_string(ARGV[i], 'task id')
+  need_string(ARGV[i + 1], 'expected owner')
+  need_string(ARGV[i + 2], 'new owner')
+end
 local owners = {}
 for i = 1, #ARGV, 3 do
   local id, expected, new = ARGV[i], ARGV[i + 1], ARGV[i + 2]
@@ -529,13 +663,22 @@ class RedisStorage(Storage):
         if not _PREFIX.match(self.prefix):
             raise InvalidInput(f"invalid Redis key prefix {self.prefix!r}", field="prefix")
         cluster = options.pop("cluster", "").lower() in ("1", "true", "yes")
+        for name in _RESEND_OPTIONS:
+            if options.pop(name, None) is not None:
+                log.warning("ignoring %s in the Redis URL: rdq never resends a command", name)
         client_url = urlunsplit(parts._replace(query=urlencode(options)))
         # No automatic resend: a script whose reply was lost may have run, and resending a
         # claim or settle is not idempotent. Failures surface as StorageUnavailable instead.
+        # Every call is bounded: the timeouts below apply unless the URL sets them (redis-py
+        # lets URL options win), so a half-open connection raises instead of hanging.
         client_options: dict[str, Any] = {
             "decode_responses": True,
-            "socket_connect_timeout": 5,
-            "socket_timeout": 30,
+            "socket_connect_timeout": DEFAULT_CONNECT_TIMEOUT,
+            "socket_timeout": DEFAULT_SOCKET_TIMEOUT,
+            "socket_keepalive": True,
+            # A connection idle this long is PINGed before reuse; a dead one fails there,
+            # before any script was sent.
+            "health_check_interval": DEFAULT_HEALTH_CHECK_INTERVAL,
             "retry": Retry(NoBackoff(), 0),
         }
         if cluster:
@@ -561,9 +704,12 @@ class RedisStorage(Storage):
             raise StorageUnavailable(f"Redis unavailable: {exc}") from exc
         except ResponseError as exc:
             # Server states that pass (out of memory, failover, a script cache flushed twice in a
-            # row) are unavailability; anything else is a bug and surfaces as is.
+            # row) are unavailability; a script that refused its arguments wrote nothing and
+            # says so (InvalidInput); anything else is a bug and surfaces as is.
             if isinstance(exc, NoScriptError) or str(exc).startswith(_TRANSIENT_ERRORS):
                 raise StorageUnavailable(f"Redis unavailable: {exc}") from exc
+            if str(exc).startswith(_INVALID_ARGUMENTS):
+                raise InvalidInput(str(exc).split(" script: ", 1)[0][len(_INVALID_ARGUMENTS):].strip()) from exc
             raise
 
     def _queue_base_checked(self, queue: str) -> str:
@@ -733,8 +879,9 @@ class RedisStorage(Storage):
             for queue, group in by_queue.items()
         ]
         extended: dict[str, datetime] = {}
-        for lease_until, ids, refused_ids in self._run_batch(calls):
-            for task_id in ids:
+        for expiries, refused_ids in self._run_batch(calls):
+            # The script reports each task's expiry as stored: never earlier than it was.
+            for task_id, lease_until in zip(expiries[::2], expiries[1::2]):
                 extended[task_id] = from_micros(int(lease_until))
             refused.extend(refused_ids)
         if refused:
@@ -911,7 +1058,9 @@ def _micros(seconds: float) -> int:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+    # UTF-8 JSON with lone surrogates repaired: the same text every backend stores, and JSON
+    # that Redis' cjson can decode (it rejects a lone "\ud800" escape).
+    return storable_json(value)
 
 
 def _enqueue_args(task: NewTask) -> tuple[Any, ...]:
@@ -928,14 +1077,15 @@ def _enqueue_args(task: NewTask) -> tuple[Any, ...]:
 
 
 def _settle_args(s: Settlement) -> tuple[Any, ...]:
+    error = storable_error(s.error)
     return (
         s.task_id,
         s.claim_token,
         s.outcome.value,
         s.status.value,
         _micros(s.retry_delay_seconds),
-        _json(s.error.to_dict()) if s.error else "",
-        s.error.type if s.error else "",
+        _json(error.to_dict()) if error else "",
+        error.type if error else "",
         _json(s.result) if s.status is TaskStatus.SUCCEEDED else "",
     )
 

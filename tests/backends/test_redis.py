@@ -487,7 +487,9 @@ def test_error_text_and_results_round_trip_verbatim(storage):
         Settlement(b.task.id, b.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED, result={"big": 2**60, "f": 0.1}),
     ])
     dead = storage.get(a.task.id)
-    assert dead.last_error == error and dead.attempts[0].error == error
+    # Verbatim except the lone surrogate, which every backend stores as U+FFFD (see the SPI).
+    stored = ErrorInfo('Weird"Type', 'quotes " \\ / and ünïcödé ✓ and a lone \ufffd', "line1\nline2")
+    assert dead.last_error == stored and dead.attempts[0].error == stored
     assert storage.list_dead("q", limit=5, filter=DeadFilter(error_type='Weird"Type')).tasks[0].id == a.task.id
     assert storage.get(b.task.id).result == {"big": 2**60, "f": 0.1}
 
@@ -496,3 +498,145 @@ def test_an_invalid_item_fails_the_batch_before_anything_is_reserved(storage, re
     with pytest.raises(ValueError):
         storage.enqueue([NewTask(id="ok", queue="q", handler="h"), NewTask(id="bad", queue="Bad Queue!", handler="h")])
     assert keys_under(redis_client, key_prefix) == []
+
+
+# -- scripts check everything before their first write ---------------------------------------------
+
+def snapshot(client, prefix: str) -> dict:
+    """Every key under the prefix with its full value: to prove a failed script wrote nothing."""
+    state = {}
+    for key in keys_under(client, prefix):
+        kind = client.type(key)
+        if kind == "hash":
+            state[key] = client.hgetall(key)
+        elif kind == "zset":
+            state[key] = client.zrange(key, 0, -1, withscores=True)
+        elif kind == "set":
+            state[key] = sorted(client.smembers(key))
+        else:
+            state[key] = client.get(key)
+    return state
+
+
+def test_a_settle_script_failing_mid_batch_writes_nothing(storage, redis_client, key_prefix):
+    """Redis keeps the writes a script made before it failed. Malformed items sent after valid
+    ones, straight to the script, must be refused before the valid ones are applied."""
+    from rdq_core.errors import InvalidInput
+    from rdq_core.storage.redis import _settle_args
+
+    storage.enqueue(new_tasks(3))
+    a, b, c = storage.claim("q", 3, 60)
+    valid = [
+        *_settle_args(Settlement(a.task.id, a.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED, result={"ok": 1})),
+        *_settle_args(Settlement(b.task.id, b.claim_token, Outcome.RETRYABLE_FAILURE, TaskStatus.PENDING,
+                                 retry_delay_seconds=5, error=ErrorInfo("Boom", "x"))),
+    ]
+    good_c = list(_settle_args(Settlement(c.task.id, c.claim_token, Outcome.RETRYABLE_FAILURE, TaskStatus.PENDING,
+                                          error=ErrorInfo("Boom", "y"))))
+    malformed = {
+        "retry delay that is not a number": good_c[:4] + ["soon"] + good_c[5:],
+        "unknown outcome": good_c[:2] + ["MAYBE"] + good_c[3:],
+        "status a settle cannot set": good_c[:3] + ["IN_FLIGHT"] + good_c[4:],
+        "error JSON cut short": good_c[:5] + ['{"type":"Boom","message":"y"'] + good_c[6:],
+        "error JSON that is not an object": good_c[:5] + ["[1,2]"] + good_c[6:],
+        "item cut short": good_c[:5],
+    }
+    before = snapshot(redis_client, key_prefix)
+    for what, bad in malformed.items():
+        with pytest.raises(InvalidInput):
+            storage._run(storage._queue_call("settle", "q", *valid, *bad))
+        assert snapshot(redis_client, key_prefix) == before, f"{what}: a failed settle script wrote"
+    storage.settle([Settlement(a.task.id, a.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED)])
+    assert [x.attempt_no for x in storage.get(a.task.id).attempts] == [1]
+
+
+def test_every_writing_script_refuses_bad_arguments_before_writing(storage, redis_client, key_prefix):
+    from rdq_core.errors import InvalidInput
+    from rdq_core.storage.redis import _enqueue_args
+
+    storage.enqueue(new_tasks(2))
+    a, b = storage.claim("q", 2, 60)
+    fresh = [NewTask(id=f"n{i}", queue="q", handler="h", payload={"i": i}) for i in range(3)]
+    ok_enqueue = [v for t in fresh[:2] for v in _enqueue_args(t)]
+    bad_enqueue = list(_enqueue_args(fresh[2]))
+    bad_enqueue[6] = "later"  # delay_us
+    pairs = [a.task.id, a.claim_token, b.task.id, b.claim_token]
+    calls = {
+        "enqueue: bad delay after valid tasks": storage._queue_call("enqueue", "q", "q", *ok_enqueue, *bad_enqueue),
+        "enqueue: item cut short": storage._queue_call("enqueue", "q", "q", *ok_enqueue, *bad_enqueue[:3]),
+        "extend: lease not a number": storage._queue_call("extend", "q", "forever", *pairs),
+        "extend: dangling id": storage._queue_call("extend", "q", 5_000_000, *pairs, "c"),
+        "release: dangling id": storage._queue_call("release", "q", *pairs, "c"),
+        "claim: limit not a count": storage._queue_call("claim", "q", "all", 60_000_000, "q|x."),
+        "dead_apply: unknown action": storage._queue_call("dead_apply", "q", "delete", "", "", 10, "", "", ""),
+        "dead_apply: ids not JSON": storage._queue_call("dead_apply", "q", "purge", "", "", 10, "[t0", "", ""),
+        "purge_finished: bad cutoff": storage._queue_call("purge_finished", "q", "old", 10),
+        "reserve_ids: dangling id": storage._global_call("reserve_ids", "n0", "q", "n1"),
+        "take_over_ids: cut short": storage._global_call("take_over_ids", "n0", "q"),
+        "unindex: bad flag": storage._global_call("unindex", "q", "maybe", "t00000"),
+    }
+    before = snapshot(redis_client, key_prefix)
+    for what, call in calls.items():
+        with pytest.raises(InvalidInput):
+            storage._run(call)
+        assert snapshot(redis_client, key_prefix) == before, f"{what}: the script wrote before failing"
+    assert storage.extend_leases([a.ref, b.ref], 120).keys() == {a.task.id, b.task.id}
+    storage.release([a.ref, b.ref])
+    assert storage.stats("q").pending == 2
+
+
+# -- every call is bounded in time --------------------------------------------------------------
+
+def _through(proxy, url: str, **query: str) -> str:
+    parts = urlsplit(url)
+    merged = dict(parse_qsl(parts.query))
+    merged.update(query)
+    return urlunsplit(parts._replace(netloc=f"127.0.0.1:{proxy.port}", query=urlencode(merged)))
+
+
+def test_a_half_open_connection_raises_storage_unavailable_within_the_socket_timeout(storage_url):
+    from tests.backends.stall_proxy import StallingProxy
+
+    upstream = urlsplit(storage_url)
+    with StallingProxy(upstream.hostname or "127.0.0.1", upstream.port or 6379) as proxy:
+        store = RedisStorage(_through(proxy, storage_url, socket_timeout="0.5"))
+        try:
+            store.migrate()
+            store.enqueue(new_tasks(2))
+            (held,) = store.claim("q", 1, 60)
+            proxy.stall()  # the pooled connection stays open; nothing answers any more
+            for call in (lambda: store.claim("q", 1, 60), lambda: store.extend_leases([held.ref], 60),
+                         lambda: store.stats("q")):
+                started = time.monotonic()
+                with pytest.raises(StorageUnavailable):
+                    call()
+                assert time.monotonic() - started < 3
+        finally:
+            proxy.close()
+            store.close()
+    # Nothing was resent behind our back: the stalled claim never reached the server.
+    check = RedisStorage(storage_url)
+    assert (check.stats("q").pending, check.stats("q").in_flight) == (1, 1)
+    check.close()
+
+
+def test_a_server_that_never_answers_is_storage_unavailable_and_defaults_are_bounded(storage_url):
+    from tests.backends.stall_proxy import StallingProxy
+
+    with StallingProxy("127.0.0.1", 6379, stalled=True) as proxy:
+        store = RedisStorage(_through(proxy, storage_url, socket_timeout="0.5", socket_connect_timeout="0.5"))
+        started = time.monotonic()
+        with pytest.raises(StorageUnavailable):
+            store.claim("q", 1, 60)
+        assert time.monotonic() - started < 3
+        proxy.close()
+        store.close()
+    store = RedisStorage(storage_url + "&retry_on_timeout=true")
+    try:
+        kwargs = store._client.connection_pool.connection_kwargs
+        assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (30, 5)
+        assert kwargs["socket_keepalive"] is True and kwargs["health_check_interval"] == 30
+        assert "retry_on_timeout" not in kwargs or not kwargs["retry_on_timeout"]
+        assert kwargs["retry"].get_retries() == 0  # a script whose reply was lost is never resent
+    finally:
+        store.close()
