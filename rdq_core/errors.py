@@ -51,3 +51,12 @@ class InvalidCursor(InvalidInput):
 
 class StorageUnavailable(RdqError):
     """The backend could not be reached; the operation may be retried."""
+
+
+class SchemaMissing(RdqError):
+    """The store holds no rdq schema (or an older one than this code needs): run ``rdq migrate``."""
+
+    def __init__(self, detail: str = ""):
+        super().__init__(
+            "this store has no rdq schema, or an older one than this version needs: run `rdq migrate` "
+            "(rdq --storage URL migrate) once, before workers and producers use it" + (f" ({detail})" if detail else ""))

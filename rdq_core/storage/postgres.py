@@ -56,7 +56,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
-from ..errors import InvalidInput, StaleClaim, StorageUnavailable, TaskConflict, TaskNotFound
+from ..errors import InvalidInput, SchemaMissing, StaleClaim, StorageUnavailable, TaskConflict, TaskNotFound
 from ..model import (
     Attempt,
     Backoff,
@@ -675,6 +675,8 @@ class PostgresStorage(Storage):
         cut_off = False
         try:
             yield conn
+        except (pg_errors.UndefinedTable, pg_errors.UndefinedFunction) as exc:
+            raise SchemaMissing(str(exc).splitlines()[0]) from None
         except psycopg.OperationalError as exc:
             cut_off = watch is not None and _WATCHDOG.done(watch)
             if cut_off:
@@ -752,6 +754,8 @@ class PostgresStorage(Storage):
                     rows += self._rows_lost_to_concurrent_inserts(connection, tasks, rows)
                 except psycopg.OperationalError as exc:
                     raise StorageUnavailable(f"PostgreSQL operation failed: {exc}") from exc
+                except pg_errors.UndefinedTable as exc:
+                    raise SchemaMissing(str(exc).splitlines()[0]) from None
             else:
                 with self._connection() as conn:
                     rows = self._execute(conn, ENQUEUE_SQL, params).fetchall()
