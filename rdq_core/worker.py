@@ -77,7 +77,11 @@ class HeartbeatLedger(ClaimLedger):
         try:
             self.storage.extend_leases(refs, self.lease_seconds)
         except StaleClaim as exc:
+            # Only possible after the store was out of reach for longer than a lease: those
+            # claims are someone else's now. Stop renewing them (their outcome will be fenced off).
             self.lost.update(exc.task_ids)
+            lost = set(exc.task_ids)
+            self.drop([ref for ref in refs if ref.task_id in lost])
             log.warning("lost the lease of %d task(s); their outcome will be fenced off", len(exc.task_ids))
         except StorageUnavailable as exc:
             self.health.failed("heartbeat", exc)  # retried next beat
