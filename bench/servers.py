@@ -2,7 +2,9 @@
 
 * PostgreSQL: a database ``rdq_bench_<random>`` created here and dropped here (only that one).
 * Redis: keys under our own prefix, deleted with SCAN + UNLINK (never FLUSHALL).
-* MongoDB wire: an ``nx-27017 --db memory`` process on a free loopback port, stopped by PID.
+* MongoDB wire: an ``nx-27017 --db memory`` process on a free loopback port, with its own pid
+  file and log in a temporary directory, verified to be the server answering on that port (its
+  ``serverStatus`` PID is the child we started), stopped by PID.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import os
 import secrets
 import shutil
 import subprocess
+import tempfile
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
@@ -72,31 +76,57 @@ def redis_storage_url(prefix: str) -> str:
     return f"{REDIS_URL}{sep}prefix={prefix}"
 
 
+def _mongo_served_pid(port: int) -> int | None:
+    """The PID the server answering on ``port`` reports, or None if nothing answers."""
+    import pymongo
+
+    client = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}", serverSelectionTimeoutMS=300, connectTimeoutMS=300)
+    try:
+        return int(client.admin.command("serverStatus")["pid"])
+    except Exception:  # noqa: BLE001 - not (yet) answering, or not a server that says its PID
+        return None
+    finally:
+        client.close()
+
+
 @contextmanager
-def mongo_server() -> Iterator[str]:
-    """Start ``nx-27017`` (in-memory) on a free loopback port; stop it by PID afterwards."""
+def mongo_server(attempts: int = 3) -> Iterator[str]:
+    """Start ``nx-27017`` (in-memory) on a free loopback port; stop it by PID afterwards.
+
+    Its own ``--pid-file``: without one nx-27017 uses a fixed default path and refuses to start
+    while that names a live process (any other nx-27017 on the machine). The port was free when
+    chosen but can be taken before the server binds it, so the server answering must report our
+    child's PID; if it does not, ours is stopped and another port tried.
+    """
     exe = shutil.which("nx-27017")
     if exe is None:
         raise RuntimeError("nx-27017 is not installed (pip install nx-27017)")
-    port = free_port()
-    proc = subprocess.Popen(
-        [exe, "--host", "127.0.0.1", "-p", str(port), "--db", "memory"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
+    workdir = Path(tempfile.mkdtemp(prefix="rdq-bench-nx27017-"))
+    problems: list[str] = []
     try:
-        import pymongo
-
-        deadline = time.monotonic() + 20
-        while True:
+        for _ in range(attempts):
+            port = free_port()
+            log_path = workdir / f"nx-{port}.log"
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(
+                    [exe, "--host", "127.0.0.1", "-p", str(port), "--db", "memory",
+                     "--pid-file", str(workdir / f"nx-{port}.pid"), "--log-file", str(log_path)],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir,
+                    start_new_session=True,
+                )
+            deadline = time.monotonic() + 20
             try:
-                client = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}", serverSelectionTimeoutMS=300)
-                client.admin.command("ping")
-                client.close()
-                break
-            except Exception:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("nx-27017 did not start")
-                time.sleep(0.1)
-        yield f"mongodb://127.0.0.1:{port}"
+                while (pid := _mongo_served_pid(port)) is None and proc.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if pid == proc.pid:
+                    yield f"mongodb://127.0.0.1:{port}"
+                    return
+                if pid is not None:
+                    problems.append(f"port {port} is served by PID {pid}, not by the nx-27017 we started (PID {proc.pid})")
+                else:
+                    problems.append(f"nx-27017 did not start on port {port}: {log_path.read_text(errors='replace')[-1000:]}")
+            finally:
+                stop_process(proc)
+        raise RuntimeError("; ".join(problems))
     finally:
-        stop_process(proc)
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -11,6 +11,11 @@
   (``rdq_core.examples``) loaded unless others are named.
 
 Optional bearer token: set ``RDQ_API_TOKEN`` and every request needs ``Authorization: Bearer …``.
+
+Logs: the Lambda handlers log through this process's own logging (``rdq_core.logs``): one
+readable line per task outcome on a terminal, JSON lines otherwise or with ``--log-format json``
+(``RDQ_LOG_FORMAT``). None of the Lambda context fields, and no EMF metrics: Powertools metrics
+are off here (the deployed functions keep both).
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import logging
 import os
 import signal
-import sys
 import threading
 import time
 from http import HTTPStatus
@@ -29,6 +34,8 @@ from typing import Any, Callable
 from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_PORT = 8787
+log = logging.getLogger("rdq.dev")
+http_log = logging.getLogger("rdq.dev.http")
 #: Requests above this are refused by the local server before the handler sees them
 #: (API Gateway's own hard limit is 10 MB; the API handler's body limit is lower still).
 MAX_REQUEST_BYTES = 6 * 1024 * 1024
@@ -58,7 +65,13 @@ def _configure_environment(storage_url: str, handler_modules: list[str] | None) 
     os.environ.setdefault("RDQ_AUTH_MODE", "none")
     os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "rdq-dev")
     os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
-    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+    # Nothing reads EMF here: record no metrics, so no blob is ever printed (not even
+    # Powertools' automatic flush at 100 values, which ignores its own switch).
+    os.environ["POWERTOOLS_METRICS_DISABLED"] = "true"
+    # The handlers' logs go through this process's logging (rdq_core.logs), not Powertools
+    # JSON; and Powertools must not attach its duplicate-suppressing filter to our handler.
+    os.environ["RDQ_LOCAL_LOGGING"] = "true"
+    os.environ["POWERTOOLS_LOG_DEDUPLICATION_DISABLED"] = "true"
     os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "INFO")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
@@ -128,13 +141,13 @@ class DevHost:
         try:
             self._worker.lambda_handler(event, self._context("rdq-dev-worker", self.worker_timeout))
         except Exception as exc:  # noqa: BLE001 - a failed invocation must not stop the dev host
-            print(f"rdq dev: worker invocation failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            log.error("worker invocation failed: %s: %s", type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
 
     def _invoke_reaper(self) -> None:
         try:
             self._reaper.lambda_handler(self._scheduled_event("rdq-dev-reaper-schedule"), self._context("rdq-dev-reaper", 60))
         except Exception as exc:  # noqa: BLE001
-            print(f"rdq dev: reaper invocation failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            log.error("reaper invocation failed: %s: %s", type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
 
     def _schedule(self, every: float, invoke: Callable[[], None]) -> None:
         next_run = time.monotonic()
@@ -255,7 +268,7 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
             self._refuse(int(code), message or HTTPStatus(code).phrase)
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-            print(f"rdq dev: {self.address_string()} {format % args}", file=sys.stderr, flush=True)
+            http_log.info("%s %s", self.address_string(), format % args)
 
     return ProxyRequestHandler
 
@@ -263,6 +276,10 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
 def run_dev(storage_url: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
             handler_modules: list[str] | None = None) -> None:
     """Run the dev host until Ctrl-C or SIGTERM (the ``rdq dev`` command)."""
+    from .logs import configure_logging, configured_format, default_log_format, default_log_level
+
+    if configured_format() is None:  # ``rdq dev`` configured it already; ``python -m`` did not
+        configure_logging(default_log_format(), default_log_level())
     dev = DevHost(storage_url, host, port, handler_modules)
     stop_requested = threading.Event()
     if threading.current_thread() is threading.main_thread():

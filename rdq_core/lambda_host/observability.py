@@ -1,10 +1,17 @@
 """Powertools Logger, Metrics (CloudWatch EMF) and Tracer for the three functions.
 
-* Logs are JSON lines. While a handler runs, every line carries ``task_id``, ``queue`` and
-  ``attempt`` (the engine's own ``rdq.*`` loggers share the Powertools formatter, so their lines
-  carry them too). Payloads and results are never logged.
+* Deployed, logs are Powertools JSON lines. While a handler runs, every line carries ``task_id``,
+  ``queue`` and ``attempt`` (the engine's own ``rdq.*`` loggers share the Powertools formatter, so
+  their lines carry them too); the engine writes one ``rdq.task`` line per outcome. Payloads and
+  results are never logged.
 * The engine reports through ``rdq_core.telemetry.Telemetry``; ``MetricsTelemetry`` forwards those
   counts to EMF under the names the template's alarms and dashboards use.
+* Under ``rdq dev`` (``RDQ_LOCAL_LOGGING=true``, set by ``rdq_core.devhost`` before this module is
+  imported) the Powertools logger writes nothing itself: its records, and the engine's, go to the
+  process's own logging set up by ``rdq_core.logs.configure_logging`` (readable text on a
+  terminal, JSON lines otherwise), with the task keys on a handler's own lines. No metric is
+  recorded while metrics are disabled (``POWERTOOLS_METRICS_DISABLED``, which ``rdq dev`` sets),
+  so no EMF blob is ever printed locally.
 """
 
 from __future__ import annotations
@@ -19,16 +26,56 @@ from aws_lambda_powertools.logging.utils import copy_config_to_registered_logger
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 
 from ..handlers import HandlerRegistry, HandlerSpec, TaskContext
+from ..logs import task_log_keys
 from ..telemetry import Telemetry
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "rdq")
 NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "rdq")
+#: Set by ``rdq dev``: log through the process's own logging instead of Powertools JSON.
+LOCAL_LOGGING_ENV = "RDQ_LOCAL_LOGGING"
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+LOCAL_LOGGING = _truthy(os.environ.get(LOCAL_LOGGING_ENV))
 
 # An invocation that touched no task has nothing to report; that is normal, not a warning.
 warnings.filterwarnings("ignore", message="No application metrics to publish")
 
-logger = Logger(service=SERVICE)
+if LOCAL_LOGGING:
+    # The Powertools logger keeps its API (append_keys, inject_lambda_context) but has no output
+    # of its own: its records propagate to the root logger that rdq_core.logs configured, at
+    # the level configured there.
+    logger = Logger(service=SERVICE, logger_handler=logging.NullHandler())
+    logger.setLevel(logging.NOTSET)
+else:
+    logger = Logger(service=SERVICE)
 metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
+
+
+def metrics_enabled() -> bool:
+    """False when Powertools metrics are switched off (``POWERTOOLS_METRICS_DISABLED``, or
+    ``POWERTOOLS_DEV`` without it), as Powertools decides. Then nothing is recorded at all:
+    Powertools skips the flush of a disabled ``Metrics`` but not the automatic flush at 100
+    values of one metric, which would print an EMF blob anyway."""
+    disabled = os.environ.get("POWERTOOLS_METRICS_DISABLED")
+    if disabled is not None:
+        return not _truthy(disabled)
+    return not _truthy(os.environ.get("POWERTOOLS_DEV"))
+
+
+def add_metric(name: str, unit: str, value: float) -> None:
+    """``metrics.add_metric`` unless metrics are disabled."""
+    if metrics_enabled():
+        metrics.add_metric(name=name, unit=unit, value=value)
+
+
+def log_invocation(message: str, summary: dict[str, Any], busy: bool) -> None:
+    """A function's end-of-invocation summary: INFO in CloudWatch when it did something; under
+    ``rdq dev`` always DEBUG (the per-task ``rdq.task`` lines already say what happened)."""
+    (logger.info if busy and not LOCAL_LOGGING else logger.debug)(message, extra={"summary": summary})
 
 
 class _TracingOff:
@@ -52,10 +99,11 @@ if _tracing_enabled():
 else:
     tracer = _TracingOff()
 
-# The engine logs through stdlib loggers named ``rdq.*``; give them the Powertools formatter so
-# they come out as the same JSON lines with the same appended task keys.
-logging.getLogger("rdq").setLevel(logger.log_level)
-copy_config_to_registered_loggers(source_logger=logger, include={"rdq"})
+if not LOCAL_LOGGING:
+    # The engine logs through stdlib loggers named ``rdq.*``; give them the Powertools formatter
+    # so they come out as the same JSON lines with the same appended task keys.
+    logging.getLogger("rdq").setLevel(logger.log_level)
+    copy_config_to_registered_loggers(source_logger=logger, include={"rdq"})
 
 #: Engine telemetry name -> (EMF metric name, unit).
 _METRIC_NAMES = {
@@ -78,17 +126,17 @@ class MetricsTelemetry(Telemetry):
         super().count(name, value)
         if value:
             metric, unit = _METRIC_NAMES.get(name, (name, MetricUnit.Count))
-            metrics.add_metric(name=metric, unit=unit, value=value)
+            add_metric(metric, unit, value)
 
     def timing_ms(self, name: str, value_ms: float) -> None:
         super().timing_ms(name, value_ms)
         metric, unit = _METRIC_NAMES.get(name, (name, MetricUnit.Milliseconds))
-        metrics.add_metric(name=metric, unit=unit, value=value_ms)
+        add_metric(metric, unit, value_ms)
 
 
 def publish_queue_gauge(queue: str, name: str, value: float, unit: str = MetricUnit.Count) -> None:
     """A per-queue gauge (dimension ``queue``), flushed at once as its own EMF blob."""
-    if os.environ.get("POWERTOOLS_METRICS_DISABLED", "").lower() in ("1", "true"):
+    if not metrics_enabled():
         return  # single_metric does not honour the switch that Metrics does
     with single_metric(name=name, unit=unit, value=value, namespace=NAMESPACE, default_dimensions=metrics.default_dimensions) as metric:
         metric.add_dimension(name="service", value=SERVICE)
@@ -122,19 +170,18 @@ class LoggedRegistry(HandlerRegistry):
 
 
 def _with_task_keys(func: Any) -> Any:
+    # No "task finished" line: the engine writes one ``rdq.task`` line per outcome (with the
+    # task, handler, try, outcome, duration and error type); this only puts the task keys on
+    # the lines the handler itself logs while it runs.
     def run(payload: Any, ctx: TaskContext) -> Any:
-        logger.thread_safe_append_keys(task_id=ctx.task_id, queue=ctx.queue, attempt=ctx.attempt)
+        keys = {"task_id": ctx.task_id, "queue": ctx.queue, "attempt": ctx.attempt}
+        logger.thread_safe_append_keys(**keys)
         try:
-            logger.info("task started", extra={"redrive_count": ctx.redrive_count})
-            try:
-                result = func(payload, ctx)
-            except BaseException as exc:
-                logger.info("task failed", extra={"error_type": type(exc).__name__})
-                raise
-            logger.info("task finished")
-            return result
+            with task_log_keys(**keys):
+                logger.debug("task started", extra={"redrive_count": ctx.redrive_count})
+                return func(payload, ctx)
         finally:
-            logger.thread_safe_remove_keys(["task_id", "queue", "attempt"])
+            logger.thread_safe_remove_keys(list(keys))
 
     run.__wrapped__ = func  # type: ignore[attr-defined]
     return run

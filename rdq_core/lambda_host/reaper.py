@@ -13,7 +13,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 
 from ..reaper import reap_expired_leases
 from .connection import shared_storage
-from .observability import MetricsTelemetry, logger, metrics, publish_queue_gauge, tracer
+from .observability import MetricsTelemetry, add_metric, log_invocation, logger, metrics, publish_queue_gauge, tracer
 from .settings import Settings
 
 
@@ -38,15 +38,15 @@ def run_reaper_invocation(event: dict[str, Any], context: Any, settings: Setting
         publish_queue_gauge(queue, "QueueDepth", stats.pending)
         publish_queue_gauge(queue, "DeadTasks", stats.dead)
         publish_queue_gauge(queue, "OldestPendingAge", stats.oldest_pending_age_seconds, MetricUnit.Seconds)
-    metrics.add_metric(name="QueueDepth", unit=MetricUnit.Count, value=depth)
-    metrics.add_metric(name="DeadTasks", unit=MetricUnit.Count, value=dead)
-    metrics.add_metric(name="OldestPendingAge", unit=MetricUnit.Seconds, value=oldest)
+    add_metric("QueueDepth", MetricUnit.Count, depth)
+    add_metric("DeadTasks", MetricUnit.Count, dead)
+    add_metric("OldestPendingAge", MetricUnit.Seconds, oldest)
     summary = {
         "expired": report.expired, "rescheduled": report.rescheduled, "dead_lettered": report.dead_lettered,
         "contended": report.contended, "batches": report.batches, "queues": len(queues),
         "pending": depth, "dead": dead, "oldest_pending_age_seconds": oldest,
     }
-    (logger.info if report.expired else logger.debug)("reaper invocation done", extra={"summary": summary})
+    log_invocation("reaper invocation done", summary, busy=bool(report.expired))
     return summary
 
 

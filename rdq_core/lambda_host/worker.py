@@ -29,7 +29,7 @@ from ..runner import BatchRunner
 from ..storage.spi import Storage
 from .connection import shared_storage
 from .invoker import FANOUT_SOURCE, WAKE_SOURCE, extra_workers_for_backlog, invoker
-from .observability import LoggedRegistry, MetricsTelemetry, logger, metrics, tracer
+from .observability import LoggedRegistry, MetricsTelemetry, log_invocation, logger, metrics, tracer
 from .settings import Settings
 
 
@@ -102,7 +102,7 @@ def run_worker_invocation(event: Mapping[str, Any], context: Any, settings: Sett
         if claimed_this_round == 0 or progress_this_round == 0:
             break
     # A tick that found nothing is the common case; keep it out of the INFO log.
-    (logger.info if summary["claimed"] else logger.debug)("worker invocation done", extra={"summary": summary})
+    log_invocation("worker invocation done", summary, busy=bool(summary["claimed"]))
     return summary
 
 

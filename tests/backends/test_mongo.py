@@ -1,9 +1,11 @@
 """MongoDB backend tests over a real wire connection.
 
 Server: ``$RDQ_TEST_MONGO_URL`` if set (point it at a real MongoDB to run the same tests there),
-else whatever answers on 127.0.0.1:27017, else an ``nx-27017`` started for this session on a
-free port. Each test gets its own database, dropped afterwards. When no server can be had the
-tests fail under CI and are skipped elsewhere.
+else an ``nx-27017`` started for this session on a free loopback port, with its own pid file and
+log in a directory of its own, and verified to be the server answering there (its
+``serverStatus`` PID is the one we started): never whatever else happens to listen on 27017 or
+on the chosen port. Each test gets its own database, dropped afterwards. When no server can be
+had the tests fail under CI and are skipped elsewhere.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from rdq_core.model import (  # noqa: E402
 from rdq_core.storage import open_storage  # noqa: E402
 from rdq_core.storage.mongo import MongoStorage  # noqa: E402
 from rdq_core.compliance.support import wait_until  # noqa: E402
-from tests.loopback import free_loopback_port  # noqa: E402
+from tests.loopback import ServerStartError, mongo_served_pid, start_owned_server, stop_process  # noqa: E402
 
 SERVER_START_DEADLINE_S = 20.0
 
@@ -67,36 +69,31 @@ def mongo_server_url():
             _fail_or_skip(f"RDQ_TEST_MONGO_URL={configured} does not answer")
         yield configured
         return
-    if _answers("mongodb://127.0.0.1:27017/"):
-        yield "mongodb://127.0.0.1:27017/"
-        return
     executable = shutil.which("nx-27017")
     if executable is None:
-        _fail_or_skip("no MongoDB on 127.0.0.1:27017 and nx-27017 is not installed (pip install nx-27017)")
-    port = free_loopback_port()
+        _fail_or_skip("nx-27017 is not installed (pip install nx-27017), and RDQ_TEST_MONGO_URL is not set")
     workdir = Path(tempfile.mkdtemp(prefix="rdq-nx27017-"))
     log_path = workdir / "server.log"
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen(
-            [executable, "--host", "127.0.0.1", "-p", str(port), "--db", "memory",
-             "--log-file", str(log_path), "--pid-file", str(workdir / "server.pid")],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
-    url = f"mongodb://127.0.0.1:{port}/"
+
+    def start(port: int) -> subprocess.Popen:
+        # Its own pid file: nx-27017 refuses to start while its default one names a live process.
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(
+                [executable, "--host", "127.0.0.1", "-p", str(port), "--db", "memory",
+                 "--log-file", str(workdir / f"nx-{port}.log"), "--pid-file", str(workdir / f"nx-{port}.pid")],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir,
+            )
+
     try:
-        deadline = time.monotonic() + SERVER_START_DEADLINE_S
-        while not _answers(url, timeout_ms=250):
-            if server.poll() is not None or time.monotonic() > deadline:
-                _fail_or_skip(f"nx-27017 did not become ready on port {port}: {log_path.read_text()[-2000:]}")
-            time.sleep(0.05)
-        yield url
+        server, port = start_owned_server(start, mongo_served_pid, "nx-27017", log_path.read_text,
+                                          timeout=SERVER_START_DEADLINE_S)
+    except ServerStartError as exc:
+        shutil.rmtree(workdir, ignore_errors=True)
+        _fail_or_skip(str(exc))
+    try:
+        yield f"mongodb://127.0.0.1:{port}/"
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=10)
+        stop_process(server)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

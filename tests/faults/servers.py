@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from rdq_core.compliance.support import wait_until
-from tests.loopback import free_loopback_port
+from tests.loopback import free_loopback_port, mongo_served_pid, redis_served_pid
 
 PG_BIN = Path(os.environ.get("RDQ_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 
@@ -77,7 +77,9 @@ class OwnedPostgres:
 
 
 class _OwnedProcessServer:
-    """A server run as our child process (Redis, the MongoDB wire server)."""
+    """A server run as our child process (Redis, the MongoDB wire server), with its own port,
+    pid file and data directory. Ready means the server answering on the port reports *our*
+    child's PID: a stranger that took the port is never used as ours."""
 
     def __init__(self, prefix: str) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix=prefix))
@@ -87,8 +89,18 @@ class _OwnedProcessServer:
     def argv(self) -> list[str]:
         raise NotImplementedError
 
-    def ready(self) -> bool:
+    def served_pid(self) -> int | None:
+        """The PID of whoever answers on our port, or None."""
         raise NotImplementedError
+
+    def ready(self) -> bool:
+        pid = self.served_pid()
+        if pid is not None and self.process is not None and pid != self.process.pid:
+            raise RuntimeError(f"port {self.port} is served by PID {pid}, not by our {self.argv()[0]} (PID {self.process.pid})")
+        if pid is None and self.process is not None and self.process.poll() is not None:
+            raise RuntimeError(f"{self.argv()[0]} exited with {self.process.returncode}: "
+                               f"{(self.workdir / 'server.log').read_text(errors='replace')[-1500:]}")
+        return pid is not None
 
     def start(self) -> None:
         with open(self.workdir / "server.log", "ab") as log:
@@ -131,18 +143,11 @@ class OwnedRedis(_OwnedProcessServer):
 
     def argv(self) -> list[str]:
         return ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
-                "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.workdir)]
+                "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.workdir),
+                "--pidfile", str(self.workdir / "redis.pid")]
 
-    def ready(self) -> bool:
-        import redis
-
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
+    def served_pid(self) -> int | None:
+        return redis_served_pid(self.port)
 
 
 class OwnedMongoWire(_OwnedProcessServer):
@@ -157,14 +162,5 @@ class OwnedMongoWire(_OwnedProcessServer):
         return [executable, "--host", "127.0.0.1", "-p", str(self.port), "--db", str(self.workdir / "data.db"),
                 "--log-file", str(self.workdir / "nx.log"), "--pid-file", str(self.workdir / "nx.pid")]
 
-    def ready(self) -> bool:
-        import pymongo
-
-        client = pymongo.MongoClient(f"mongodb://127.0.0.1:{self.port}/", serverSelectionTimeoutMS=300, connectTimeoutMS=300)
-        try:
-            client.admin.command("ping")
-            return True
-        except pymongo.errors.PyMongoError:
-            return False
-        finally:
-            client.close()
+    def served_pid(self) -> int | None:
+        return mongo_served_pid(self.port)

@@ -10,10 +10,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -25,7 +25,7 @@ import pytest
 
 # The offline AWS / Powertools environment is set once for the whole suite in tests/conftest.py.
 from rdq_core.compliance.support import wait_until  # noqa: E402
-from tests.loopback import free_loopback_port  # noqa: E402
+from tests.loopback import rdq_dev_address  # noqa: E402
 from tests.backends.test_mongo import fresh_mongo_url, mongo_server_url  # noqa: E402,F401 - fixtures
 from tests.backends.test_postgres import fresh_schema_url, pg_database_url  # noqa: E402,F401 - fixtures
 from tests.backends.test_redis import BASE_URL as REDIS_BASE_URL  # noqa: E402
@@ -48,14 +48,22 @@ _RDQ_ENV = (
 
 
 class DevServer:
-    """``python -m rdq_core.cli --storage URL dev --port N`` as a subprocess this test owns."""
+    """``python -m rdq_core.cli --storage URL dev --port 0`` as a subprocess this test owns.
+
+    ``--port 0``: the kernel picks a free port when rdq dev binds, and the banner names it. (A
+    port picked free beforehand can be taken by another process before rdq dev binds it.)
+    Ready means the banner is out: rdq dev prints it once it is listening and serving.
+    """
+
+    _started = itertools.count(1)
 
     def __init__(self, workdir: Path, storage_url: str | None = None, token: str | None = TOKEN,
                  env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:
-        self.port = free_loopback_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        number = next(self._started)
+        self.port = 0
+        self.url = ""
         self.token = token
-        self.log_path = workdir / f"rdq-dev-{self.port}.log"
+        self.log_path = workdir / f"rdq-dev-{number}.log"
         full_env = {k: v for k, v in os.environ.items() if k not in _RDQ_ENV}
         full_env.update({"PYTHONPATH": str(REPO), "POWERTOOLS_LOG_LEVEL": "INFO",
                          "RDQ_DEV_WORKER_EVERY_SECONDS": "0.5", "RDQ_DEV_REAPER_EVERY_SECONDS": "2"})
@@ -63,24 +71,21 @@ class DevServer:
         if token:
             full_env["RDQ_API_TOKEN"] = token
         full_env.update(env or {})
-        storage_url = storage_url or f"sqlite:///{workdir}/dev-{self.port}.db"
+        storage_url = storage_url or f"sqlite:///{workdir}/dev-{number}.db"
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "rdq_core.cli", "--storage", storage_url, "dev", "--port", str(self.port), *args],
+            [sys.executable, "-m", "rdq_core.cli", "--storage", storage_url, "dev", "--port", "0", *args],
             cwd=workdir, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
 
     def wait_ready(self, timeout: float = 30) -> "DevServer":
-        def ready() -> bool:
+        def banner() -> tuple[str, int] | None:
             if self.process.poll() is not None:
                 raise AssertionError(f"rdq dev exited early ({self.process.returncode}): {self.output()[-3000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return True
-            except OSError:
-                return False
+            return rdq_dev_address(self.output())
 
-        wait_until(ready, timeout, what="rdq dev to listen")
+        host, self.port = wait_until(banner, timeout, what="rdq dev to print its banner")
+        self.url = f"http://{host}:{self.port}"
         return self
 
     def output(self) -> str:

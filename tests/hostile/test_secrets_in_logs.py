@@ -110,7 +110,7 @@ def test_rdq_dev_on_postgres_with_a_password_logs_neither(dev_server_factory, pg
     while "enqueued" not in server.output() and time.monotonic() < deadline:
         time.sleep(0.05)
     output = server.output()
-    assert "task finished" in output and "enqueued" in output, "the capture saw the activity"
+    assert "secret-1 demo/greet try 1/5 SUCCESS" in output and "enqueued" in output, "the capture saw the activity"
     assert PASSWORD not in output
     assert "postgres:***@" in output, "the banner shows the store with the password redacted"
     assert (PAYLOAD_MARKER in output) is log_payloads
