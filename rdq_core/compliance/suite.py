@@ -28,6 +28,7 @@ from ..retry import PolicyBook, RetryPolicy
 from ..runner import UNKNOWN_HANDLER, BatchRunner
 from ..storage import open_storage
 from ..storage.spi import Storage
+from .stateful import StatefulCompliance
 from .support import FAST_BACKOFF, dead_letter, enqueue_n, new_task, wait_until
 
 NEVER_ISSUED = "never-issued-token"
@@ -49,7 +50,7 @@ def _state(task):
     return (task.status, task.attempt_count, task.lease_expires_at, task.next_attempt_at, len(task.attempts), task.result)
 
 
-class StorageCompliance:
+class StorageCompliance(StatefulCompliance):
     """Subclass this and provide a ``storage_url`` fixture (fresh, isolated, empty store)."""
 
     #: Modules the chaos workers import before ``open_storage`` (third-party backends register here).
