@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from .client import Client
 from .errors import InvalidInput, RdqError, StorageUnavailable, TaskConflict, TaskNotFound
 from .handlers import registry
+from .logs import configure_logging
 from .reaper import reap_expired_leases, reap_forever
 from .model import TaskStatus
 from .retry import policy_book_from_config
@@ -128,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _configure_logging(args.log_format)
+    configure_logging(args.log_format, os.environ.get("RDQ_LOG_LEVEL", "INFO").upper())
     url = args.storage or default_storage_url()
     try:
         _check_storage_url(url)
@@ -503,16 +504,6 @@ def _print_dead_table(tasks: Sequence[Any]) -> None:
 
 
 # -- helpers --------------------------------------------------------------------------------------
-
-def _configure_logging(fmt: str) -> None:
-    level = os.environ.get("RDQ_LOG_LEVEL", "INFO").upper()
-    try:
-        from .logs import configure_logging
-    except ImportError:  # pragma: no cover - the formats module ships with the package
-        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
-        return
-    configure_logging(fmt, level)
-
 
 def _module_list(text: str | None) -> list[str]:
     return [m.strip() for m in (text or "").split(",") if m.strip()]
