@@ -16,25 +16,51 @@ docs/mongo-backend.md.)
 Settlement is two writes that must stay crash-safe without a transaction:
 
 1. the fenced task update is the commit point. It compares-and-sets ``attempt_seq`` (the
-   highest attempt number the task has recorded, never reset) and embeds the new attempt as
-   ``last_attempt`` in the same atomic single-document update;
-2. the attempt row is then inserted idempotently (the unique index turns a repeat into a
-   no-op). If the process dies between 1 and 2, ``get`` still shows the attempt (merged from
-   ``last_attempt``) and the next settle of that task re-inserts it before moving on.
+   highest attempt number the task has committed, never reset) and, in the same atomic
+   single-document update, appends the new attempt row to ``pending_attempts``: the rows the
+   task has committed but not yet seen in the ``attempts`` collection;
+2. the rows are then inserted idempotently (the unique index turns a repeat into a no-op).
+
+A row leaves ``pending_attempts`` only in a commit that has seen it recorded: the next settle
+of the task reads its carried rows back from ``attempts`` (one ``find``; a row a crashed
+settle never inserted is inserted first). So every committed attempt is at all times in the
+collection, on the task, or both -- whatever point a process dies at, however many settles
+in a row die. Reads (``get``, ``list_dead``, duplicate enqueues) merge the task's pending rows
+into the history without writing; the next settle (a worker's or the reaper's) records them.
+Redrive keeps them on the task; a purge deletes them with it.
+
+Each task document has a random ``incarnation``, copied into its attempt rows: rows left behind
+by a purge that died half way (or raced a late insert) belong to an earlier task with the same
+id and are never shown as, nor allowed to block, the history of a new one.
+
+Every call is bounded in time: ``connectTimeoutMS`` (10 s), ``socketTimeoutMS`` (30 s) and
+``serverSelectionTimeoutMS`` (10 s) apply unless the URL sets them, and a timeout surfaces as
+``StorageUnavailable``.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import threading
 import uuid
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+from urllib.parse import parse_qsl, urlsplit
 
 import pymongo
 from pymongo import ASCENDING, ReturnDocument, UpdateOne, monitoring
-from pymongo.errors import BulkWriteError, CollectionInvalid, ConnectionFailure, OperationFailure
+from pymongo.errors import (
+    AutoReconnect,
+    BulkWriteError,
+    CollectionInvalid,
+    ConnectionFailure,
+    NetworkTimeout,
+    OperationFailure,
+    PyMongoError,
+    ServerSelectionTimeoutError,
+)
 
 from ..errors import InvalidInput, StaleClaim, StorageUnavailable, TaskConflict, TaskNotFound
 from ..model import (
@@ -53,14 +79,21 @@ from ..model import (
     Task,
     TaskStatus,
 )
-from .spi import Storage, decode_dead_cursor, encode_dead_cursor, from_micros, to_micros
+from .spi import Storage, decode_dead_cursor, encode_dead_cursor, from_micros, storable_error, storable_json, to_micros
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 DEFAULT_DATABASE = "rdq"
 DUPLICATE_KEY = 11000
 # How long to look for a server before giving up. pymongo's 30 s default would eat a Lambda
-# invocation; a URL that sets serverSelectionTimeoutMS wins.
+# invocation; a URL that sets serverSelectionTimeoutMS wins (as for the two below).
 DEFAULT_SERVER_SELECTION_MS = 10_000
+# Opening a connection (TCP + TLS + handshake); pymongo's default is 20 s.
+DEFAULT_CONNECT_TIMEOUT_MS = 10_000
+# Waiting for any reply. pymongo waits forever by default, so a half-open connection would hang
+# a claim loop; every rdq command answers in milliseconds.
+DEFAULT_SOCKET_TIMEOUT_MS = 30_000
 # purge_dead works through large selections in chunks so one delete never carries a huge $in.
 PURGE_CHUNK = 500
 
@@ -68,6 +101,15 @@ _SETTLED_STATUSES = (TaskStatus.SUCCEEDED, TaskStatus.PENDING, TaskStatus.DEAD)
 _RETAINED_STATUSES = [TaskStatus.SUCCEEDED.value, TaskStatus.CANCELLED.value]
 
 _Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+# Tests set this to simulate a process dying between two writes: it is called with the name of
+# each crash point (e.g. "settle:committed") and may raise. Never set in production.
+_crash_hook: Callable[[str], None] | None = None
+
+
+def _crash_point(name: str) -> None:
+    if _crash_hook is not None:
+        _crash_hook(name)
 
 
 def _unavailable_on_connection_error(method: _Fn) -> _Fn:
@@ -112,8 +154,12 @@ class MongoStorage(Storage):
             "event_listeners": [_CommandCounter(self._count_round_trip)],
             "appname": "rdq",
         }
-        if "serverselectiontimeoutms" not in url.lower():
-            options["serverSelectionTimeoutMS"] = DEFAULT_SERVER_SELECTION_MS
+        in_url = {name.lower() for name, _ in parse_qsl(urlsplit(url).query, keep_blank_values=True)}
+        for name, value in (("serverSelectionTimeoutMS", DEFAULT_SERVER_SELECTION_MS),
+                            ("connectTimeoutMS", DEFAULT_CONNECT_TIMEOUT_MS),
+                            ("socketTimeoutMS", DEFAULT_SOCKET_TIMEOUT_MS)):
+            if name.lower() not in in_url:  # keyword arguments would override the URL
+                options[name] = value
         try:
             self._client: pymongo.MongoClient = pymongo.MongoClient(url, **options)
         except ConnectionFailure as exc:  # mongodb+srv resolves DNS while constructing
@@ -185,7 +231,15 @@ class MongoStorage(Storage):
 
     def _server_now(self) -> datetime:
         """The server clock, read with ``hello`` (one round trip), as aware UTC at ms precision."""
-        reply = self._client.admin.command("hello")
+        try:
+            reply = self._client.admin.command("hello")
+        except (NetworkTimeout, ServerSelectionTimeoutError):
+            raise  # a half-open connection or no server: fail now, do not wait a second timeout
+        except AutoReconnect:
+            # A pooled connection the server closed (a restart): hello is read-only, so it is
+            # sent once more on a fresh connection, like pymongo's own retryable reads (which do
+            # not cover commands).
+            reply = self._client.admin.command("hello")
         local_time = reply.get("localTime")
         if not isinstance(local_time, datetime):
             raise StorageUnavailable("MongoDB server did not report localTime in its hello reply")
@@ -276,26 +330,26 @@ class MongoStorage(Storage):
             return {}
         now_ms = _epoch_ms(self._server_now())
         lease_expires_at_ms = now_ms + _duration_ms(lease_seconds)
-        operations = [
-            UpdateOne(
-                _held_by(ref),
-                {"$set": {"lease_expires_at_ms": lease_expires_at_ms, "updated_at_ms": now_ms}},
+        # $max, atomically per document: an extension never moves an expiry earlier (a short
+        # heartbeat must not hand a long-leased task to the reaper). updated_at is left alone so
+        # that "modified" means "the lease moved to ours".
+        operations = [UpdateOne(_held_by(ref), {"$max": {"lease_expires_at_ms": lease_expires_at_ms}}) for ref in refs]
+        result = self._tasks.bulk_write(operations, ordered=False)
+        if result.matched_count == len(refs) and result.modified_count == len(refs):
+            return {r.task_id: _from_epoch_ms(lease_expires_at_ms) for r in refs}
+        # Some lease was already later than ours, or some ref was refused: read the leases back.
+        # A claim token is set once and cleared once, so a task that still carries the token
+        # now carried it at the update too: those were extended, the rest were refused.
+        current = {
+            d["_id"]: d
+            for d in self._tasks.find(
+                {"_id": {"$in": [r.task_id for r in refs]}}, {"claim_token": 1, "status": 1, "lease_expires_at_ms": 1}
             )
-            for ref in refs
-        ]
-        matched = self._tasks.bulk_write(operations, ordered=False).matched_count
-        refused: list[str] = []
-        if matched < len(refs):
-            # A claim token is set once and cleared once, so a task that still carries the token
-            # now carried it at the update too: those were extended, the rest were refused.
-            current = {
-                d["_id"]: d
-                for d in self._tasks.find(
-                    {"_id": {"$in": [r.task_id for r in refs]}}, {"claim_token": 1, "status": 1}
-                )
-            }
-            refused = [r.task_id for r in refs if not _holds(current.get(r.task_id), r.claim_token)]
-        extended = {r.task_id: _from_epoch_ms(lease_expires_at_ms) for r in refs if r.task_id not in refused}
+        }
+        refused = [r.task_id for r in refs if not _holds(current.get(r.task_id), r.claim_token)]
+        extended = {
+            r.task_id: _from_epoch_ms(current[r.task_id]["lease_expires_at_ms"]) for r in refs if r.task_id not in refused
+        }
         if refused:
             raise StaleClaim(refused)
         return extended
@@ -316,33 +370,50 @@ class MongoStorage(Storage):
             for d in self._tasks.find(
                 {"_id": {"$in": task_ids}},
                 {"status": 1, "claim_token": 1, "claimed_at_ms": 1, "lease_expires_at_ms": 1,
-                 "attempt_seq": 1, "last_attempt": 1},
+                 "attempt_seq": 1, "pending_attempts": 1, "last_attempt": 1, "incarnation": 1},
             )
         }
-        history_max = self._history_max(task_ids)
+
+        def fenced_off(settlement: Settlement) -> bool:
+            doc = current.get(settlement.task_id)
+            return not _holds(doc, settlement.claim_token) or (
+                settlement.outcome is Outcome.LEASE_EXPIRED and doc["lease_expires_at_ms"] > now_ms
+            )
+
+        # Rows the tasks committed earlier but had not seen in the attempts collection. Those
+        # found there now can leave the task. Any other (a settle died before its insert) is
+        # inserted now, before the commit, so the commit can drop it too; one the insert could
+        # not record stays on the task. Only this recovery costs an extra round trip.
+        carried = {task_id: _carried_rows(doc) for task_id, doc in current.items()}
+        held = {s.task_id for s in settlements if not fenced_off(s)}
+        carried_rows = [row for task_id in held for row in carried[task_id]]
+        recorded = self._recorded(carried_rows)
+        missing = [row for row in carried_rows if row["write_id"] not in recorded]
+        if missing:
+            recorded |= self._record_attempts_or_keep(missing)
 
         refused: list[str] = []
-        planned: list[tuple[Settlement, dict[str, Any]]] = []  # (settlement, its attempt row)
+        planned: list[tuple[Settlement, dict[str, Any], list[dict[str, Any]]]] = []
         operations: list[UpdateOne] = []
         for settlement in settlements:
-            doc = current.get(settlement.task_id)
-            if not _holds(doc, settlement.claim_token) or (
-                settlement.outcome is Outcome.LEASE_EXPIRED and doc["lease_expires_at_ms"] > now_ms
-            ):
+            if fenced_off(settlement):
                 refused.append(settlement.task_id)
                 continue
+            doc = current[settlement.task_id]
             recorded_seq = doc.get("attempt_seq")
-            # Next number from history: the attempts collection's max and the task's own record
-            # of the last attempt it committed (which covers a row not inserted yet).
-            attempt_no = max(history_max.get(settlement.task_id, 0), recorded_seq or 0) + 1
+            unrecorded = [row for row in carried[settlement.task_id] if row["write_id"] not in recorded]
+            # The next number after everything the task ever committed, never from attempt_count.
+            attempt_no = max([recorded_seq or 0] + [row["attempt_no"] for row in carried[settlement.task_id]]) + 1
+            error = storable_error(settlement.error)
             attempt_row = {
                 "task_id": settlement.task_id,
                 "attempt_no": attempt_no,
                 "outcome": settlement.outcome.value,
                 "started_at_ms": doc.get("claimed_at_ms"),
                 "finished_at_ms": now_ms,
-                "error": settlement.error.to_dict() if settlement.error else None,
+                "error": error.to_dict() if error else None,
                 "claim_token": settlement.claim_token,
+                "incarnation": doc.get("incarnation"),
                 # Identifies this write, to tell who won if two settlers race on one claim.
                 "write_id": uuid.uuid4().hex,
             }
@@ -350,27 +421,27 @@ class MongoStorage(Storage):
             filter_["attempt_seq"] = recorded_seq  # compare-and-set: one winner per number
             if settlement.outcome is Outcome.LEASE_EXPIRED:
                 filter_["lease_expires_at_ms"] = {"$lte": now_ms}
-            operations.append(UpdateOne(filter_, _settle_update(settlement, attempt_row, now_ms)))
-            planned.append((settlement, attempt_row))
+            operations.append(UpdateOne(filter_, _settle_update(settlement, error, attempt_row, unrecorded, now_ms)))
+            planned.append((settlement, attempt_row, unrecorded))
 
-        applied: list[dict[str, Any]] = [row for _, row in planned]
+        applied = planned
         if operations:
             matched = self._tasks.bulk_write(operations, ordered=False).matched_count
             if matched < len(operations):
                 # Someone (a reaper, a duplicate item) changed a task between our read and the
                 # write. Find out which of our writes won.
-                lost = self._lost_settlements([row for _, row in planned])
-                refused.extend(s.task_id for s, row in planned if row["write_id"] in lost)
-                applied = [row for row in applied if row["write_id"] not in lost]
+                lost = self._lost_settlements([row for _, row, _ in planned])
+                refused.extend(s.task_id for s, row, _ in planned if row["write_id"] in lost)
+                applied = [item for item in planned if item[1]["write_id"] not in lost]
 
-        # A settle that died after its task update but before its attempt insert left the row
-        # only in the task's last_attempt: insert it now, ahead of the rows this call adds.
-        unrecorded = [
-            _attempt_row(doc["last_attempt"])
-            for task_id, doc in current.items()
-            if doc.get("last_attempt") and doc["last_attempt"]["attempt_no"] > history_max.get(task_id, 0)
-        ]
-        self._insert_attempts(unrecorded + applied)
+        _crash_point("settle:committed")
+        # The committed rows (and any older one still unrecorded). Whatever this insert does not
+        # finish stays on the tasks for the next settle.
+        rows: dict[str, dict[str, Any]] = {}
+        for _, attempt_row, unrecorded in applied:
+            for row in [*unrecorded, attempt_row]:
+                rows[row["write_id"]] = row
+        self._record_attempts_or_keep(list(rows.values()))
         if refused:
             raise StaleClaim(refused)
 
@@ -494,19 +565,11 @@ class MongoStorage(Storage):
         query = _dead_query(queue, filter)
         purged = 0
         while True:
-            ids = [d["_id"] for d in self._tasks.find(query, {"_id": 1}, limit=PURGE_CHUNK, batch_size=PURGE_CHUNK)]
-            if not ids:
+            docs = list(self._tasks.find(query, {"_id": 1, "incarnation": 1}, limit=PURGE_CHUNK, batch_size=PURGE_CHUNK))
+            if not docs:
                 return purged
-            deleted = self._tasks.delete_many({"_id": {"$in": ids}, "status": TaskStatus.DEAD.value}).deleted_count
-            purged += deleted
-            # Only delete history of tasks that are really gone: one may have been redriven
-            # between the read and the delete, and keeps its history.
-            gone = set(ids)
-            if deleted < len(ids):
-                gone -= {d["_id"] for d in self._tasks.find({"_id": {"$in": ids}}, {"_id": 1})}
-            if gone:
-                self._attempts.delete_many({"task_id": {"$in": sorted(gone)}})
-            if len(ids) < PURGE_CHUNK:
+            purged += self._purge(docs, {"status": TaskStatus.DEAD.value}, "purge_dead")
+            if len(docs) < PURGE_CHUNK:
                 return purged
 
     @_unavailable_on_connection_error
@@ -545,81 +608,147 @@ class MongoStorage(Storage):
             return 0
         cutoff_ms = _epoch_ms(self._server_now()) - _duration_ms(older_than_seconds)
         finished = {"status": {"$in": _RETAINED_STATUSES}, "updated_at_ms": {"$lt": cutoff_ms}}
-        ids = [d["_id"] for d in self._tasks.find(finished, {"_id": 1}, limit=limit, batch_size=limit)]
-        if not ids:
+        docs = list(self._tasks.find(finished, {"_id": 1, "incarnation": 1}, limit=limit, batch_size=limit))
+        if not docs:
             return 0
-        # SUCCEEDED and CANCELLED are terminal, so history can go first: if we die in between,
-        # the task is still there for the next retention pass to finish the job.
-        self._attempts.delete_many({"task_id": {"$in": ids}})
-        return self._tasks.delete_many({"_id": {"$in": ids}, "status": {"$in": _RETAINED_STATUSES}}).deleted_count
+        return self._purge(docs, {"status": {"$in": _RETAINED_STATUSES}}, "purge_succeeded")
 
     # -- helpers -----------------------------------------------------------------------------
-    def _history_max(self, task_ids: list[str]) -> dict[str, int]:
-        """MAX(attempt_no) per task over the attempts collection (one aggregate)."""
-        rows = self._attempts.aggregate(
-            [
-                {"$match": {"task_id": {"$in": task_ids}}},
-                {"$group": {"_id": "$task_id", "max_attempt_no": {"$max": "$attempt_no"}}},
-            ]
-        )
-        return {row["_id"]: int(row["max_attempt_no"]) for row in rows}
+    def _purge(self, docs: list[Mapping[str, Any]], still: dict[str, Any], name: str) -> int:
+        """Delete the tasks ``docs`` (those still matching ``still``), then the attempt rows of
+        the ones really gone.
+
+        Tasks go first: a task that is still visible always has its whole history. A purge that
+        dies in between leaves orphan rows; they carry the purged task's incarnation, so a new
+        task with the same id never shows them and a settle replaces one that blocks its number
+        (see ``_record_attempts``). Rows are deleted by (id, incarnation) for the same reason: a
+        task re-enqueued under the same id meanwhile keeps its own history.
+        """
+        ids = [d["_id"] for d in docs]
+        incarnations = sorted({d.get("incarnation") for d in docs}, key=lambda v: (v is not None, v or ""))
+        selection = {"_id": {"$in": ids}, "incarnation": {"$in": incarnations}, **still}
+        deleted = self._tasks.delete_many(selection).deleted_count
+        _crash_point(f"{name}:tasks_deleted")
+        gone = set(ids)
+        if deleted < len(ids):  # one was redriven (or re-enqueued) meanwhile: it keeps its rows
+            gone -= {d["_id"] for d in self._tasks.find({"_id": {"$in": ids}, "incarnation": {"$in": incarnations}}, {"_id": 1})}
+        if gone:
+            self._attempts.delete_many({"task_id": {"$in": sorted(gone)}, "incarnation": {"$in": incarnations}})
+        return deleted
 
     def _histories(self, docs: Iterable[Mapping[str, Any]]) -> dict[str, tuple[Attempt, ...]]:
-        """Attempt histories for ``docs`` in one find. Tasks that never had an attempt
-        (``attempt_seq`` 0) are skipped, so claiming fresh tasks costs no extra round trip."""
-        with_history = [d for d in docs if d.get("attempt_seq") or d.get("last_attempt")]
-        if not with_history:
-            return {}
+        """Attempt histories for ``docs``: the attempts collection merged with the rows each
+        task still carries, in at most one find. Tasks whose every attempt is on the task
+        (never had one, or only unrecorded ones) cost no query."""
+        with_history = [d for d in docs if d.get("attempt_seq") or _carried_rows(d)]
+        to_read = [d for d in with_history
+                   if set(range(1, (d.get("attempt_seq") or 0) + 1)) - {r["attempt_no"] for r in _carried_rows(d)}]
         rows_by_task: dict[str, list[dict[str, Any]]] = {}
-        for row in self._attempts.find(
-            {"task_id": {"$in": [d["_id"] for d in with_history]}},
-            sort=[("task_id", ASCENDING), ("attempt_no", ASCENDING)],
-            batch_size=1000,
-        ):
-            rows_by_task.setdefault(row["task_id"], []).append(row)
+        if to_read:
+            for row in self._attempts.find(
+                {"task_id": {"$in": [d["_id"] for d in to_read]}},
+                sort=[("task_id", ASCENDING), ("attempt_no", ASCENDING)],
+                batch_size=1000,
+            ):
+                rows_by_task.setdefault(row["task_id"], []).append(row)
         return {d["_id"]: _merged_history(d, rows_by_task.get(d["_id"], [])) for d in with_history}
 
+    def _recorded(self, rows: list[Mapping[str, Any]]) -> set[str]:
+        """write_ids of ``rows`` that are in the attempts collection (one find, by the unique
+        index; none when there is nothing to look for)."""
+        if not rows:
+            return set()
+        found = self._attempts.find(
+            {"task_id": {"$in": sorted({r["task_id"] for r in rows})},
+             "attempt_no": {"$in": sorted({r["attempt_no"] for r in rows})}},
+            {"task_id": 1, "attempt_no": 1, "write_id": 1},
+        )
+        present = {(f["task_id"], f["attempt_no"], f.get("write_id")) for f in found}
+        return {r["write_id"] for r in rows if (r["task_id"], r["attempt_no"], r["write_id"]) in present}
+
     def _lost_settlements(self, rows: list[dict[str, Any]]) -> set[str]:
-        """write_ids among ``rows`` whose fenced task update did not win."""
+        """write_ids among ``rows`` whose fenced task update did not win.
+
+        A row that won is on its task (pending) until a later settle saw it recorded, so: on
+        the task, or in the attempts collection. The task is read first: a row that leaves it
+        is already in the collection by then.
+        """
         task_ids = sorted({row["task_id"] for row in rows})
         docs = {
             d["_id"]: d
-            for d in self._tasks.find({"_id": {"$in": task_ids}}, {"attempt_seq": 1, "last_attempt": 1})
+            for d in self._tasks.find(
+                {"_id": {"$in": task_ids}}, {"attempt_seq": 1, "pending_attempts": 1, "last_attempt": 1}
+            )
         }
         lost: set[str] = set()
-        superseded: list[dict[str, Any]] = []
+        to_check: list[dict[str, Any]] = []
         for row in rows:
             doc = docs.get(row["task_id"])
-            last = (doc or {}).get("last_attempt") or {}
-            if last.get("attempt_no") == row["attempt_no"]:
-                if last.get("write_id") != row["write_id"]:
-                    lost.add(row["write_id"])
-            elif doc is not None and (doc.get("attempt_seq") or 0) < row["attempt_no"]:
-                lost.add(row["write_id"])  # the number was never committed
+            if doc is not None and row["write_id"] in {r["write_id"] for r in _carried_rows(doc)}:
+                continue
+            if doc is None or (doc.get("attempt_seq") or 0) < row["attempt_no"]:
+                lost.add(row["write_id"])  # never committed (or the task is gone)
             else:
-                superseded.append(row)  # a later attempt followed; its settle recorded this row
-        if superseded:
-            recorded = {
-                (r["task_id"], r["attempt_no"]): r.get("write_id")
-                for r in self._attempts.find(
-                    {"task_id": {"$in": sorted({r["task_id"] for r in superseded})}},
-                    {"task_id": 1, "attempt_no": 1, "write_id": 1},
-                )
-            }
-            lost.update(
-                r["write_id"] for r in superseded
-                if recorded.get((r["task_id"], r["attempt_no"])) != r["write_id"]
-            )
+                to_check.append(row)
+        if to_check:
+            recorded = self._recorded(to_check)
+            lost.update(row["write_id"] for row in to_check if row["write_id"] not in recorded)
         return lost
 
-    def _insert_attempts(self, rows: list[dict[str, Any]]) -> None:
+    def _record_attempts_or_keep(self, rows: list[dict[str, Any]]) -> set[str]:
+        """``_record_attempts``, but a failure is not the settle's failure: the rows are safe on
+        their tasks (committed, or about to be carried by the commit) and a later settle
+        records them. Raising here would report a committed settle as failed."""
+        try:
+            return self._record_attempts(rows)
+        except PyMongoError as exc:
+            log.warning("could not record %d attempt row(s) yet; kept on their tasks: %s", len(rows), exc)
+            return set()
+
+    def _record_attempts(self, rows: list[dict[str, Any]]) -> set[str]:
+        """Insert committed rows; returns the write_ids now known to be recorded. A row already
+        there (recorded by an earlier settle) is fine.
+
+        A duplicate that is *another* row holding the number can only be an orphan of an earlier
+        task with this id (another incarnation, left by a purge that died half way): it is
+        deleted and ours inserted. Anything else stays on the task for a later settle.
+        """
         if not rows:
-            return
+            return set()
         try:
             self._attempts.insert_many([dict(row) for row in rows], ordered=False)
+            return {row["write_id"] for row in rows}
         except BulkWriteError as exc:
-            # Duplicates are rows already recorded (by a healing settle): that is the idempotence.
-            _duplicate_positions(exc)
+            clashing = [rows[position] for position in sorted(_duplicate_positions(exc))]
+        done = {row["write_id"] for row in rows} - {row["write_id"] for row in clashing}
+        mine = {(r["task_id"], r["attempt_no"]): r for r in clashing}
+        existing = self._attempts.find(
+            {"task_id": {"$in": sorted({r["task_id"] for r in clashing})},
+             "attempt_no": {"$in": sorted({r["attempt_no"] for r in clashing})}},
+            {"task_id": 1, "attempt_no": 1, "write_id": 1, "incarnation": 1},
+        )
+        orphans: list[Any] = []
+        replace: list[dict[str, Any]] = []
+        for found in existing:
+            row = mine.get((found["task_id"], found["attempt_no"]))
+            if row is None:
+                continue
+            if found.get("write_id") == row["write_id"]:
+                done.add(row["write_id"])
+            elif found.get("incarnation") != row.get("incarnation"):
+                orphans.append(found["_id"])
+                replace.append(row)
+            else:
+                log.warning("attempt %s of task %s is recorded by another write; kept on the task",
+                            row["attempt_no"], row["task_id"])
+        if orphans:
+            self._attempts.delete_many({"_id": {"$in": orphans}})
+            try:
+                self._attempts.insert_many([dict(row) for row in replace], ordered=False)
+                done.update(row["write_id"] for row in replace)
+            except BulkWriteError as exc:
+                _duplicate_positions(exc)  # a concurrent settle recorded it first: checked next time
+        return done
 
 
 # -- documents ---------------------------------------------------------------------------------
@@ -645,6 +774,9 @@ def _new_task_doc(new: NewTask, now_ms: int) -> dict[str, Any]:
         "attempt_count": 0,
         "redrive_count": 0,
         "attempt_seq": 0,
+        # Random per task document: attempt rows carry it, so rows an interrupted purge left
+        # behind never count as the history of a later task with the same id.
+        "incarnation": uuid.uuid4().hex,
         "max_attempts": new.max_attempts,
         "backoff": new.backoff.to_dict() if new.backoff else None,
         "next_attempt_at_ms": next_attempt_ms,
@@ -653,11 +785,16 @@ def _new_task_doc(new: NewTask, now_ms: int) -> dict[str, Any]:
     }
 
 
-def _settle_update(settlement: Settlement, attempt_row: dict[str, Any], now_ms: int) -> dict[str, Any]:
+def _settle_update(
+    settlement: Settlement, error: ErrorInfo | None, attempt_row: dict[str, Any],
+    unrecorded: list[dict[str, Any]], now_ms: int,
+) -> dict[str, Any]:
     fields: dict[str, Any] = {
         "status": settlement.status.value,
         "attempt_seq": attempt_row["attempt_no"],
-        "last_attempt": attempt_row,
+        # The whole list is set (not $push): nx-27017 stores $push-ed sub-documents as strings.
+        # The compare-and-set on attempt_seq makes the read-modify-write safe.
+        "pending_attempts": [*unrecorded, attempt_row],
         "updated_at_ms": now_ms,
     }
     if settlement.status is TaskStatus.PENDING:
@@ -666,12 +803,13 @@ def _settle_update(settlement: Settlement, attempt_row: dict[str, Any], now_ms: 
         fields["dead_at_ms"] = now_ms
     if settlement.status is TaskStatus.SUCCEEDED:
         fields["result_json"] = _dumps(settlement.result)
-    if settlement.error is not None:
-        fields["last_error"] = settlement.error.to_dict()
+    if error is not None:
+        fields["last_error"] = error.to_dict()
     return {
         "$set": fields,
         "$inc": {"attempt_count": 1},
-        "$unset": {"claim_token": "", "claimed_at_ms": "", "lease_expires_at_ms": ""},
+        # last_attempt: the single recovery copy of schema 1 documents, now in pending_attempts.
+        "$unset": {"claim_token": "", "claimed_at_ms": "", "lease_expires_at_ms": "", "last_attempt": ""},
     }
 
 
@@ -735,17 +873,25 @@ def _claimed_from_doc(doc: Mapping[str, Any], attempts: Iterable[Attempt]) -> Cl
     )
 
 
-def _attempt_row(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if k != "_id"}
+def _carried_rows(doc: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The attempt rows a task document carries: committed, not yet seen recorded. Includes a
+    schema 1 ``last_attempt`` (which lacks the incarnation of a task created since)."""
+    if not doc:
+        return []
+    rows = [dict(row) for row in doc.get("pending_attempts") or ()]
+    last = doc.get("last_attempt")
+    if last and last.get("write_id") not in {row.get("write_id") for row in rows}:
+        rows.insert(0, {**last, "incarnation": doc.get("incarnation")})
+    return rows
 
 
 def _merged_history(doc: Mapping[str, Any], rows: list[dict[str, Any]]) -> tuple[Attempt, ...]:
-    """The attempts collection plus the task's last committed attempt, in case its row is
-    not inserted yet (a settle that died between its two writes)."""
-    by_number = {row["attempt_no"]: row for row in rows}
-    last = doc.get("last_attempt")
-    if last and last["attempt_no"] not in by_number:
-        by_number[last["attempt_no"]] = last
+    """The task's rows from the attempts collection -- only its own incarnation's, never an
+    earlier task's with the same id -- plus the rows the task still carries."""
+    incarnation = doc.get("incarnation")
+    by_number = {row["attempt_no"]: row for row in rows if row.get("incarnation") == incarnation}
+    for row in _carried_rows(doc):
+        by_number[row["attempt_no"]] = row
     return tuple(
         Attempt(
             attempt_no=row["attempt_no"],
@@ -770,8 +916,9 @@ def _duplicate_positions(exc: BulkWriteError) -> set[int]:
 
 def _dumps(value: Any) -> str:
     # JSON text, not BSON sub-documents: arbitrary keys ("$where", "a.b") survive untouched and
-    # can never be read as query or update operators.
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    # can never be read as query or update operators. Lone surrogates are repaired: BSON
+    # strings are strict UTF-8.
+    return storable_json(value)
 
 
 def _loads(text: str | None) -> Any:

@@ -351,21 +351,195 @@ def test_redrive_then_lease_expiry_numbers_after_all_earlier_attempts(storage):
     assert task.attempt_count == 1
 
 
-def test_settle_that_died_before_inserting_its_attempt_row_is_healed(storage, monkeypatch):
+class SimulatedCrash(BaseException):
+    """The process dies at a crash point: nothing after it runs, no handler catches it."""
+
+
+@pytest.fixture
+def crash_at(monkeypatch):
+    """``crash_at("settle:committed")`` makes every later call die at that point of mongo.py
+    (between two of its writes), like a process killed there; ``crash_at()`` disarms."""
+    from rdq_core.storage import mongo
+
+    def arm(*points: str) -> None:
+        def hook(name: str) -> None:
+            if name in points:
+                raise SimulatedCrash(name)
+
+        monkeypatch.setattr(mongo, "_crash_hook", hook if points else None)
+
+    yield arm
+    monkeypatch.setattr(mongo, "_crash_hook", None)
+
+
+def _due_now(storage, task_id):
+    storage._tasks.update_one({"_id": task_id}, {"$set": {"next_attempt_at_ms": 0}})
+
+
+def _recorded_numbers(storage, task_id):
+    return sorted(r["attempt_no"] for r in storage._attempts.find({"task_id": task_id}))
+
+
+def test_settle_that_died_before_inserting_its_attempt_row_is_healed(storage, crash_at):
     [task_id] = _enqueue(storage, 1)
     [claimed] = storage.claim("q", 1, 30)
-    with monkeypatch.context() as patch:
-        patch.setattr(storage, "_insert_attempts", lambda rows: (_ for _ in ()).throw(ConnectionResetError("crash")))
-        with pytest.raises(ConnectionResetError):
-            storage.settle([_fail(claimed)])
-    assert storage._attempts.count_documents({"task_id": task_id}) == 0
+    crash_at("settle:committed")
+    with pytest.raises(SimulatedCrash):
+        storage.settle([_fail(claimed)])
+    crash_at()
+    assert _recorded_numbers(storage, task_id) == []
     assert [a.attempt_no for a in storage.get(task_id).attempts] == [1]  # committed on the task
 
-    storage._tasks.update_one({"_id": task_id}, {"$set": {"next_attempt_at": storage.now()}})
+    _due_now(storage, task_id)
     [again] = storage.claim("q", 1, 30)
     storage.settle([Settlement(task_id, again.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED)])
     rows = list(storage._attempts.find({"task_id": task_id}, sort=[("attempt_no", 1)]))
     assert [(r["attempt_no"], r["outcome"]) for r in rows] == [(1, "RETRYABLE_FAILURE"), (2, "SUCCESS")]
+
+
+def test_two_settles_in_a_row_dying_between_their_writes_lose_no_attempt(storage, crash_at):
+    """The [2, 3] loss: the task kept only its *last* unrecorded attempt, so a second settle
+    dying before its insert dropped attempt 2 for good (history [1, 3], attempt_count 3)."""
+    [task_id] = _enqueue(storage, 1)
+    [claimed] = storage.claim("q", 1, 30)
+    storage.settle([_fail(claimed)])  # attempt 1, recorded normally
+    crash_at("settle:committed")
+    for _ in range(2):  # attempts 2 and 3: committed on the task, then the process dies
+        _due_now(storage, task_id)
+        [claimed] = storage.claim("q", 1, 30)
+        with pytest.raises(SimulatedCrash):
+            storage.settle([_fail(claimed)])
+    crash_at()
+    task = storage.get(task_id)
+    assert task.attempt_count == 3
+    assert [a.attempt_no for a in task.attempts] == [1, 2, 3]
+
+    _due_now(storage, task_id)
+    [claimed] = storage.claim("q", 1, 30)
+    storage.settle([Settlement(task_id, claimed.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED)])
+    assert _recorded_numbers(storage, task_id) == [1, 2, 3, 4]
+    assert [a.attempt_no for a in storage.get(task_id).attempts] == [1, 2, 3, 4]
+    # Only the newest row is still carried (it leaves once a later settle sees it recorded).
+    assert [r["attempt_no"] for r in storage._tasks.find_one({"_id": task_id})["pending_attempts"]] == [4]
+
+
+def test_history_survives_a_crash_at_every_settle_through_reaper_dead_letter_and_redrive(storage, crash_at):
+    """Every settle dies after its commit -- worker failures, a reaper's LEASE_EXPIRED, the
+    dead-lettering one -- and reads, redrive and the next settles still see 1..n."""
+    [task_id] = _enqueue(storage, 1, max_attempts=3)
+    crash_at("settle:committed")
+    outcomes = []
+    for step in range(3):
+        _due_now(storage, task_id)
+        if step == 1:  # a lease that expires, settled by the reaper
+            storage.claim("q", 1, 0.1)
+            [claimed] = wait_until(lambda: storage.find_expired_leases(1), what="lease expiry")
+            settlement = _fail(claimed, outcome=Outcome.LEASE_EXPIRED)
+        else:
+            [claimed] = storage.claim("q", 1, 30)
+            settlement = _fail(claimed, status=TaskStatus.DEAD if step == 2 else TaskStatus.PENDING)
+        with pytest.raises(SimulatedCrash):
+            storage.settle([settlement])
+        outcomes.append(settlement.outcome)
+    crash_at()
+    expected = list(enumerate(outcomes, start=1))
+    # Each settle recorded the row its predecessor left before committing its own.
+    assert _recorded_numbers(storage, task_id) == [1, 2]
+    assert [r["attempt_no"] for r in storage._tasks.find_one({"_id": task_id})["pending_attempts"]] == [3]
+    [dead] = storage.list_dead("q", limit=5).tasks
+    assert [(a.attempt_no, a.outcome) for a in dead.attempts] == expected
+    assert storage.redrive("q", DeadFilter(ids=(task_id,))) == 1
+    assert [(a.attempt_no, a.outcome) for a in storage.get(task_id).attempts] == expected
+    [claimed] = storage.claim("q", 1, 30)
+    storage.settle([Settlement(task_id, claimed.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED)])
+    assert _recorded_numbers(storage, task_id) == [1, 2, 3, 4]
+    assert [a.attempt_no for a in storage.get(task_id).attempts] == [1, 2, 3, 4]
+
+
+def test_rows_the_attempts_collection_refuses_stay_on_the_task_until_it_takes_them(storage, monkeypatch):
+    """While inserts into attempts fail, settles still commit (the commit decides), and every
+    row waits on the task -- several of them -- until an insert works again."""
+    [task_id] = _enqueue(storage, 1)
+    [claimed] = storage.claim("q", 1, 30)
+    storage.settle([_fail(claimed)])
+    real = storage._attempts
+
+    class Refusing:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def insert_many(self, *args, **kwargs):
+            raise pymongo.errors.AutoReconnect("attempts unwritable")
+
+    monkeypatch.setattr(storage, "_attempts", Refusing())
+    for _ in range(2):
+        _due_now(storage, task_id)
+        [claimed] = storage.claim("q", 1, 30)
+        storage.settle([_fail(claimed)])  # committed; its row cannot be recorded yet
+    doc = storage._tasks.find_one({"_id": task_id})
+    assert [r["attempt_no"] for r in doc["pending_attempts"]] == [2, 3]
+    assert [a.attempt_no for a in storage.get(task_id).attempts] == [1, 2, 3]
+    monkeypatch.setattr(storage, "_attempts", real)
+    _due_now(storage, task_id)
+    [claimed] = storage.claim("q", 1, 30)
+    storage.settle([Settlement(task_id, claimed.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED)])
+    assert _recorded_numbers(storage, task_id) == [1, 2, 3, 4]
+    assert [r["attempt_no"] for r in storage._tasks.find_one({"_id": task_id})["pending_attempts"]] == [4]
+
+
+def test_a_purge_that_dies_between_its_deletes_leaves_nothing_a_new_task_would_inherit(storage, crash_at):
+    """Rows a half-done purge leaves behind belong to the purged task: a task enqueued later
+    under the same id shows none of them, numbers from 1, and records its own rows."""
+    [task_id] = _enqueue(storage, 1, id="reused")
+    for status in (TaskStatus.PENDING, TaskStatus.DEAD):
+        _due_now(storage, task_id)
+        [claimed] = storage.claim("q", 1, 30)
+        storage.settle([_fail(claimed, status=status)])
+    crash_at("purge_dead:tasks_deleted")
+    with pytest.raises(SimulatedCrash):
+        storage.purge_dead("q", DeadFilter())
+    crash_at()
+    assert storage.get(task_id) is None and _recorded_numbers(storage, task_id) == [1, 2]  # orphans
+
+    [again] = storage.enqueue([_task(id="reused")])
+    assert again.created and again.task.attempts == ()
+    assert storage.get(task_id).attempts == ()
+    [claimed] = storage.claim("q", 1, 30)
+    storage.settle([Settlement(task_id, claimed.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED)])
+    task = storage.get(task_id)
+    assert [(a.attempt_no, a.outcome) for a in task.attempts] == [(1, Outcome.SUCCESS)]
+    assert _recorded_numbers(storage, task_id) == [1, 2]  # ours replaced orphan 1; orphan 2 is inert
+    incarnation = storage._tasks.find_one({"_id": task_id})["incarnation"]
+    assert storage._attempts.find_one({"task_id": task_id, "attempt_no": 1})["incarnation"] == incarnation
+
+    # Retention: the same, and a full pass removes what is left of the task itself.
+    crash_at("purge_succeeded:tasks_deleted")
+    with pytest.raises(SimulatedCrash):
+        storage.purge_succeeded(0, 10)
+    crash_at()
+    assert storage.get(task_id) is None
+    storage.enqueue([_task(id="reused")])
+    assert storage.get(task_id).attempts == ()
+
+
+def test_schema_1_documents_with_last_attempt_are_read_and_healed(storage):
+    """Tasks written before pending_attempts kept one unrecorded row in last_attempt."""
+    [task_id] = _enqueue(storage, 1)
+    [claimed] = storage.claim("q", 1, 30)
+    storage.settle([_fail(claimed)])
+    row = storage._attempts.find_one({"task_id": task_id}, {"_id": 0})
+    storage._attempts.delete_many({"task_id": task_id})
+    legacy_row = {k: v for k, v in row.items() if k != "incarnation"}
+    storage._tasks.update_one({"_id": task_id}, {"$set": {"last_attempt": legacy_row},
+                                                  "$unset": {"pending_attempts": "", "incarnation": ""}})
+    assert [a.attempt_no for a in storage.get(task_id).attempts] == [1]
+    _due_now(storage, task_id)
+    [claimed] = storage.claim("q", 1, 30)
+    storage.settle([Settlement(task_id, claimed.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED)])
+    assert _recorded_numbers(storage, task_id) == [1, 2]
+    doc = storage._tasks.find_one({"_id": task_id})
+    assert "last_attempt" not in doc and [r["attempt_no"] for r in doc["pending_attempts"]] == [2]
+    assert [a.attempt_no for a in storage.get(task_id).attempts] == [1, 2]
 
 
 # -- payloads and input -------------------------------------------------------------------------
@@ -453,10 +627,21 @@ def test_round_trips_are_constant_per_batch(storage):
     assert storage.round_trips - start == 2
 
     start = storage.round_trips
+    storage.extend_leases([c.ref for c in claimed], 1)  # no lease moves: read back what is stored
+    assert storage.round_trips - start == 3
+
+    start = storage.round_trips
     storage.settle([_fail(c) for c in claimed])
-    # hello, read tasks, history max, bulk update, insert attempts
-    assert storage.round_trips - start == 5
+    # hello, read tasks, bulk update, insert attempts (first attempts: nothing carried to check)
+    assert storage.round_trips - start == 4
     assert {t for t in task_ids} == {c.task.id for c in claimed}
+
+    storage._tasks.update_many({"_id": {"$in": task_ids}}, {"$set": {"next_attempt_at_ms": 0}})
+    claimed = storage.claim("q", 50, 30)
+    start = storage.round_trips
+    storage.settle([_fail(c) for c in claimed])
+    # + one find: the rows the tasks carry are recorded, so they can leave the tasks
+    assert storage.round_trips - start == 5
 
 
 # -- operator side ------------------------------------------------------------------------------
@@ -544,5 +729,51 @@ def test_unreachable_server_raises_storage_unavailable():
             store.claim("q", 1, 30)
         with pytest.raises(StorageUnavailable):
             store.now()
+    finally:
+        store.close()
+
+
+# -- every call is bounded in time --------------------------------------------------------------
+
+def _with_query(url: str, port: int, **query: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, f"127.0.0.1:{port}", parts.path, "&".join(f"{k}={v}" for k, v in query.items()), ""))
+
+
+def test_a_half_open_connection_raises_storage_unavailable_within_the_socket_timeout(fresh_mongo_url):
+    from tests.backends.stall_proxy import StallingProxy
+
+    upstream = urlsplit(fresh_mongo_url)
+    with StallingProxy(upstream.hostname or "127.0.0.1", upstream.port or 27017) as proxy:
+        store = MongoStorage(_with_query(fresh_mongo_url, proxy.port, socketTimeoutMS="500",
+                                         connectTimeoutMS="500", serverSelectionTimeoutMS="1000"))
+        try:
+            store.migrate()
+            _enqueue(store, 2)
+            [held] = store.claim("q", 1, 60)
+            proxy.stall()  # pooled connections stay open; nothing answers any more
+            for call in (lambda: store.claim("q", 1, 60), lambda: store.settle([_fail(held)]),
+                         lambda: store.get(held.task.id)):
+                started = time.monotonic()
+                with pytest.raises(StorageUnavailable):
+                    call()
+                assert time.monotonic() - started < 5
+        finally:
+            proxy.close()
+            store.close()
+
+
+def test_timeouts_default_and_yield_to_the_url(fresh_mongo_url):
+    store = MongoStorage(fresh_mongo_url)
+    try:
+        options = store._client.options
+        assert (options.pool_options.socket_timeout, options.pool_options.connect_timeout) == (30.0, 10.0)
+        assert options.server_selection_timeout == 10.0
+    finally:
+        store.close()
+    store = MongoStorage(fresh_mongo_url.rstrip("/") + "?sockettimeoutms=1500&connectTimeoutMS=2500")
+    try:
+        options = store._client.options
+        assert (options.pool_options.socket_timeout, options.pool_options.connect_timeout) == (1.5, 2.5)
     finally:
         store.close()
