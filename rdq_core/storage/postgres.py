@@ -504,6 +504,11 @@ class _Watchdog:
     """
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        # Also run in a forked child: the thread did not survive the fork, and its lock may
+        # have been held at that instant.
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, _Watch]] = []
         self._order = itertools.count()
@@ -573,6 +578,8 @@ def _shut_down_socket(conn: psycopg.Connection) -> None:
 
 
 _WATCHDOG = _Watchdog()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WATCHDOG._reset)
 
 
 class _ConnectionPool:
