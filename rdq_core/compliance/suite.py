@@ -578,6 +578,92 @@ class StorageCompliance(StatefulCompliance):
         assert storage.get(long_id).status is TaskStatus.PENDING and storage.get(long_id).attempt_count == 0
         assert all(storage.get(i).status is TaskStatus.SUCCEEDED for i in quick_ids)
 
+    # -- storage-level regressions (one rule) ------------------------------------------------
+    def test_extend_never_moves_a_lease_earlier(self, storage: Storage) -> None:
+        """A heartbeat asking for less than the lease has left must not shorten it (the reaper
+        would take a task its worker still holds); the reported expiry is the stored one."""
+        enqueue_n(storage, "extend-max", 1)
+        (claimed,) = storage.claim("extend-max", 1, 30)
+        task_id, original = claimed.task.id, claimed.lease_expires_at
+        short = storage.extend_leases([claimed.ref], 1)[task_id]
+        assert short >= original
+        assert storage.get(task_id).lease_expires_at == short
+        time.sleep(0.05)
+        longer = storage.extend_leases([claimed.ref], 60)[task_id]
+        assert (longer - original).total_seconds() > 25
+        assert storage.get(task_id).lease_expires_at == longer
+        assert storage.extend_leases([claimed.ref], 1)[task_id] == longer
+        storage.settle([_success(claimed)])
+
+    def test_settle_stores_lone_surrogates_as_replacement_characters(self, storage: Storage) -> None:
+        """Text no store can encode (a file name from os.fsdecode) is stored with U+FFFD in
+        place of the lone surrogate -- on every backend, never an encoding error."""
+        import os
+
+        name = os.fsdecode(b"report-\xff.csv")
+        stored = "report-\ufffd.csv"
+        enqueue_n(storage, "surrogate", 3)
+        first, failing, last = storage.claim("surrogate", 3, 30)
+        error = ErrorInfo(f"io.{name}", f"cannot open {name}", f"Traceback\n  open('{name}')")
+        storage.settle([
+            _success(first, {"file": name, name: [name]}),
+            Settlement(failing.task.id, failing.claim_token, Outcome.RETRYABLE_FAILURE, TaskStatus.PENDING,
+                       retry_delay_seconds=60, error=error),
+            _success(last, name),
+        ])
+        assert storage.get(first.task.id).result == {"file": stored, stored: [stored]}
+        assert storage.get(last.task.id).result == stored
+        failed = storage.get(failing.task.id)
+        assert failed.status is TaskStatus.PENDING and failed.attempt_count == 1
+        for recorded in (failed.last_error, failed.attempts[0].error):
+            assert recorded.type == f"io.{stored}"
+            assert recorded.message == f"cannot open {stored}"
+            assert recorded.stack == f"Traceback\n  open('{stored}')"
+
+    def test_history_stays_gap_free_through_retry_reap_dead_and_redrive(self, storage: Storage) -> None:
+        """Every settle, by a worker or a reaper, before and after a redrive, adds exactly the
+        next attempt number: the history reads 1..n whatever path each attempt took."""
+        policies = PolicyBook(RetryPolicy(max_attempts=3, backoff=Backoff(0.01, 1, 0.01, 0)))
+        (task_id,) = enqueue_n(storage, "history", 1)
+        expected: list[Outcome] = []
+
+        def claim(lease: float):
+            (claimed,) = wait_until(lambda: storage.claim("history", 1, lease), what="the task to come due")
+            return claimed
+
+        def fail(claimed) -> None:
+            storage.settle([policies.settle_failure(claimed.task, claimed.claim_token, Outcome.RETRYABLE_FAILURE,
+                                                    ErrorInfo("test.Flaky", "flaky"))])
+            expected.append(Outcome.RETRYABLE_FAILURE)
+
+        def reap() -> None:
+            claim(self.short_lease)
+            wait_until(lambda: storage.find_expired_leases(10, queue="history"), what="the lease to expire")
+            assert reap_expired_leases(storage, policies, queue="history").expired == 1
+            expected.append(Outcome.LEASE_EXPIRED)
+
+        def history() -> list[tuple[int, Outcome]]:
+            return [(a.attempt_no, a.outcome) for a in storage.get(task_id).attempts]
+
+        fail(claim(30))
+        reap()
+        fail(claim(30))  # the third attempt spends the budget
+        task = storage.get(task_id)
+        assert task.status is TaskStatus.DEAD and task.attempt_count == 3
+        assert history() == list(enumerate(expected, start=1))
+        (dead,) = storage.list_dead("history", limit=10).tasks
+        assert [(a.attempt_no, a.outcome) for a in dead.attempts] == list(enumerate(expected, start=1))
+        assert storage.redrive("history", DeadFilter(ids=(task_id,))) == 1
+        assert history() == list(enumerate(expected, start=1))
+        reap()
+        fail(claim(30))
+        storage.settle([_success(claim(30))])
+        expected.append(Outcome.SUCCESS)
+        task = storage.get(task_id)
+        assert (task.status, task.attempt_count, task.redrive_count) == (TaskStatus.SUCCEEDED, 3, 1)
+        assert history() == list(enumerate(expected, start=1))
+        assert [a.attempt_no for a in task.attempts] == list(range(1, 7))
+
     # -- chaos -------------------------------------------------------------------------------
     @pytest.mark.chaos
     def test_chaos_kill_9_workers_mid_task(self, storage: Storage, storage_url: str, tmp_path) -> None:
