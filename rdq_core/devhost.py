@@ -31,7 +31,8 @@ import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
-from urllib.parse import urlsplit, urlunsplit
+
+from .storage import redact_url  # noqa: F401 - re-exported: banners and tests use it from here
 
 DEFAULT_PORT = 8787
 log = logging.getLogger("rdq.dev")
@@ -43,16 +44,6 @@ MAX_REQUEST_BYTES = 6 * 1024 * 1024
 #: REST request whose request line and header values exceed 10,240 bytes. The stdlib parser
 #: already caps the count at 100 headers (also answered 431).
 MAX_HEADER_BYTES = 10_240
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for banners and logs)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _configure_environment(storage_url: str, handler_modules: list[str] | None) -> None:

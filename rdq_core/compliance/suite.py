@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from ..errors import InvalidCursor, StaleClaim, TaskConflict, TaskNotFound
+from ..errors import InvalidCursor, SchemaMissing, StaleClaim, TaskConflict, TaskNotFound
 from ..handlers import HandlerRegistry
 from ..model import (
     Backoff,
@@ -28,6 +28,7 @@ from ..retry import PolicyBook, RetryPolicy
 from ..runner import UNKNOWN_HANDLER, BatchRunner
 from ..storage import open_storage
 from ..storage.spi import Storage
+from .runner_paths import RunnerPathsCompliance
 from .stateful import StatefulCompliance
 from .support import FAST_BACKOFF, dead_letter, enqueue_n, new_task, wait_until
 
@@ -50,7 +51,7 @@ def _state(task):
     return (task.status, task.attempt_count, task.lease_expires_at, task.next_attempt_at, len(task.attempts), task.result)
 
 
-class StorageCompliance(StatefulCompliance):
+class StorageCompliance(StatefulCompliance, RunnerPathsCompliance):
     """Subclass this and provide a ``storage_url`` fixture (fresh, isolated, empty store)."""
 
     #: Modules the chaos workers import before ``open_storage`` (third-party backends register here).
@@ -93,6 +94,20 @@ class StorageCompliance(StatefulCompliance):
         storage.migrate()
         storage.migrate()
         assert storage.stats("mig").pending == 1
+
+    def test_a_store_never_migrated_says_to_run_migrate(self, storage_url: str) -> None:
+        """Before ``migrate``, every call either works (a backend that sets itself up) or raises
+        ``SchemaMissing`` naming ``rdq migrate`` -- never a driver's own error."""
+        store = open_storage(storage_url)
+        try:
+            for call in (lambda: store.enqueue([new_task("unmigrated")]), lambda: store.stats("unmigrated"),
+                         lambda: store.claim("unmigrated", 1, 30), lambda: store.get("nope")):
+                try:
+                    call()
+                except SchemaMissing as exc:
+                    assert "rdq migrate" in str(exc)
+        finally:
+            store.close()
 
     def test_clock_is_timezone_aware_utc(self, storage: Storage) -> None:
         now = storage.now()
