@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -129,9 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configure_logging(args.log_format, os.environ.get("RDQ_LOG_LEVEL", "INFO").upper())
     url = args.storage or default_storage_url()
     try:
+        configure_logging(args.log_format, os.environ.get("RDQ_LOG_LEVEL", "INFO").upper())
         _check_storage_url(url)
         if args.command not in CREATES_STORES:
             _note_new_sqlite_file(url)
@@ -199,16 +200,24 @@ def cmd_worker(args: argparse.Namespace, url: str) -> int:
 
         def on_signal(count: int) -> None:
             if count == 1:
-                running = worker.running()
+                overrunning = {o.task_id for o in worker.overruns()}
+                running = {t: name for t, name in worker.running().items() if t not in overrunning}
                 waits = (f"waiting for {len(running)} running task(s) to finish: "
                          + ", ".join(f"{task_id} ({name})" for task_id, name in running.items())) if running else "no task is running"
+                if overrunning:
+                    waits += (f"; {len(overrunning)} handler(s) past their timeout are not waited for (their tasks "
+                              f"are retried once their lease expires): {', '.join(sorted(overrunning))}")
                 log.warning("stopping: %s; unstarted claims are released. Press Ctrl-C again to stop at once", waits)
                 worker.stop()
                 return
-            released = worker.settle_and_release_now()
+            # Bounded: a store that hangs must not keep the operator's second Ctrl-C waiting.
+            result: list[int] = []
+            settling = threading.Thread(target=lambda: result.append(worker.settle_and_release_now()), daemon=True)
+            settling.start()
+            settling.join(5.0)
             running = worker.running()
-            log.warning("stopping at once: released %d unstarted claim(s); %d running task(s) will be retried "
-                        "when their lease expires", released, len(running))
+            log.warning("stopping at once: released %s unstarted claim(s); %d running task(s) will be retried "
+                        "when their lease expires", result[0] if result else "no", len(running))
             logging.shutdown()
             os._exit(EXIT_STOPPED_AT_ONCE)
 

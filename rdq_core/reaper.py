@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import StaleClaim, StorageUnavailable
+from .errors import SchemaMissing, StaleClaim, StorageUnavailable
 from .model import Outcome, TaskStatus
 from .outage import ReconnectBackoff, StorageHealth
 from .retry import PolicyBook
@@ -111,7 +111,7 @@ def reap_forever(
         try:
             reap_expired_leases(storage, policies, batch_size=batch_size, telemetry=telemetry)
             between_passes()
-        except StorageUnavailable as exc:
+        except (StorageUnavailable, SchemaMissing) as exc:
             health.failed("reaper", exc)
             pause = backoff.next()
         else:

@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 
 from .errors import InvalidInput, PermanentError, StaleClaim, StorageUnavailable
 from .handlers import HandlerRegistry, TaskContext, registry as default_registry
+from .logs import task_log_keys
 from .model import ClaimedTask, ClaimRef, ErrorInfo, Outcome, Settlement, Task, TaskStatus
 from .retry import PolicyBook
 from .storage.spi import Storage
@@ -303,7 +304,9 @@ class BatchRunner:
     def _invoke(self, item: ClaimedTask, spec, ctx: TaskContext) -> Settlement:
         task = item.task
         try:
-            result = spec.func(task.payload, ctx)
+            # The handler's own log lines carry the task's keys (on this thread only).
+            with task_log_keys(task_id=task.id, queue=task.queue, attempt=ctx.attempt):
+                result = spec.func(task.payload, ctx)
         except PermanentError as exc:
             return self.policies.settle_failure(task, item.claim_token, Outcome.PERMANENT_FAILURE, error_from_exception(exc))
         except KeyboardInterrupt:

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from .errors import StaleClaim, StorageUnavailable
+from .errors import SchemaMissing, StaleClaim, StorageUnavailable
 from .handlers import HandlerRegistry
 from .model import ClaimedTask, ClaimRef
 from .outage import ReconnectBackoff, StorageHealth
@@ -230,8 +230,10 @@ class Worker:
             try:
                 started = self.run_once()
                 backoff.reset()
-            except StorageUnavailable as exc:
-                # Each pass through here is one reconnect attempt after a backoff pause.
+            except (StorageUnavailable, SchemaMissing) as exc:
+                # Each pass through here is one reconnect attempt after a backoff pause. A store
+                # not migrated yet is waited out the same way (one line saying to run migrate):
+                # workers may well start before the deploy step that migrates.
                 self.telemetry.count("reconnect_attempts")
                 self.health.failed("claim loop", exc)
                 self.stop_event.wait(backoff.next())
@@ -260,7 +262,7 @@ class Worker:
                     reap_expired_leases(self.storage, self.policies, batch_size=self.config.reap_batch_size,
                                         deadline=time.monotonic() + interval, queue=queue,
                                         telemetry=self.telemetry)
-            except StorageUnavailable as exc:
+            except (StorageUnavailable, SchemaMissing) as exc:
                 self.health.failed("reaper", exc)
             except Exception:  # noqa: BLE001 - reaping is retried next pass
                 log.exception("unexpected error reaping expired leases; retrying in %gs", interval)
