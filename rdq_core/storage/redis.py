@@ -710,6 +710,10 @@ class RedisStorage(Storage):
                 raise StorageUnavailable(f"Redis unavailable: {exc}") from exc
             if str(exc).startswith(_INVALID_ARGUMENTS):
                 raise InvalidInput(str(exc).split(" script: ", 1)[0][len(_INVALID_ARGUMENTS):].strip()) from exc
+            if "DB index is out of range" in str(exc):
+                # A configuration mistake in the URL (redis://host/99 on a 16-database server).
+                raise InvalidInput(f"the Redis URL names a database this server does not have ({exc}); "
+                                   f"use one in 0..(databases-1), usually 0..15", field="storage_url") from exc
             raise
 
     def _queue_base_checked(self, queue: str) -> str:

@@ -251,3 +251,11 @@ def test_rdq_invoke_replays_a_shipped_event_without_docker(rdq):
     assert worker["outcomes"] == {"SUCCESS": 1}
     assert json.loads(rdq("task", "show", "order-42", "--json").stdout)["status"] == "SUCCEEDED"
 
+
+
+def test_a_redis_database_the_server_does_not_have_is_a_usage_error(rdq):
+    url = os.environ.get("RDQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0] + "/999"
+    done = rdq("--storage", url, "stats", "q", check=False)
+    if done.returncode == 1 and "unavailable" in done.stderr and not os.environ.get("CI"):
+        pytest.skip(f"Redis is not reachable at {url}")
+    assert done.returncode == 2 and "database this server does not have" in done.stderr, done.stderr
