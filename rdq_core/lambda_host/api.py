@@ -176,10 +176,15 @@ def _due_now(task: NewTask) -> bool:
 
 
 def _wake_worker(queue: str, new_tasks: list[NewTask], results: list[EnqueueResult]) -> None:
-    settings = _settings()
-    if not (settings.wake_worker and settings.worker_function):
-        return
     if any(r.created and _due_now(t) for t, r in zip(new_tasks, results)):
+        _wake_worker_for(queue)
+
+
+def _wake_worker_for(queue: str) -> None:
+    """Every action that makes work due now (enqueue, redrive) wakes a worker, so its latency
+    does not wait for the schedule's next tick."""
+    settings = _settings()
+    if settings.wake_worker and settings.worker_function:
         invoker.wake(settings.worker_function, [queue], settings.wake_debounce_seconds)
 
 
@@ -288,6 +293,8 @@ def _selection() -> dict[str, Any]:
 @app.post("/v1/queues/<queue>/dlq:redrive")
 def redrive_dead(queue: str) -> Response:
     count = _client().redrive(queue, **_selection())
+    if count:
+        _wake_worker_for(queue)  # redriven tasks are due now
     logger.info("redrove", extra={"queue": queue, "count": count})
     return reply(200, {"redriven": count})
 

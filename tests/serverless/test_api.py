@@ -229,6 +229,22 @@ def test_enqueue_wakes_a_worker_asynchronously_debounced_and_only_for_due_tasks(
     assert len(client.invocations) == 1
 
 
+def test_a_redrive_wakes_a_worker_too(store_url, lambda_context, monkeypatch):
+    from rdq_core.compliance.support import dead_letter
+    from rdq_core.lambda_host import connection
+
+    monkeypatch.setenv("RDQ_WORKER_FUNCTION", "rdq-worker")
+    client = RecordingLambdaClient()
+    monkeypatch.setattr(invoker, "_client", client)
+    monkeypatch.setattr(invoker, "_last_wake", float("-inf"))
+    (dead,) = dead_letter(connection.shared_storage(), "emails", 1)
+    assert client.invocations == []
+    status, _, body = call(request("POST", "/v1/queues/emails/dlq:redrive", {"ids": [dead]}), lambda_context)
+    assert (status, body) == (200, {"redriven": 1})
+    (invocation,) = client.invocations
+    assert invocation["Payload"]["detail"]["queues"] == ["emails"]
+
+
 def test_storage_url_from_secrets_manager_and_ssm(tmp_path, monkeypatch):
     moto = pytest.importorskip("moto")
     import boto3
