@@ -108,11 +108,17 @@ def test_worker_timeout_leaves_room_for_the_lease_margin(resources):
     assert resources["ApiFunction"]["Properties"]["Timeout"] <= 29, "API Gateway's integration limit"
 
 
-def test_reserved_concurrency_is_the_fan_out_cap(resources):
+def test_reserved_concurrency_is_opt_in_and_then_the_fan_out_cap(resources):
+    template = transformed()
+    # A new account's limit is 10 with 10 kept unreserved: any reservation would fail there.
+    assert template["Parameters"]["ReserveConcurrency"]["Default"] == "false"
+    assert template["Conditions"]["ReserveLambdaConcurrency"] == {"Fn::Equals": [{"Ref": "ReserveConcurrency"}, "true"]}
     worker = resources["WorkerFunction"]["Properties"]
-    assert worker["ReservedConcurrentExecutions"] == {"Ref": "MaxWorkerConcurrency"}
+    assert worker["ReservedConcurrentExecutions"] == {
+        "Fn::If": ["ReserveLambdaConcurrency", {"Ref": "MaxWorkerConcurrency"}, {"Ref": "AWS::NoValue"}]}
     assert worker["Environment"]["Variables"]["RDQ_MAX_WORKER_CONCURRENCY"] == {"Ref": "MaxWorkerConcurrency"}
-    assert resources["ReaperFunction"]["Properties"]["ReservedConcurrentExecutions"] == 1
+    assert resources["ReaperFunction"]["Properties"]["ReservedConcurrentExecutions"] == {
+        "Fn::If": ["ReserveLambdaConcurrency", 1, {"Ref": "AWS::NoValue"}]}
     invoke_config = of_type(resources, "AWS::Lambda::EventInvokeConfig")
     assert [c["Properties"]["MaximumRetryAttempts"] for c in invoke_config.values()] == [0]
 
