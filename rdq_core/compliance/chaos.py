@@ -436,6 +436,24 @@ def _drive(
         raise watcher.errors[0]
 
 
+def _run_fleet(
+    url: str, fleet: Fleet, killer: Killer, feed: Feed, processes: int, timeout: float, reaper_every: float,
+    on_tick: Callable[[], float] = lambda: math.inf,
+) -> tuple[float, Reaper]:
+    """Start ``processes``, drive them until the kill plan is done and the queue drained, with a
+    reaper beside them, and tear everything down. Returns (elapsed seconds, the reaper)."""
+    began = time.monotonic()
+    with Reaper(url, reaper_every) as reaper:
+        try:
+            for _ in range(processes):
+                fleet.spawn()
+            _drive(url, fleet, killer, feed, timeout, on_tick=on_tick)
+            elapsed = time.monotonic() - began
+        finally:
+            fleet.teardown()
+    return elapsed, reaper
+
+
 def _finish(
     storage: Storage, items: Sequence[NewTask], fleet: Fleet, killer: Killer, clock: Clock, t0: float,
     workdir: Path, reaper: Reaper, figures: dict[str, object], harness_doubts: Sequence[str] = (),
@@ -497,17 +515,9 @@ def run_chaos(
     items = feed.items
     clock = Clock.measure(storage)
     t0 = time.time()
-    began = time.monotonic()
     fleet = Fleet(workdir, _worker_command(url, plugin_modules, dwell_ms=0.0, seed=1000), "worker-")
     killer = Killer(fleet, ["handler"] * kills, rng, pause=(0.1, 0.3))
-    with Reaper(url, 0.05) as reaper:
-        try:
-            for _ in range(workers):
-                fleet.spawn()
-            _drive(url, fleet, killer, feed, timeout)
-            elapsed = time.monotonic() - began
-        finally:
-            fleet.teardown()
+    elapsed, reaper = _run_fleet(url, fleet, killer, feed, workers, timeout, reaper_every=0.05)
     figures: dict[str, object] = {"workers": workers, "top_ups": feed.top_ups, **killer.figures(),
                                   "processes_spawned": len(fleet.spawned)}
     _finish(storage, items, fleet, killer, clock, t0, workdir, reaper, figures)
@@ -570,20 +580,12 @@ def run_runner_chaos(
     items = feed.items
     clock = Clock.measure(storage)
     t0 = time.time()
-    began = time.monotonic()
     plan = [RUNNER_INTENTS[i % len(RUNNER_INTENTS)] for i in range(kills)]
     rng.shuffle(plan)
     fleet = Fleet(workdir, _worker_command(url, plugin_modules, dwell_ms=3.0, seed=seed), "worker-")
     killer = Killer(fleet, plan, rng, required=RUNNER_REQUIRED, extra=2 * len(RUNNER_REQUIRED), patience=3.0)
-    # Slower than the workers' own reapers (if they have one), so both take part.
-    with Reaper(url, 0.25) as reaper:
-        try:
-            for _ in range(workers):
-                fleet.spawn()
-            _drive(url, fleet, killer, feed, timeout)
-            elapsed = time.monotonic() - began
-        finally:
-            fleet.teardown()
+    # Slower than the workers' own reapers, so both take part.
+    elapsed, reaper = _run_fleet(url, fleet, killer, feed, workers, timeout, reaper_every=0.25)
     figures: dict[str, object] = {"workers": workers, "top_ups": feed.top_ups, **killer.figures(),
                                   "processes_spawned": len(fleet.spawned)}
     _finish(storage, items, fleet, killer, clock, t0, workdir, reaper, figures)
@@ -636,7 +638,6 @@ def run_lambda_chaos(
     items = feed.items
     clock = Clock.measure(storage)
     t0 = time.time()
-    began = time.monotonic()
 
     def command(journal: Path, number: int) -> list[str]:
         line = [*_python_module("rdq_core.compliance.chaos_lambda"), url, QUEUE, str(journal),
@@ -670,14 +671,8 @@ def run_lambda_chaos(
                 soonest = min(soonest, invocation.deadline - wall)
         return soonest
 
-    with Reaper(url, 0.1) as reaper:
-        try:
-            for _ in range(containers):
-                fleet.spawn()
-            _drive(url, fleet, killer, feed, timeout, on_tick=enforce_deadlines)
-            elapsed = time.monotonic() - began
-        finally:
-            fleet.teardown()
+    elapsed, reaper = _run_fleet(url, fleet, killer, feed, containers, timeout, reaper_every=0.1,
+                                 on_tick=enforce_deadlines)
     invocations = [inv for p in fleet.spawned for inv in p.journal.invocations]
     figures: dict[str, object] = {
         "containers": containers,
