@@ -82,6 +82,15 @@ def stop(process: subprocess.Popen) -> tuple[int, str]:
     return process.returncode, err
 
 
+def dead_letter_with_a_worker(rdq, queue: str) -> None:
+    """Run ``rdq worker`` until the queue's one task is DEAD."""
+    worker = rdq.start("worker", "--handlers", "my_handlers", "--queues", queue)
+    try:
+        wait_until(lambda: stats(rdq, queue)["dead"] == 1, timeout=30, what="the task to die")
+    finally:
+        stop(worker)
+
+
 def test_worker_imports_handlers_from_the_working_directory_and_names_its_store(rdq):
     rdq("enqueue", "greetings", "hello", "--payload", '{"name": "Ada"}', "--id", "ada")
     worker = rdq.start("worker", "--handlers", "my_handlers", "--queues", "greetings")
@@ -146,11 +155,7 @@ def test_redrive_and_purge_by_id_say_what_is_wrong_and_change_nothing(rdq):
     rdq("enqueue", "q", "fatal", "--id", "dead-1", "--max-attempts", "1")
     rdq("enqueue", "q", "hello", "--id", "pending-1", "--delay", "3600")
     rdq("reaper", "--once")
-    worker = rdq.start("worker", "--handlers", "my_handlers", "--queues", "q")
-    try:
-        wait_until(lambda: stats(rdq, "q")["dead"] == 1, timeout=30, what="the task to die")
-    finally:
-        stop(worker)
+    dead_letter_with_a_worker(rdq, "q")
     missing = rdq("dlq", "redrive", "q", "--id", "nope-404", check=False)
     assert missing.returncode == 3 and "nope-404" in missing.stderr
     not_dead = rdq("dlq", "redrive", "q", "--id", "dead-1", "--id", "pending-1", check=False)
@@ -165,11 +170,7 @@ def test_redrive_and_purge_by_id_say_what_is_wrong_and_change_nothing(rdq):
 
 def test_purge_all_asks_for_confirmation_and_has_a_dry_run(rdq):
     rdq("enqueue", "q", "fatal", "--id", "dead-1", "--max-attempts", "1")
-    worker = rdq.start("worker", "--handlers", "my_handlers", "--queues", "q")
-    try:
-        wait_until(lambda: stats(rdq, "q")["dead"] == 1, timeout=30, what="the task to die")
-    finally:
-        stop(worker)
+    dead_letter_with_a_worker(rdq, "q")
     refused = rdq("dlq", "purge", "q", "--all", check=False)
     assert refused.returncode == 2 and "--yes" in refused.stderr
     dry = json.loads(rdq("dlq", "purge", "q", "--all", "--dry-run", "--json").stdout)
