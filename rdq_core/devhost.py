@@ -25,7 +25,9 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import signal
+import socket
 import threading
 import time
 from http import HTTPStatus
@@ -33,6 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 from .storage import redact_url  # noqa: F401 - re-exported: banners and tests use it from here
+from .text import printable
 
 DEFAULT_PORT = 8787
 log = logging.getLogger("rdq.dev")
@@ -44,6 +47,19 @@ MAX_REQUEST_BYTES = 6 * 1024 * 1024
 #: REST request whose request line and header values exceed 10,240 bytes. The stdlib parser
 #: already caps the count at 100 headers (also answered 431).
 MAX_HEADER_BYTES = 10_240
+#: A connection that sends nothing for this long is closed (any single read or write).
+IDLE_TIMEOUT_SECONDS = 10.0
+#: A request must have arrived in full (request line, headers, body) this long after the server
+#: started waiting for it, so a client trickling one byte per idle period is cut off too.
+REQUEST_DEADLINE_SECONDS = 30.0
+#: Connections served at once; the rest wait in the listen backlog (no thread, no buffer).
+MAX_CONNECTIONS = 32
+#: Request bodies buffered at once, all connections together, counted by declared length: a
+#: request that does not fit is refused with 503 before its body is read.
+MAX_BUFFERED_BODY_BYTES = 32 * 1024 * 1024
+#: Without a token, only these Host names are served (DNS rebinding: see _host_refusal).
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
+_HOST_PORT = re.compile(r"^(\[[^\]]*\]|[^:\[\]]*)(?::([0-9]{1,5}))?$")
 
 
 def _configure_environment(storage_url: str, handler_modules: list[str] | None) -> None:
@@ -114,8 +130,7 @@ class DevHost:
         # The resolver keeps the current event on a module-level app, like one Lambda container
         # serving one request at a time; serialize requests the same way.
         self._api_lock = threading.Lock()
-        self.server = ThreadingHTTPServer((host, port), _request_handler_class(self))
-        self.server.daemon_threads = True
+        self.server = BoundedHTTPServer((host, port), _request_handler_class(self))
         self._threads: list[threading.Thread] = []
 
     @property
@@ -124,6 +139,10 @@ class DevHost:
         return f"http://{host}:{port}"
 
     # -- Lambda invocations ------------------------------------------------------------------
+    def api_unauthorized(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """The API's own token check, run on the headers alone (before the body is read)."""
+        return self._api._unauthorized(self.settings, event)
+
     def call_api(self, event: dict[str, Any]) -> dict[str, Any]:
         with self._api_lock:
             return self._api.lambda_handler(event, self._context("rdq-dev-api", 29))
@@ -158,6 +177,7 @@ class DevHost:
 
     def stop(self) -> None:
         self.stopping.set()
+        self.server.closing.set()
         self.server.shutdown()
         self.server.server_close()
         for thread in self._threads:
@@ -181,6 +201,105 @@ class DevHost:
         ])
 
 
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, but at most ``MAX_CONNECTIONS`` of them; idle sockets time out
+    (the handler's ``timeout``), requests that take too long to arrive are cut off, and request
+    bodies buffered at once are bounded. Without these, clients that declare a large body and
+    never finish it hold a thread and a buffer each for as long as they like."""
+
+    daemon_threads = True
+    request_queue_size = 128  # connections waiting for a slot wait here, in the kernel
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self.closing = threading.Event()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._budget_lock = threading.Lock()
+        self._buffered = 0
+        self._deadlines: dict[socket.socket, float] = {}
+        threading.Thread(target=self._enforce_deadlines, name="rdq-dev-http-deadlines", daemon=True).start()
+
+    # -- connection slots --------------------------------------------------------------------
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Runs on the accepting thread: while every slot is busy, accept nothing more.
+        while not self._slots.acquire(timeout=0.2):
+            if self.closing.is_set():
+                self.shutdown_request(request)
+                return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that went away (or was cut off) mid-request is not a server error.
+        log.debug("connection from %s ended with an error", client_address, exc_info=True)
+
+    # -- body budget -------------------------------------------------------------------------
+    def reserve_body(self, length: int) -> bool:
+        with self._budget_lock:
+            if self._buffered + length > MAX_BUFFERED_BODY_BYTES:
+                return False
+            self._buffered += length
+            return True
+
+    def release_body(self, length: int) -> None:
+        with self._budget_lock:
+            self._buffered -= length
+
+    # -- request deadlines -------------------------------------------------------------------
+    def watch(self, connection: socket.socket) -> None:
+        with self._budget_lock:
+            self._deadlines[connection] = time.monotonic() + REQUEST_DEADLINE_SECONDS
+
+    def unwatch(self, connection: socket.socket) -> None:
+        with self._budget_lock:
+            self._deadlines.pop(connection, None)
+
+    def _enforce_deadlines(self) -> None:
+        while not self.closing.wait(0.5):
+            now = time.monotonic()
+            with self._budget_lock:
+                late = [conn for conn, deadline in self._deadlines.items() if deadline < now]
+                for conn in late:
+                    del self._deadlines[conn]
+            for conn in late:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)  # the blocked read returns; the handler ends
+                except OSError:
+                    pass
+
+
+def _host_refusal(headers: Any) -> tuple[int, str] | None:
+    """Without a token, the status and reason this request's ``Host`` (or ``Origin``) is
+    refused with, else ``None``.
+
+    DNS rebinding: a web page on ``attacker.example`` re-points that name at 127.0.0.1 once
+    loaded, and its scripts then reach this server as a same-origin site -- with
+    ``Host: attacker.example:PORT``. Binding to loopback does not stop it; naming the host does.
+    """
+    hosts = headers.get_all("Host") or []
+    if len(hosts) != 1:
+        return 400, "send exactly one Host header"
+    match = _HOST_PORT.match(hosts[0].strip().lower())
+    if not match or match.group(1) not in LOOPBACK_HOSTS:
+        return 421, "without RDQ_API_TOKEN the dev API answers only Host 127.0.0.1, localhost or [::1]"
+    # A cross-site page's request carries its own origin: refuse it, whatever its Host.
+    for origin in headers.get_all("Origin") or []:
+        scheme, _, rest = origin.strip().lower().partition("://")
+        origin_host = _HOST_PORT.match(rest.rstrip("/"))
+        if scheme not in ("http", "https") or not origin_host or origin_host.group(1) not in LOOPBACK_HOSTS:
+            return 403, "without RDQ_API_TOKEN the dev API refuses requests from other origins"
+    return None
+
+
 def _check_host(host: str) -> None:
     """The dev API has no TLS; without a token it must stay on the loopback interface."""
     try:
@@ -198,41 +317,89 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
     class ProxyRequestHandler(BaseHTTPRequestHandler):
         server_version = "rdq-dev"
         protocol_version = "HTTP/1.1"
+        timeout = IDLE_TIMEOUT_SECONDS  # applied to the socket: every read and write
+
+        def handle_one_request(self) -> None:
+            self.server.watch(self.connection)  # type: ignore[attr-defined]
+            try:
+                super().handle_one_request()
+            finally:
+                self.server.unwatch(self.connection)  # type: ignore[attr-defined]
 
         def _handle(self) -> None:
-            length_text = self.headers.get("Content-Length")
-            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                return self._refuse(411, "send a Content-Length; chunked bodies are not supported")
+            # Everything that can be decided from the headers is, before a byte of body is read.
+            if sum(len(name) + len(value) for name, value in self.headers.items()) > MAX_HEADER_BYTES:
+                return self._refuse(431, f"the request headers exceed {MAX_HEADER_BYTES} bytes")
+            if self.headers.get_all("Transfer-Encoding"):
+                # Any coding at all (``gzip, chunked``, two headers, ...): a body framed by
+                # anything but Content-Length could hold a second, smuggled request.
+                return self._refuse(411, "send a Content-Length; Transfer-Encoding is not supported")
+            if not host.settings.api_token:
+                refusal = _host_refusal(self.headers)
+                if refusal:
+                    return self._refuse(*refusal)
+            headers: dict[str, str] = {}
+            for name, value in self.headers.items():
+                headers[name] = f"{headers[name]},{value}" if name in headers else value
+            denied = host.api_unauthorized({"headers": headers, "path": self.path.split("?")[0]})
+            if denied is not None:
+                return self._send_result(denied, close=True)
+            lengths = self.headers.get_all("Content-Length") or []
+            if len(lengths) > 1:
+                return self._refuse(400, "send one Content-Length header")
             try:
-                length = int(length_text) if length_text else 0
+                length = int(lengths[0]) if lengths else 0
             except ValueError:
                 return self._refuse(400, "Content-Length is not a number")
             if length < 0 or length > MAX_REQUEST_BYTES:
                 return self._refuse(413, f"the request exceeds {MAX_REQUEST_BYTES} bytes")
-            if sum(len(name) + len(value) for name, value in self.headers.items()) > MAX_HEADER_BYTES:
-                return self._refuse(431, f"the request headers exceed {MAX_HEADER_BYTES} bytes")
-            body = self.rfile.read(length) if length else b""
-            headers: dict[str, str] = {}
-            for name, value in self.headers.items():
-                headers[name] = f"{headers[name]},{value}" if name in headers else value
-            event = api_proxy_event(self.command, self.path, headers, body, source_ip=self.client_address[0])
-            result = host.call_api(event)
+            if not self.server.reserve_body(length):  # type: ignore[attr-defined]
+                return self._refuse(503, "too many request bodies in progress; retry later", {"Retry-After": "5"})
+            try:
+                body = self._read_body(length)
+                self.server.unwatch(self.connection)  # type: ignore[attr-defined] - it has arrived
+                if body is None:
+                    self.close_connection = True  # the client stopped sending: nothing to answer
+                    return None
+                event = api_proxy_event(self.command, self.path, headers, body, source_ip=self.client_address[0])
+                del body
+                self._send_result(host.call_api(event))
+            finally:
+                self.server.release_body(length)  # type: ignore[attr-defined]
+            return None
+
+        def _read_body(self, length: int) -> bytes | None:
+            # In pieces, as they arrive: memory follows what was sent, not what was declared.
+            body = bytearray()
+            while len(body) < length:
+                chunk = self.rfile.read1(min(65536, length - len(body)))
+                if not chunk:
+                    return None
+                body += chunk
+            return bytes(body)
+
+        def _send_result(self, result: dict[str, Any], close: bool = False) -> None:
             payload = proxy_result_body(result)
             self.send_response(int(result.get("statusCode", 500)))
             for name, value in proxy_result_headers(result):
                 if name.lower() not in ("content-length", "connection"):
                     self.send_header(name, value)
             self.send_header("Content-Length", str(len(payload)))
+            if close:  # the body was not read: the connection cannot carry another request
+                self.send_header("Connection", "close")
+                self.close_connection = True
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(payload)
 
-        def _refuse(self, status: int, detail: str) -> None:
+        def _refuse(self, status: int, detail: str, extra_headers: dict[str, str] | None = None) -> None:
             title = problem_title(status)
             body = json.dumps({"type": f"urn:rdq:problem:{title.lower().replace(' ', '-')}", "title": title,
                                "status": status, "detail": detail}).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/problem+json")
+            for name, value in (extra_headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Connection", "close")
             self.end_headers()
@@ -259,7 +426,9 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
             self._refuse(int(code), message or HTTPStatus(code).phrase)
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-            http_log.info("%s %s", self.address_string(), format % args)
+            # The request line is the client's text: escape it, as the stdlib's own log_message
+            # does, so it cannot drive the operator's terminal or forge a log line.
+            http_log.info("%s %s", self.address_string(), printable(format % args))
 
     return ProxyRequestHandler
 
