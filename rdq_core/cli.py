@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TextIO
 from urllib.parse import urlsplit
 
 from .client import Client
@@ -30,6 +30,7 @@ from .model import TaskStatus
 from .retry import policy_book_from_config
 from .storage import default_storage_url, open_storage, redact_url as _redact
 from .storage.spi import Storage
+from .text import printable
 from .validation import queue_name
 
 log = logging.getLogger("rdq.cli")
@@ -161,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def cmd_migrate(args: argparse.Namespace, url: str) -> int:
     with _open_storage(url) as storage:
         storage.migrate()
-    print(f"migrated {_redact(url)}")
+    _say(f"migrated {_redact(url)}")
     return 0
 
 
@@ -276,9 +277,9 @@ def cmd_enqueue(args: argparse.Namespace, url: str) -> int:
     if args.json:
         _print_json({**task.to_dict(), "created": result.created})
     elif result.created:
-        print(f"{task.id} {task.status.value} queue={task.queue} handler={task.handler}")
+        _say(f"{task.id} {task.status.value} queue={task.queue} handler={task.handler}")
     else:
-        print(f"{task.id} already existed ({task.status.value}, handler {task.handler}); nothing was enqueued")
+        _say(f"{task.id} already existed ({task.status.value}, handler {task.handler}); nothing was enqueued")
     return 0
 
 
@@ -293,7 +294,7 @@ def cmd_stats(args: argparse.Namespace, url: str) -> int:
         _print_json(stats.to_dict())
     else:
         for key, value in stats.to_dict().items():
-            print(f"{key:<28} {value}")
+            _say(f"{key:<28} {value}")
     return 0
 
 
@@ -318,7 +319,7 @@ def cmd_dlq(args: argparse.Namespace, url: str) -> int:
                 if not page.tasks and args.error_type and "." not in args.error_type:
                     _hint_full_error_type(args.error_type)
                 if page.next_cursor:
-                    print(f"more: --cursor {page.next_cursor}")
+                    _say(f"more: --cursor {page.next_cursor}")
             return 0
         if args.dlq_command == "show":
             task = client.get(args.id)
@@ -389,8 +390,8 @@ def _wait_for(client: Client, task_id: str, wanted: str, timeout: float) -> Any:
         described = statuses[0].value
     task = client.get(task_id)
     if task.status not in statuses:
-        print(f"waiting up to {timeout:g}s for task {task_id} to be {described} (now {task.status.value}) ...",
-              file=sys.stderr, flush=True)
+        _say(f"waiting up to {timeout:g}s for task {task_id} to be {described} (now {task.status.value}) ...",
+             file=sys.stderr, flush=True)
     deadline = time.monotonic() + timeout
     while task.status not in statuses:
         if time.monotonic() > deadline:
@@ -412,15 +413,15 @@ def _cancel_many(client: Client, ids: Sequence[str], as_json: bool) -> int:
             task = client.cancel(task_id)
             results.append({"id": task_id, "result": "cancelled", "task": task.to_dict()})
             if not as_json:
-                print(f"{task_id} CANCELLED")
+                _say(f"{task_id} CANCELLED")
         except TaskNotFound as exc:
             code = max(code, EXIT_NOT_FOUND)
             results.append({"id": task_id, "result": "not_found", "error": str(exc)})
-            print(f"rdq: error: {exc}", file=sys.stderr)
+            _say(f"rdq: error: {exc}", file=sys.stderr)
         except TaskConflict as exc:
             code = max(code, EXIT_CONFLICT)
             results.append({"id": task_id, "result": "conflict", "error": str(exc)})
-            print(f"rdq: error: {exc}", file=sys.stderr)
+            _say(f"rdq: error: {exc}", file=sys.stderr)
     if as_json:
         _print_json(results[0]["task"] if len(ids) == 1 and code == 0 else {"results": results})
     return code
@@ -437,7 +438,7 @@ def _redrive_or_purge(client: Client, args: argparse.Namespace) -> int:
         if args.json:
             _print_json({"dry_run": True, "matching": matching})
         else:
-            print(f"would {verb} {matching} dead task(s) of queue {args.queue!r} (dry run: nothing changed)")
+            _say(f"would {verb} {matching} dead task(s) of queue {args.queue!r} (dry run: nothing changed)")
         return 0
     if not redrive and not args.ids and matching and not args.yes:  # naming ids is confirmation enough
         _confirm(f"purge {matching} dead task(s) of queue {args.queue!r} and their history for good?")
@@ -445,7 +446,7 @@ def _redrive_or_purge(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         _print_json({done_key: count})
     else:
-        print(f"{done_key}: {count}")
+        _say(f"{done_key}: {count}")
     if not count and args.error_type and "." not in args.error_type:
         _hint_full_error_type(args.error_type)
     return 0
@@ -490,26 +491,27 @@ def _confirm(question: str) -> None:
     if not sys.stdin.isatty():
         raise InvalidInput(f"refusing to {question.rstrip('?')} without confirmation: pass --yes "
                            f"(or --dry-run to see what would change)", "--yes")
-    answer = input(f"{question} [y/N] ").strip().lower()
+    answer = input(printable(f"{question} [y/N] ")).strip().lower()
     if answer not in ("y", "yes"):
         raise InvalidInput("not confirmed; nothing was changed", "--yes")
 
 
 def _hint_full_error_type(error_type: str) -> None:
-    print(f"note: error types are matched in full, e.g. 'rdq_core.errors.{error_type}' or 'mymodule.{error_type}'; "
-          f"`rdq dlq list QUEUE` shows them", file=sys.stderr)
+    _say(f"note: error types are matched in full, e.g. 'rdq_core.errors.{error_type}' or 'mymodule.{error_type}'; "
+         f"`rdq dlq list QUEUE` shows them", file=sys.stderr)
 
 
 def _print_dead_table(tasks: Sequence[Any]) -> None:
     if not tasks:
-        print("no dead tasks")
+        _say("no dead tasks")
         return
-    rows = [(t.id, t.handler, t.last_error.type if t.last_error else "-", str(len(t.attempts)),
-             t.dead_at.isoformat() if t.dead_at else "-") for t in tasks]
+    rows = [tuple(printable(cell) for cell in (t.id, t.handler, t.last_error.type if t.last_error else "-",
+                                               str(len(t.attempts)), t.dead_at.isoformat() if t.dead_at else "-"))
+            for t in tasks]
     header = ("ID", "HANDLER", "ERROR", "ATTEMPTS", "DEAD AT")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        _say("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -571,8 +573,8 @@ def _note_new_sqlite_file(url: str) -> None:
         return
     path = _sqlite_path(url)
     if path is not None and not path.exists():
-        print(f"rdq: note: there is no store at {path.resolve()}; creating a new, empty one (run from the directory "
-              f"that holds yours, or pass --storage / set RDQ_STORAGE_URL)", file=sys.stderr, flush=True)
+        _say(f"rdq: note: there is no store at {path.resolve()}; creating a new, empty one (run from the directory "
+             f"that holds yours, or pass --storage / set RDQ_STORAGE_URL)", file=sys.stderr, flush=True)
 
 
 def _read_payload(text: str) -> Any:
@@ -622,18 +624,25 @@ def _print_task(task: Any, as_json: bool) -> None:
     if as_json:
         _print_json(task.to_dict())
         return
-    print(f"{task.id}  {task.status.value}  queue={task.queue} handler={task.handler}")
+    _say(f"{task.id}  {task.status.value}  queue={task.queue} handler={task.handler}")
     due = f" next_attempt_at={_at(task.next_attempt_at)}" if task.status is TaskStatus.PENDING else ""
-    print(f"  attempt_count={task.attempt_count} redrive_count={task.redrive_count}{due}")
+    _say(f"  attempt_count={task.attempt_count} redrive_count={task.redrive_count}{due}")
     if task.result is not None:
-        print(f"  result={json.dumps(task.result)[:200]}")
+        _say(f"  result={json.dumps(task.result)[:200]}")
     for a in task.attempts:
         error = f" {a.error.type}: {a.error.message[:120]}" if a.error else ""
-        print(f"  #{a.attempt_no:<3} {a.outcome.value:<18} {_at(a.finished_at)}{error}")
+        _say(f"  #{a.attempt_no:<3} {a.outcome.value:<18} {_at(a.finished_at)}{error}")
 
 
 def _at(value: Any) -> str:
     return value.isoformat() if value is not None else "-"
+
+
+def _say(text: str, file: TextIO | None = None, flush: bool = False) -> None:
+    """``print`` for human-readable output. Text from the store (ids, error messages) can carry
+    what a task's payload put there: escape anything non-printable, so a payload cannot drive
+    the operator's terminal or forge a line. ``--json`` output needs no help (JSON escapes)."""
+    print(printable(text), file=file, flush=flush)
 
 
 def _print_json(value: Any) -> None:
@@ -641,7 +650,7 @@ def _print_json(value: Any) -> None:
 
 
 def _fail(exc: BaseException | str, code: int) -> int:
-    print(f"rdq: error: {exc}", file=sys.stderr)
+    _say(f"rdq: error: {exc}", file=sys.stderr)
     return code
 
 

@@ -35,6 +35,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterator, TextIO
 
 from .errors import InvalidInput
+from .text import printable
 
 #: The values ``--log-format`` / ``RDQ_LOG_FORMAT`` accept.
 LOG_FORMATS = ("auto", "text", "json")
@@ -140,7 +141,9 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created))
-        line = f"{stamp} {record.levelname:<7} {short_name(record.name)}  {record.getMessage()}"
+        # The message can hold a task's text (an error message built from its payload): escape
+        # control characters so it cannot drive the terminal or start a forged line.
+        line = f"{stamp} {record.levelname:<7} {short_name(record.name)}  {printable(record.getMessage())}"
         if not isinstance(getattr(record, "rdq_task", None), dict):
             # The engine's outcome line already says everything in its message.
             pairs = {**(getattr(record, "rdq_keys", None) or {}), **_extras(record)}
@@ -158,7 +161,7 @@ class TextFormatter(logging.Formatter):
 
 def _text_value(value: Any) -> str:
     text = str(value)
-    return json.dumps(text) if (not text or any(c.isspace() for c in text)) else text
+    return json.dumps(text) if (not text or not text.isprintable() or any(c.isspace() for c in text)) else text
 
 
 class JsonFormatter(logging.Formatter):
