@@ -546,7 +546,7 @@ def _check_storage_url(url: str) -> None:
                            f"{', '.join(sorted(_BACKENDS))}", "--storage")
     if parts.scheme.lower() == "sqlite" and _sqlite_path(url) is None:
         raise InvalidInput(f"a SQLite URL needs a file path, e.g. sqlite:///rdq.db or sqlite:////abs/path/rdq.db "
-                           f"(got {url!r})", "--storage")
+                           f"(got {_redact(url)!r})", "--storage")
 
 
 def _open_storage(url: str) -> Storage:

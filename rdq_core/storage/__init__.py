@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from ..errors import InvalidInput
 from .spi import Storage
@@ -35,14 +35,36 @@ def register_backend(scheme: str, target: str) -> None:
     _BACKENDS[scheme.lower()] = target
 
 
+#: Query parameters that carry a credential (compared lower-case, without ``_`` and ``-``): both
+#: libpq (``password``, ``sslpassword``) and redis-py (``password``) read them from the URL.
+_SECRET_PARAMETERS = frozenset({
+    "password", "passwd", "pwd", "pass", "sslpassword", "secret", "token", "key", "accesskey", "secretkey",
+    "apikey", "sessiontoken", "awssessiontoken", "clientsecret", "authtoken", "accesstoken",
+    "authmechanismproperties",  # MongoDB: may hold AWS_SESSION_TOKEN:...
+})
+_SECRET_SUFFIXES = ("password", "passwd", "secret", "token")
+
+
+def _is_secret_parameter(name: str) -> bool:
+    bare = unquote_plus(name).lower().replace("_", "").replace("-", "")
+    return bare in _SECRET_PARAMETERS or bare.endswith(_SECRET_SUFFIXES)
+
+
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for banners, logs and errors)."""
+    """``url`` with every credential replaced by ``***``: the password of its userinfo and the
+    value of any credential-bearing query parameter (``?password=``, ``sslpassword``, ``token``,
+    ...). For banners, logs and errors: every place that shows a storage URL goes through here."""
     parts = urlsplit(url)
-    if parts.password is None:
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
+    query = "&".join(
+        f"{name}=***" if sep and _is_secret_parameter(name) else f"{name}{sep}{value}"
+        for name, sep, value in (item.partition("=") for item in parts.query.split("&"))
+    ) if parts.query else parts.query
+    if netloc == parts.netloc and query == parts.query:
         return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def default_storage_url() -> str:

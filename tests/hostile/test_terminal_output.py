@@ -86,3 +86,78 @@ def test_the_text_log_format_escapes_messages():
     line = TextFormatter().format(record)
     assert "\n" not in line and not any(c in line for c in RAW_CONTROLS), line
     assert "\\x1b[2J" in line and "\\u202e" in line
+
+
+# -- storage-URL credentials -------------------------------------------------------------------
+PASSWORD = "Qs-Pw-0a8d41"
+
+
+def _with_query(url: str, extra: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}{extra}"
+
+
+@pytest.fixture(params=["postgresql", "redis"])
+def url_with_query_password(request) -> str:
+    """A working store whose URL carries its password as ``?password=`` (PostgreSQL: trust auth
+    ignores it; Redis: an ACL user that needs it)."""
+    if request.param == "postgresql":
+        from .conftest import fresh_schema_url
+
+        return _with_query(fresh_schema_url(request.getfixturevalue("pg_database_url")), f"password={PASSWORD}&sslpassword={PASSWORD}")
+    from .conftest import REDIS_BASE_URL, url_with_prefix
+
+    client = request.getfixturevalue("redis_client")
+    user = f"rdq-redact-{os.getpid()}"
+    client.execute_command("ACL", "SETUSER", user, "reset", "on", f">{PASSWORD}", "~*", "&*", "+@all")
+    request.addfinalizer(lambda: client.execute_command("ACL", "DELUSER", user))
+    base = url_with_prefix(REDIS_BASE_URL, request.getfixturevalue("key_prefix"))
+    scheme, rest = base.split("://", 1)
+    return _with_query(f"{scheme}://{user}@{rest}", f"password={PASSWORD}")
+
+
+def _assert_redacted(text: str, what: str) -> None:
+    assert PASSWORD not in text, (what, text[-2000:])
+    assert "password=***" in text, (what, text[-2000:])
+
+
+def test_a_password_in_the_url_query_is_never_printed(url_with_query_password, dev_server_factory, tmp_path):
+    url = url_with_query_password
+    migrated = _run("--storage", url, "migrate")
+    assert migrated.returncode == 0, migrated.stderr.replace(PASSWORD, "<PW>")
+    _assert_redacted(migrated.stdout + migrated.stderr, "rdq migrate")
+    # A usage error that names the URL.
+    stats = _run("--storage", url, "stats", "never-used-queue")
+    assert stats.returncode != 0
+    _assert_redacted(stats.stdout + stats.stderr, "rdq stats (not found)")
+    # The rdq dev banner.
+    server = dev_server_factory(token=None, storage_url=url)
+    _assert_redacted(server.output(), "rdq dev's banner")
+    # The start lines of the long-running commands.
+    for command in (["worker", "--handlers", "rdq_core.examples"], ["reaper"]):
+        log_path = tmp_path / f"{command[0]}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RDQ_")}
+        env.update({"PYTHONPATH": str(REPO), "RDQ_LOG_FORMAT": "text"})
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen([_rdq(), "--storage", url, *command], stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            wait_until(lambda: " on " in log_path.read_text() or None, 30, what=f"rdq {command[0]} to log its start line")
+        finally:
+            process.terminate()
+            process.wait(30)
+        _assert_redacted(log_path.read_text(), f"rdq {command[0]}")
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("postgresql://u:pw@h:5432/db?sslmode=require&password=s3", "postgresql://u:***@h:5432/db?sslmode=require&password=***"),
+    ("postgresql://h/db?sslpassword=s3&pass%77ord=s3&PWD=s3&sslkey=/k.pem", "postgresql://h/db?sslpassword=***&pass%77ord=***&PWD=***&sslkey=/k.pem"),
+    ("redis://:pw@h:6379/0?prefix=p&password=s3", "redis://:***@h:6379/0?prefix=p&password=***"),
+    ("rediss://h/0?token=s3&secret_key=s3&access_key=s3&key=s3", "rediss://h/0?token=***&secret_key=***&access_key=***&key=***"),
+    ("mongodb://u:pw@h/db?authSource=admin&authMechanismProperties=AWS_SESSION_TOKEN:s3",
+     "mongodb://u:***@h/db?authSource=admin&authMechanismProperties=***"),
+    ("sqlite:///rdq.db", "sqlite:///rdq.db"),
+    ("postgresql://u@h/db?application_name=a", "postgresql://u@h/db?application_name=a"),
+])
+def test_redact_url_hides_every_credential_and_keeps_the_rest(url, shown):
+    from rdq_core.storage import redact_url
+
+    assert redact_url(url) == shown
