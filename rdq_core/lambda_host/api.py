@@ -222,13 +222,11 @@ def enqueue_batch(queue: str) -> Response:
     new_tasks = build_new_tasks(queue, items)
     results = _client().storage.enqueue(new_tasks)  # one round trip for the whole batch
     _wake_worker(queue, new_tasks, results)
+    # A conflict's task belongs to another queue: say only that the id is taken, not where or
+    # in what state (the caller asked about this queue; the single enqueue's 409 says as much).
     per_item = [
-        {
-            "id": r.task.id,
-            "queue": r.task.queue,
-            "result": "conflict" if r.conflict else ("created" if r.created else "existing"),
-            "status": r.task.status.value,
-        }
+        {"id": r.task.id, "result": "conflict"} if r.conflict else
+        {"id": r.task.id, "queue": r.task.queue, "result": "created" if r.created else "existing", "status": r.task.status.value}
         for r in results
     ]
     counts = {kind: sum(1 for item in per_item if item["result"] == kind) for kind in ("created", "existing", "conflict")}

@@ -97,10 +97,15 @@ def _schemas() -> dict[str, Any]:
         "BatchResult": {
             "type": "object", "required": ["results", "created", "existing", "conflict"],
             "properties": {
-                "results": {"type": "array", "items": {"type": "object", "required": ["id", "queue", "result", "status"], "properties": {
-                    "id": {"type": "string"}, "queue": {"type": "string"},
-                    "result": {"type": "string", "enum": ["created", "existing", "conflict"]},
-                    "status": {"$ref": "#/components/schemas/Status"}}}},
+                "results": {"type": "array", "items": {"oneOf": [
+                    {"type": "object", "required": ["id", "queue", "result", "status"], "additionalProperties": False, "properties": {
+                        "id": {"type": "string"}, "queue": {"type": "string"},
+                        "result": {"type": "string", "enum": ["created", "existing"]},
+                        "status": {"$ref": "#/components/schemas/Status"}}},
+                    {"type": "object", "required": ["id", "result"], "additionalProperties": False,
+                     "description": "the id is taken on another queue; nothing was written",
+                     "properties": {"id": {"type": "string"}, "result": {"const": "conflict"}}},
+                ]}},
                 "created": {"type": "integer"}, "existing": {"type": "integer"}, "conflict": {"type": "integer"},
             },
         },

@@ -258,3 +258,29 @@ def test_any_transfer_encoding_is_refused_and_a_smuggled_request_never_served(de
     for queue in ("smuggled", "outer"):
         stats = _stats(dev_server, queue)
         assert not any(v for k, v in stats.items() if isinstance(v, int) and k != "oldest_pending_age_seconds"), stats
+
+
+# -- 6. batch enqueue conflicts ----------------------------------------------------------------
+def test_a_batch_conflict_does_not_reveal_the_other_queues_name_or_the_tasks_status(dev_server):
+    assert dev_server.request("POST", "/v1/queues/secret-payroll/tasks", {"handler": "reject", "id": "their-task"})[0] == 201
+    wait_until_dead = time.monotonic() + 30
+    while json.loads(dev_server.request("GET", "/v1/tasks/their-task")[2])["status"] != "DEAD":
+        assert time.monotonic() < wait_until_dead, "the task was never dead-lettered"
+        time.sleep(0.2)
+    body = {"tasks": [{"handler": "greet", "id": "mine-1"}, {"handler": "greet", "id": "their-task"}]}
+    raw = json.dumps(body).encode()
+    request = (f"POST /v1/queues/mine/tasks:batch HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {dev_server.token}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\nConnection: close\r\n\r\n").encode() + raw
+    status, _, answer = _exchange(dev_server, request)
+    assert status == 200, answer
+    text = answer.decode()
+    assert "secret-payroll" not in text and "DEAD" not in text, text
+    results = json.loads(answer)["results"]
+    assert results[1] == {"id": "their-task", "result": "conflict"}
+    assert results[0]["queue"] == "mine" and results[0]["result"] == "created"
+    assert json.loads(answer)["conflict"] == 1
+    # The document served says the same.
+    document = json.loads(dev_server.request("GET", "/v1/openapi.json")[2])
+    items = document["components"]["schemas"]["BatchResult"]["properties"]["results"]["items"]
+    conflict_shape = next(shape for shape in items["oneOf"] if shape["properties"]["result"].get("const") == "conflict")
+    assert set(conflict_shape["properties"]) == {"id", "result"} and conflict_shape["additionalProperties"] is False
