@@ -24,7 +24,7 @@ _RDQ_ENV = (
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "sam_build: runs `sam build` for python3.12 (slow; needs pyenv 3.12)")
+    config.addinivalue_line("markers", "sam_build: runs `sam build` for python3.12 (slow; needs python3.12 on PATH or in pyenv)")
     config.addinivalue_line("filterwarnings", "ignore:No application metrics to publish")
 
 
