@@ -10,7 +10,9 @@
 * the embedded SQLite store by default, migrated on start; the example handlers
   (``rdq_core.examples``) loaded unless others are named.
 
-Optional bearer token: set ``RDQ_API_TOKEN`` and every request needs ``Authorization: Bearer …``.
+Optional bearer token: set ``RDQ_API_TOKEN`` and every request needs ``Authorization: Bearer …``
+(checked before the body is read). Without one, only ``Host: 127.0.0.1``, ``localhost`` or ``[::1]``
+is served (DNS rebinding). Slow clients are bounded: see ``BoundedHTTPServer``.
 
 Logs: the Lambda handlers log through this process's own logging (``rdq_core.logs``): one
 readable line per task outcome on a terminal, JSON lines otherwise or with ``--log-format json``
