@@ -321,6 +321,30 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
         timeout = IDLE_TIMEOUT_SECONDS  # applied to the socket: every read and write
 
+        _refused_unread = False
+
+        def finish(self) -> None:
+            super().finish()
+            if self._refused_unread:
+                self._drain()
+
+        def _drain(self) -> None:
+            # Closing a socket with unread input makes the kernel send a reset, which can destroy
+            # the refusal before the client reads it. Say we are done, then discard a bounded
+            # amount of what is still arriving (at most 64 KiB, for at most a second).
+            try:
+                self.connection.shutdown(socket.SHUT_WR)
+                deadline = time.monotonic() + 1.0
+                discarded = 0
+                while discarded < 65536 and (left := deadline - time.monotonic()) > 0:
+                    self.connection.settimeout(left)
+                    chunk = self.connection.recv(65536)
+                    if not chunk:
+                        break
+                    discarded += len(chunk)
+            except OSError:
+                pass
+
         def handle_one_request(self) -> None:
             self.server.watch(self.connection)  # type: ignore[attr-defined]
             try:
@@ -390,6 +414,7 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
             if close:  # the body was not read: the connection cannot carry another request
                 self.send_header("Connection", "close")
                 self.close_connection = True
+                self._refused_unread = True
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(payload)
@@ -407,6 +432,7 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
             self.close_connection = True
+            self._refused_unread = True  # whatever the client still sends was not read
 
         do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _handle
 
