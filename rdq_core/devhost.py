@@ -216,7 +216,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         super().__init__(address, handler)
         self.closing = threading.Event()
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self._budget_lock = threading.Lock()
+        self._lock = threading.Lock()
         self._buffered = 0
         self._deadlines: dict[socket.socket, float] = {}
         threading.Thread(target=self._enforce_deadlines, name="rdq-dev-http-deadlines", daemon=True).start()
@@ -246,29 +246,29 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
     # -- body budget -------------------------------------------------------------------------
     def reserve_body(self, length: int) -> bool:
-        with self._budget_lock:
+        with self._lock:
             if self._buffered + length > MAX_BUFFERED_BODY_BYTES:
                 return False
             self._buffered += length
             return True
 
     def release_body(self, length: int) -> None:
-        with self._budget_lock:
+        with self._lock:
             self._buffered -= length
 
     # -- request deadlines -------------------------------------------------------------------
     def watch(self, connection: socket.socket) -> None:
-        with self._budget_lock:
+        with self._lock:
             self._deadlines[connection] = time.monotonic() + REQUEST_DEADLINE_SECONDS
 
     def unwatch(self, connection: socket.socket) -> None:
-        with self._budget_lock:
+        with self._lock:
             self._deadlines.pop(connection, None)
 
     def _enforce_deadlines(self) -> None:
         while not self.closing.wait(0.5):
             now = time.monotonic()
-            with self._budget_lock:
+            with self._lock:
                 late = [conn for conn, deadline in self._deadlines.items() if deadline < now]
                 for conn in late:
                     del self._deadlines[conn]
