@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rdq_core.compliance.support import wait_until
 from rdq_core.devhost import IDLE_TIMEOUT_SECONDS, MAX_CONNECTIONS
 
 from .conftest import PROBLEM_JSON
@@ -141,8 +142,8 @@ def test_a_request_without_the_token_is_refused_before_its_body_is_read(dev_serv
     # let the 401 arrive before the close), within the connection bound.
     assert during["rss_kib"] <= before["rss_kib"] + 20 * 1024, (before, during)
     assert during["threads"] <= before["threads"] + MAX_CONNECTIONS + 2, (before, during)
-    time.sleep(2)
-    assert _proc(dev_server.process.pid)["threads"] <= before["threads"] + 2
+    wait_until(lambda: _proc(dev_server.process.pid)["threads"] <= before["threads"] + 2, timeout=15,
+               what="the refused connections' threads to end")
     assert dev_server.request("GET", "/v1/queues/slow/stats", timeout=5)[0] == 200
 
 
@@ -195,8 +196,8 @@ def test_large_bodies_one_byte_short_hold_bounded_memory_and_time_out(dev_server
     finally:
         for sock in sockets:
             sock.close()
-    time.sleep(1)
-    assert _proc(pid)["threads"] <= before["threads"] + 2
+    wait_until(lambda: _proc(pid)["threads"] <= before["threads"] + 2, timeout=15,
+               what="the held connections' threads to end")
     assert "Traceback" not in dev_server.output()
 
 
