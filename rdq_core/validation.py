@@ -80,17 +80,24 @@ def json_value(value: Any, limit_bytes: int, field: str) -> Any:
     return value
 
 
+def without_lone_surrogates(value: str) -> str:
+    """``value`` with each lone UTF-16 surrogate replaced by U+FFFD (a well-formed pair is
+    joined). ``os.fsdecode`` of undecodable bytes makes such strings; no store can encode them."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        # UTF-16 with surrogatepass keeps a well-formed pair; decoding with "replace" turns each
+        # unpaired half into U+FFFD.
+        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return value
+
+
 def repaired_text(value: str) -> str:
     """``value`` made storable on every backend: each NUL and each lone UTF-16 surrogate becomes
     U+FFFD. For text the engine writes on a handler's behalf (error messages, stacks), where
     refusing would lose the outcome: an OSError about a file named ``report-\\xff.csv`` carries
     a lone surrogate, and a store that cannot encode it must not fail the whole settle."""
-    if storable_text(value):
-        return value
-    # UTF-16 with surrogatepass keeps a well-formed pair; decoding with "replace" turns each
-    # unpaired half into U+FFFD.
-    repaired = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    return repaired.replace("\x00", "\ufffd")
+    return without_lone_surrogates(value).replace("\x00", "\ufffd")
 
 
 def storable_text(value: str) -> bool:

@@ -59,6 +59,7 @@ from ..model import (
     Settlement,
     Task,
 )
+from ..validation import without_lone_surrogates
 
 
 class Storage(abc.ABC):
@@ -224,13 +225,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # Settlement text is diagnostic or a handler's result; storing U+FFFD in place of the broken
 # code point beats failing the whole batch.
 
-def storable_text(value: str) -> str:
-    """``value`` with each lone surrogate replaced by U+FFFD (a well-formed pair is joined)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    return value
+#: ``value`` with each lone surrogate replaced by U+FFFD (one implementation, in validation).
+storable_text = without_lone_surrogates
 
 
 def storable_json(value: Any) -> str:
