@@ -196,34 +196,51 @@ class Fleet:
             process.journal.close()
 
 
-class Reaper:
-    """The ``rdq reaper`` of these tests: a fenced pass every ``interval`` seconds."""
+class _StoreLoop:
+    """A thread with its own store connection that runs ``step`` every ``interval`` seconds
+    until the ``with`` block ends; what it raises is kept in ``errors`` for the run to surface."""
 
-    def __init__(self, url: str, interval: float) -> None:
+    def __init__(self, url: str, interval: float, name: str) -> None:
         self.url = url
         self.interval = interval
         self.errors: list[BaseException] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="chaos-reaper", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def step(self, storage: Storage) -> None:
+        raise NotImplementedError
+
+    def failed(self, exc: BaseException) -> None:
+        self.errors.append(exc)
 
     def _loop(self) -> None:
         storage = open_storage(self.url)
         try:
-            policies = PolicyBook(RetryPolicy(MAX_ATTEMPTS, FAST_BACKOFF))
             while not self._stop.wait(self.interval):
-                reap_expired_leases(storage, policies, queue=QUEUE)
+                self.step(storage)
         except BaseException as exc:  # surfaced after the run
-            self.errors.append(exc)
+            self.failed(exc)
         finally:
             storage.close()
 
-    def __enter__(self) -> "Reaper":
+    def __enter__(self):
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(30)
+
+
+class Reaper(_StoreLoop):
+    """The ``rdq reaper`` of these tests: a fenced pass every ``interval`` seconds."""
+
+    def __init__(self, url: str, interval: float) -> None:
+        super().__init__(url, interval, "chaos-reaper")
+        self._policies = PolicyBook(RetryPolicy(MAX_ATTEMPTS, FAST_BACKOFF))
+
+    def step(self, storage: Storage) -> None:
+        reap_expired_leases(storage, self._policies, queue=QUEUE)
 
 
 # -- the killer --------------------------------------------------------------------------------
@@ -374,43 +391,28 @@ class Feed:
             self.add(storage, self.low_water)
 
 
-class Watcher:
+class Watcher(_StoreLoop):
     """Watches the queue (drained yet?) and tops it up, from its own thread and connection:
     a slow store round trip must never delay a kill or a deadline."""
 
     def __init__(self, url: str, feed: Feed) -> None:
-        self.url = url
+        super().__init__(url, 0.1, "chaos-watcher")
         self.feed = feed
         self.hungry = True
         self.drained = threading.Event()
         self.last: object = None
-        self.errors: list[BaseException] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="chaos-watcher", daemon=True)
 
-    def _loop(self) -> None:
-        storage = open_storage(self.url)
-        try:
-            while not self._stop.wait(0.1):
-                stats = self.last = storage.stats(QUEUE)
-                self.feed.feed(storage, stats.pending, self.hungry)
-                if stats.pending == stats.in_flight == 0 and (
-                    stats.succeeded + stats.dead + stats.cancelled >= len(self.feed.items)
-                ):
-                    self.drained.set()  # a dead task is the audit's to explain, with its history
-        except BaseException as exc:  # surfaced by _drive
-            self.errors.append(exc)
-            self.drained.set()
-        finally:
-            storage.close()
+    def step(self, storage: Storage) -> None:
+        stats = self.last = storage.stats(QUEUE)
+        self.feed.feed(storage, stats.pending, self.hungry)
+        if stats.pending == stats.in_flight == 0 and (
+            stats.succeeded + stats.dead + stats.cancelled >= len(self.feed.items)
+        ):
+            self.drained.set()  # a dead task is the audit's to explain, with its history
 
-    def __enter__(self) -> "Watcher":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
+    def failed(self, exc: BaseException) -> None:
+        super().failed(exc)  # surfaced by _drive
+        self.drained.set()
 
 
 def _drive(

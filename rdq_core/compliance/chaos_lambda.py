@@ -19,7 +19,6 @@ Storage goes through ``shared_storage``, which opens ``$RDQ_STORAGE_URL``; that 
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
@@ -30,7 +29,7 @@ import traceback
 from typing import Any
 
 from ..storage import open_storage, register_backend
-from .chaos_worker import JournalingStorage, chaos_handler, stamp, wait_for_go
+from .chaos_worker import JournalingStorage, chaos_handler, chaos_process_arguments, stamp, wait_for_go
 
 SCHEME = "chaosjournal"
 #: Handler names and timeouts in a chaos Lambda container. Every one fits a 3 s invocation with
@@ -84,18 +83,11 @@ class _LazyHandler:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("url")
-    parser.add_argument("queue")
-    parser.add_argument("journal")
-    parser.add_argument("--plugin", action="append", default=[])
+    parser = chaos_process_arguments()
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--grace", type=float, default=1.0)
     parser.add_argument("--budget-min", type=float, default=3.0)
     parser.add_argument("--budget-max", type=float, default=6.0)
-    parser.add_argument("--batch", type=int, default=3)
-    parser.add_argument("--dwell-ms", type=float, default=0.0)
-    parser.add_argument("--go-file", default=None)
     args = parser.parse_args()
     # The Lambda host reads these at import; the test process may not have set them (this
     # repository's tests/conftest.py does). Tracing off keeps the X-Ray SDK out of cold starts.

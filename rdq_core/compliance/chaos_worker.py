@@ -234,16 +234,23 @@ def wait_for_go(path: str | None) -> None:
         time.sleep(0.02)
 
 
-def main() -> None:
+def chaos_process_arguments() -> argparse.ArgumentParser:
+    """What every chaos process takes: its store, queue and journal, plugins, batch size, the
+    dwell at journal markers, the go file and a seed."""
     parser = argparse.ArgumentParser()
     parser.add_argument("url")
     parser.add_argument("queue")
     parser.add_argument("journal")
     parser.add_argument("--plugin", action="append", default=[])
-    parser.add_argument("--lease", type=float, default=2.0)
     parser.add_argument("--batch", type=int, default=3)
     parser.add_argument("--dwell-ms", type=float, default=0.0)
     parser.add_argument("--go-file", default=None)
+    return parser
+
+
+def main() -> None:
+    parser = chaos_process_arguments()
+    parser.add_argument("--lease", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args()
     for module in args.plugin:
