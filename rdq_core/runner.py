@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from .errors import InvalidInput, PermanentError, StaleClaim, StorageUnavailable
-from .handlers import HandlerRegistry, TaskContext, registry as default_registry
+from .handlers import HandlerRegistry, HandlerSpec, TaskContext, registry as default_registry
 from .logs import task_log_keys
 from .model import ClaimedTask, ClaimRef, ErrorInfo, Outcome, Settlement, Task, TaskStatus
 from .retry import PolicyBook
@@ -239,7 +239,7 @@ class BatchRunner:
                 report.started += 1
                 outcomes.watch_while_a_handler_runs()
                 began = self.clock()
-                settlement = self.execute(item, deadline, ledger)
+                settlement = self.execute(item, spec, deadline, ledger)
                 if settlement is None:
                     # Overran its timeout: still running, its task still held (see execute).
                     report.abandoned += 1
@@ -257,11 +257,11 @@ class BatchRunner:
                 self._active_batches.remove(active)
         return report
 
-    def execute(self, item: ClaimedTask, deadline: float, ledger: ClaimLedger) -> Settlement | None:
-        """Run one task's handler and turn what happened into a settlement decision; None when
-        the handler overran its timeout and was left running (``abandon_overdue_handlers``)."""
+    def execute(self, item: ClaimedTask, spec: HandlerSpec | None, deadline: float, ledger: ClaimLedger) -> Settlement | None:
+        """Run one task's handler (``spec``, as ``run`` looked it up) and turn what happened into
+        a settlement decision; None when the handler overran its timeout and was left running
+        (``abandon_overdue_handlers``)."""
         task = item.task
-        spec = self.registry.get(task.handler)
         if spec is None:
             error = truncated_error(UNKNOWN_HANDLER, f"no handler named {task.handler!r} is registered in this worker")
             return Settlement(task.id, item.claim_token, Outcome.PERMANENT_FAILURE, TaskStatus.DEAD, error=error)
