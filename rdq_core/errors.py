@@ -49,6 +49,15 @@ class InvalidCursor(InvalidInput):
         super().__init__(message, field="cursor")
 
 
+class UnsupportedOperation(RdqError, TypeError):
+    """The call asks for something this backend or host cannot do (e.g. ``connection=`` on a
+    store that cannot join a caller's transaction). A programming error: nothing was written."""
+
+
+class ConfigurationError(RdqError, ValueError):
+    """A storage URL, policy file, handler registration or host setting is malformed."""
+
+
 class StorageUnavailable(RdqError):
     """The backend could not be reached; the operation may be retried."""
 
