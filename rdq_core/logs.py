@@ -12,7 +12,7 @@ configure_logging("auto", "INFO")      # text on a TTY, JSON lines when stderr i
   fields and the task keys of a handler's own lines follow as ``key=value``; no JSON).
 * ``json``: ``{"time": "2026-01-02T09:55:16.616Z", "level": "INFO", "logger": "rdq.task",
   "message": "...", "task_id": "...", "queue": "demo", ...}``: the engine's per-outcome fields
-  (``record.rdq_task``, see ``rdq_core.runner.log_outcome``) flattened into the object, plus
+  (``record.rdq_task``, see ``rdq_core.outcomes.log_outcome``) flattened into the object, plus
   every other extra field of the record.
 
 A handler's own log lines (any logger) carry the task they run for while ``task_log_keys`` is

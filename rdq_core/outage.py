@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Callable
 
 
 class StorageHealth:
@@ -13,8 +14,10 @@ class StorageHealth:
     heartbeat, or reaper passes), so one outage is one ERROR line (plus one INFO line when it
     ends) on the host's own logger, not one line per retry."""
 
-    def __init__(self, log: logging.Logger) -> None:
-        self._log = log
+    def __init__(self, log: logging.Logger, *, clock: Callable[[], float] = time.monotonic) -> None:
+        #: The host's logger: its outage lines, and its claim loop's unexpected errors.
+        self.log = log
+        self._clock = clock
         self._lock = threading.Lock()
         self._down_since: float | None = None
         self.failures_in_outage = 0
@@ -25,11 +28,11 @@ class StorageHealth:
         with self._lock:
             self.failures_in_outage += 1
             if self._down_since is not None:
-                self._log.debug("%s: storage still unavailable (%s)", where, exc)
+                self.log.debug("%s: storage still unavailable (%s)", where, exc)
                 return
-            self._down_since = time.monotonic()
+            self._down_since = self._clock()
             self.outages += 1
-        self._log.error("storage unavailable (%s, seen by %s); backing off and reconnecting", exc, where)
+        self.log.error("storage unavailable (%s, seen by %s); backing off and reconnecting", exc, where)
 
     def ok(self) -> None:
         if self._down_since is None:  # the common case: no lock, no log
@@ -37,9 +40,9 @@ class StorageHealth:
         with self._lock:
             if self._down_since is None:
                 return
-            down_for = time.monotonic() - self._down_since
+            down_for = self._clock() - self._down_since
             failures, self._down_since, self.failures_in_outage = self.failures_in_outage, None, 0
-        self._log.info("storage reachable again after %.1fs (%d failed call(s) meanwhile)", down_for, failures)
+        self.log.info("storage reachable again after %.1fs (%d failed call(s) meanwhile)", down_for, failures)
 
 
 class ReconnectBackoff:

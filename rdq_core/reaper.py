@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .errors import SchemaMissing, StaleClaim, StorageUnavailable
-from .model import Outcome, TaskStatus
+from .model import TaskStatus
 from .outage import ReconnectBackoff, StorageHealth
 from .retry import PolicyBook
-from .runner import LEASE_EXPIRED, log_outcome, truncated_error
+from .outcomes import lease_expired, log_outcome
 from .storage.spi import Storage
 from .telemetry import Telemetry
 
@@ -43,22 +43,17 @@ def reap_expired_leases(
     deadline: float = math.inf,
     queue: str | None = None,
     telemetry: Telemetry | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> ReapReport:
-    """Reap in bounded batches until none is left or the (monotonic) deadline passes."""
+    """Reap in bounded batches until none is left or the deadline (on ``clock``) passes."""
     policies = policies or PolicyBook()
     report = ReapReport()
-    while time.monotonic() < deadline:
+    while clock() < deadline:
         expired = storage.find_expired_leases(batch_size, queue=queue)
         if not expired:
             break
         report.batches += 1
-        settlements = []
-        for item in expired:
-            held_for = (item.lease_expires_at - item.claimed_at).total_seconds()
-            error = truncated_error(
-                LEASE_EXPIRED, f"lease of {held_for:.1f}s expired before the worker settled the task"
-            )
-            settlements.append(policies.settle_failure(item.task, item.claim_token, Outcome.LEASE_EXPIRED, error))
+        settlements = [lease_expired(item, policies) for item in expired]
         refused: set[str] = set()
         try:
             storage.settle(settlements)
@@ -98,6 +93,8 @@ def reap_forever(
     between_passes: Callable[[], None] = lambda: None,
     telemetry: Telemetry | None = None,
     max_backoff: float = 30.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], object] = time.sleep,
 ) -> None:
     """The long-running reaper: a pass every ``interval`` seconds until ``should_stop``.
 
@@ -105,7 +102,7 @@ def reap_forever(
     (0.5 s doubling to ``max_backoff``) instead of hammering the store, and one line when the
     store answers again. ``between_passes`` runs after each successful pass (retention).
     """
-    health = StorageHealth(log)
+    health = StorageHealth(log, clock=clock)
     backoff = ReconnectBackoff(max_backoff)
     while not should_stop():
         try:
@@ -118,6 +115,6 @@ def reap_forever(
             health.ok()
             backoff.reset()
             pause = interval
-        wake_at = time.monotonic() + pause
-        while not should_stop() and time.monotonic() < wake_at:
-            time.sleep(min(0.05, pause))
+        wake_at = clock() + pause
+        while not should_stop() and clock() < wake_at:
+            sleep(min(0.05, pause))

@@ -1,5 +1,7 @@
 """Retry policy: how many attempts a task gets and how long it waits between them.
 
+Numbers only; ``rdq_core.outcomes`` turns them into a task's settlement.
+
 Resolution order for every field: the task's own value, then its queue's policy, then the
 defaults (5 attempts; backoff 1 s initial, x2, capped at 10 min, ±20 % jitter).
 """
@@ -10,7 +12,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .model import Backoff, ErrorInfo, Outcome, Settlement, Task, TaskStatus
+from .model import Backoff, ErrorInfo, Outcome, Settlement, Task
 
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_BACKOFF = Backoff()
@@ -55,6 +57,15 @@ class PolicyBook:
             backoff=task.backoff or queue_policy.backoff,
         )
 
+    def retry_delay(self, task: Task, rng: random.Random | None = None) -> float | None:
+        """Seconds before the next try after a failed attempt of ``task``, or None when that
+        attempt spends its budget. ``task.attempt_count`` is the budget used *before* it."""
+        policy = self.for_task(task)
+        used = task.attempt_count + 1
+        if used >= policy.max_attempts:
+            return None
+        return policy.delay_after(used, rng)
+
     def settle_failure(
         self,
         task: Task,
@@ -63,23 +74,10 @@ class PolicyBook:
         error: ErrorInfo,
         rng: random.Random | None = None,
     ) -> Settlement:
-        """Turn a failed attempt (retryable, permanent or lease-expired) into a decision.
+        """``outcomes.failed_attempt`` with this book, the spelling the compliance kit uses."""
+        from .outcomes import failed_attempt  # noqa: PLC0415 - outcomes builds on this module
 
-        ``task.attempt_count`` is the budget used *before* this attempt; the attempt being
-        settled spends one more.
-        """
-        policy = self.for_task(task)
-        used = task.attempt_count + 1
-        if outcome is Outcome.PERMANENT_FAILURE or used >= policy.max_attempts:
-            return Settlement(task.id, claim_token, outcome, TaskStatus.DEAD, error=error)
-        return Settlement(
-            task.id,
-            claim_token,
-            outcome,
-            TaskStatus.PENDING,
-            retry_delay_seconds=policy.delay_after(used, rng),
-            error=error,
-        )
+        return failed_attempt(self, task, claim_token, outcome, error, rng)
 
 
 def policy_book_from_config(config: Mapping[str, object] | None) -> PolicyBook:

@@ -15,7 +15,8 @@ never overlap.
 The worker also reaps expired leases itself (every ``reap_interval_seconds``, one bounded,
 fenced pass), so a crashed worker's tasks come back without a separate ``rdq reaper``.
 
-Storage outages: the claim loop backs off (0.5 s doubling to 30 s) and reconnects; the claim
+Storage outages: the claim loop (``rdq_core.claiming``, shared with the Lambda worker) backs
+off (0.5 s doubling to 30 s) and reconnects; the claim
 loop, the heartbeat and the reaper share one ``StorageHealth``, so an outage logs one line when
 it starts and one when the store answers again, however many retries happen in between.
 """
@@ -27,15 +28,18 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
+from .claiming import ClaimLoop
 from .errors import SchemaMissing, StaleClaim, StorageUnavailable
+from .execution import Overrun
 from .handlers import HandlerRegistry
 from .model import ClaimedTask, ClaimRef
-from .outage import ReconnectBackoff, StorageHealth
+from .outage import StorageHealth
 from .retry import PolicyBook
 from .reaper import reap_expired_leases
-from .runner import BatchRunner, ClaimLedger, Overrun
+from .runner import BatchRunner
+from .settling import ClaimLedger
 from .storage.spi import Storage
 from .telemetry import Telemetry
 
@@ -122,20 +126,30 @@ class Worker:
         policies: PolicyBook | None = None,
         registry: HandlerRegistry | None = None,
         telemetry: Telemetry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         self.storage = storage
         self.config = config
         self.policies = policies or PolicyBook()
         self.telemetry = telemetry or Telemetry()
+        self.clock = clock
+        self.sleep = sleep
         # A container host has no invocation deadline to cut a hung handler short, so handlers
         # run on a helper thread and an overrunning one is left running, its task still held.
         self.runner = BatchRunner(
             storage, self.policies, registry, self.telemetry, lease_seconds=config.lease_seconds,
-            abandon_overdue_handlers=True,
+            abandon_overdue_handlers=True, clock=clock, sleep=sleep,
         )
-        self.health = StorageHealth(log)
+        self.health = StorageHealth(log, clock=clock)
         self.ledger = HeartbeatLedger(storage, config.lease_seconds, self.health)
         self.stop_event = threading.Event()
+        self.claim_loop = ClaimLoop(
+            storage, self.runner, queues=self._queues, batch_size=config.batch_size,
+            lease_seconds=lambda: config.lease_seconds, should_stop=self.stop_event.is_set, ledger=self.ledger,
+            telemetry=self.telemetry, idle_pause=config.idle_poll_seconds, health=self.health, clock=clock,
+            wait=self.stop_event.wait,
+        )
         #: None while running or after a requested stop; ``HANDLER_OVERRAN`` when the worker
         #: stopped itself because a handler could not be stopped.
         self.exit_reason: str | None = None
@@ -146,7 +160,7 @@ class Worker:
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="rdq-heartbeat", daemon=True)
         heartbeat.start()
         threads = [
-            threading.Thread(target=self._claim_loop, name=f"rdq-worker-{n}", daemon=True)
+            threading.Thread(target=self.claim_loop.run, name=f"rdq-worker-{n}", daemon=True)
             for n in range(self.config.concurrency)
         ]
         if self._reap_interval() > 0:
@@ -182,7 +196,7 @@ class Worker:
     def _check_overruns(self) -> None:
         if self.stop_event.is_set():
             return
-        now = time.monotonic()
+        now = self.clock()
         hung = [o for o in self.runner.overruns() if now - o.overdue_since > self.config.overrun_grace_seconds]
         if hung:
             self.exit_reason = HANDLER_OVERRAN
@@ -196,55 +210,16 @@ class Worker:
 
     def run_once(self) -> int:
         """Claim and run one batch per queue; returns the number of tasks started."""
-        started = 0
-        for queue in self._queues():
-            if self.stop_event.is_set():
-                break
-            claimed = self._claim(queue)
-            if claimed:
-                started += self.runner.run(claimed, ledger=self.ledger, should_stop=self.stop_event.is_set).started
-        return started
+        return self.claim_loop.run_round().started
 
     def _queues(self) -> Sequence[str]:
         if self.config.queues:
             return self.config.queues
         read_at, queues = self._known_queues
-        if time.monotonic() - read_at > QUEUE_LIST_TTL_SECONDS:
+        if self.clock() - read_at > QUEUE_LIST_TTL_SECONDS:
             queues = self.storage.list_queues()
-            self._known_queues = (time.monotonic(), queues)
+            self._known_queues = (self.clock(), queues)
         return queues
-
-    def _claim(self, queue: str) -> list[ClaimedTask]:
-        began = time.monotonic()
-        claimed = self.storage.claim(queue, self.config.batch_size, self.config.lease_seconds)
-        # Only a call that reached the store ends an outage (run_once also returns normally
-        # when the runner gave up on a settle, which proves nothing).
-        self.health.ok()
-        self.telemetry.timing_ms("claim_latency_ms", (time.monotonic() - began) * 1000)
-        self.telemetry.count("claimed", len(claimed))
-        return claimed
-
-    def _claim_loop(self) -> None:
-        backoff = ReconnectBackoff()
-        while not self.stop_event.is_set():
-            try:
-                started = self.run_once()
-                backoff.reset()
-            except (StorageUnavailable, SchemaMissing) as exc:
-                # Each pass through here is one reconnect attempt after a backoff pause. A store
-                # not migrated yet is waited out the same way (one line saying to run migrate):
-                # workers may well start before the deploy step that migrates.
-                self.telemetry.count("reconnect_attempts")
-                self.health.failed("claim loop", exc)
-                self.stop_event.wait(backoff.next())
-                continue
-            except Exception:  # noqa: BLE001 - a bug must not silently end this claim loop
-                self.telemetry.count("claim_loop_errors")
-                log.exception("unexpected error in the claim loop; backing off")
-                self.stop_event.wait(backoff.next())
-                continue
-            if not started:
-                self.stop_event.wait(self.config.idle_poll_seconds)
 
     def _reap_interval(self) -> float:
         if self.config.reap_interval_seconds is not None:
@@ -260,8 +235,8 @@ class Worker:
             try:
                 for queue in queues:
                     reap_expired_leases(self.storage, self.policies, batch_size=self.config.reap_batch_size,
-                                        deadline=time.monotonic() + interval, queue=queue,
-                                        telemetry=self.telemetry)
+                                        deadline=self.clock() + interval, queue=queue,
+                                        telemetry=self.telemetry, clock=self.clock)
             except (StorageUnavailable, SchemaMissing) as exc:
                 self.health.failed("reaper", exc)
             except Exception:  # noqa: BLE001 - reaping is retried next pass
@@ -273,7 +248,7 @@ class Worker:
         task until it returns or the process ends."""
         interval = max(self.config.lease_seconds / 3, 0.05)
         while True:
-            time.sleep(interval)
+            self.sleep(interval)
             if self._claim_loops_done.is_set() and not self.ledger.held():
                 return
             self.ledger.beat()

@@ -22,7 +22,8 @@ from ..handlers import HandlerRegistry
 from ..model import Outcome, TaskStatus
 from ..reaper import reap_expired_leases
 from ..retry import PolicyBook, RetryPolicy
-from ..runner import TIMEOUT_EXCEEDS_WORKER, BatchRunner
+from ..outcomes import TIMEOUT_EXCEEDS_WORKER
+from ..runner import BatchRunner
 from ..storage.spi import Storage
 from ..worker import HANDLER_OVERRAN, HeartbeatLedger, Worker, WorkerConfig
 from .support import FAST_BACKOFF, wait_until

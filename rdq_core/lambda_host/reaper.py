@@ -7,7 +7,7 @@ template's alarms watch): ``QueueDepth`` (pending), ``DeadTasks``, ``OldestPendi
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 from aws_lambda_powertools.metrics import MetricUnit
 
@@ -17,19 +17,22 @@ from .observability import MetricsTelemetry, add_metric, log_invocation, logger,
 from .settings import Settings
 
 
-def run_reaper_invocation(event: dict[str, Any], context: Any, settings: Settings | None = None) -> dict[str, Any]:
+def run_reaper_invocation(
+    event: dict[str, Any], context: Any, settings: Settings | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, Any]:
     settings = settings or Settings.from_env()
-    deadline = time.monotonic() + context.get_remaining_time_in_millis() / 1000.0 - settings.settle_reserve_seconds
+    deadline = clock() + context.get_remaining_time_in_millis() / 1000.0 - settings.settle_reserve_seconds
     storage = shared_storage(settings)
     report = reap_expired_leases(
         storage, settings.policy_book(), batch_size=settings.reaper_batch_size, deadline=deadline,
-        telemetry=MetricsTelemetry(),
+        telemetry=MetricsTelemetry(), clock=clock,
     )
     depth = dead = 0
     oldest = 0.0
     queues = storage.list_queues()
     for queue in queues:
-        if time.monotonic() >= deadline:
+        if clock() >= deadline:
             break
         stats = storage.stats(queue)
         depth += stats.pending

@@ -5,7 +5,8 @@ margin, recomputed at every claim. The lease therefore ends only after this invo
 certainly over, so the reaper can never take a task from a live worker; if the invocation dies
 (timeout, OOM), the reaper records LEASE_EXPIRED once the lease runs out.
 
-The engine's ``BatchRunner`` starts a task only if its handler's ``timeout_seconds`` fits before
+The claim loop is the engine's (``rdq_core.claiming``), shared with ``rdq worker``. Its
+``BatchRunner`` starts a task only if its handler's ``timeout_seconds`` fits before
 the deadline and releases the rest unstarted (no attempt spent). A task whose handler timeout
 can never fit any invocation of this function (function timeout minus the settle reserve) is
 dead-lettered on its first claim (``rdq.TimeoutExceedsWorker``) with a WARNING, so it cannot
@@ -22,8 +23,9 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+from ..claiming import ClaimLoop
 from ..handlers import registry
 from ..runner import BatchRunner
 from ..storage.spi import Storage
@@ -46,11 +48,14 @@ def _requested_queues(event: Mapping[str, Any]) -> tuple[str, ...]:
     return ()
 
 
-def run_worker_invocation(event: Mapping[str, Any], context: Any, settings: Settings | None = None) -> dict[str, Any]:
+def run_worker_invocation(
+    event: Mapping[str, Any], context: Any, settings: Settings | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, Any]:
     """The worker's whole job for one invocation; returns a summary (also logged)."""
     settings = settings or Settings.from_env()
     remaining_ms = context.get_remaining_time_in_millis()
-    invocation_end = time.monotonic() + remaining_ms / 1000.0
+    invocation_end = clock() + remaining_ms / 1000.0
     # Lambda timeouts are whole seconds, so rounding the first reading up recovers the function
     # timeout when the template did not pass it.
     function_timeout = settings.worker_timeout_seconds or math.ceil(remaining_ms / 1000.0)
@@ -69,45 +74,28 @@ def run_worker_invocation(event: Mapping[str, Any], context: Any, settings: Sett
 
     runner = BatchRunner(
         storage, settings.policy_book(), LoggedRegistry(registry), telemetry,
-        lease_seconds=_lease_seconds(invocation_end, settings),
+        lease_seconds=_lease_seconds(invocation_end, settings, clock),
         longest_run_seconds=function_timeout - settings.settle_reserve_seconds,
         longest_run_reason=f"the worker function's {function_timeout:g}s timeout minus its "
                            f"{settings.settle_reserve_seconds:g}s settle reserve",
+        clock=clock,
     )
-    while time.monotonic() < work_deadline:
-        claimed_this_round = progress_this_round = 0
-        for queue in queues:
-            if time.monotonic() >= work_deadline:
-                break
-            lease = _lease_seconds(invocation_end, settings)
-            runner.lease_seconds = lease
-            began = time.monotonic()
-            claimed = storage.claim(queue, settings.batch_size, lease)
-            telemetry.timing_ms("claim_latency_ms", (time.monotonic() - began) * 1000)
-            telemetry.count("claimed", len(claimed))
-            if not claimed:
-                continue
-            report = runner.run(claimed, deadline=work_deadline)
-            claimed_this_round += len(claimed)
-            # Dead-lettering a task that can never fit is progress too: the tasks behind it run.
-            progress_this_round += report.started + report.too_long
-            summary["started"] += report.started
-            summary["released"] += report.released
-            summary["too_long"] += report.too_long
-            for outcome, n in report.outcomes.items():
-                summary["outcomes"][outcome] = summary["outcomes"].get(outcome, 0) + n
-        summary["claimed"] += claimed_this_round
-        # Stop when the queues are drained, or when nothing claimed could start (too little
-        # time left for its handler): claiming again would only release it again.
-        if claimed_this_round == 0 or progress_this_round == 0:
-            break
+    # Keeps claiming while a round makes progress and time remains; no idle pause: an
+    # invocation that finds nothing to do ends, and errors end it too (Lambda retries).
+    done = ClaimLoop(
+        storage, runner, queues=lambda: queues, batch_size=settings.batch_size,
+        lease_seconds=lambda: _lease_seconds(invocation_end, settings, clock), deadline=work_deadline,
+        telemetry=telemetry, clock=clock,
+    ).run()
+    summary.update(claimed=done.claimed, started=done.started, released=done.released, too_long=done.too_long,
+                   outcomes=done.outcomes)
     # A tick that found nothing is the common case; keep it out of the INFO log.
     log_invocation("worker invocation done", summary, busy=bool(summary["claimed"]))
     return summary
 
 
-def _lease_seconds(invocation_end: float, settings: Settings) -> float:
-    return max(invocation_end - time.monotonic(), 0.0) + settings.lease_grace_seconds
+def _lease_seconds(invocation_end: float, settings: Settings, clock: Callable[[], float]) -> float:
+    return max(invocation_end - clock(), 0.0) + settings.lease_grace_seconds
 
 
 def _fan_out(storage: Storage, queues: tuple[str, ...], settings: Settings) -> int:

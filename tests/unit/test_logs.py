@@ -22,7 +22,7 @@ from rdq_core.logs import (
 )
 from rdq_core.model import ErrorInfo, Outcome, Settlement, Task, TaskStatus
 from rdq_core.retry import PolicyBook
-from rdq_core.runner import log_outcome
+from rdq_core.outcomes import log_outcome
 
 OUTCOME_FIELDS = {"task_id", "queue", "handler", "try", "max_tries", "outcome", "status", "duration_ms", "error_type"}
 

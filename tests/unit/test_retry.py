@@ -5,6 +5,7 @@ import random
 import pytest
 
 from rdq_core.model import Backoff, ErrorInfo, Outcome, Task, TaskStatus
+from rdq_core.outcomes import failed_attempt
 from rdq_core.retry import PolicyBook, RetryPolicy, backoff_delay, policy_book_from_config
 
 
@@ -43,17 +44,19 @@ def test_task_overrides_queue_overrides_default():
 def test_failure_retries_until_the_budget_is_spent_then_dead_letters():
     book = PolicyBook(RetryPolicy(max_attempts=3, backoff=Backoff(10, 2, 100, 0)))
     error = ErrorInfo("x")
-    first = book.settle_failure(make_task(attempt_count=0), "tok", Outcome.RETRYABLE_FAILURE, error)
+    first = failed_attempt(book, make_task(attempt_count=0), "tok", Outcome.RETRYABLE_FAILURE, error)
     assert (first.status, first.retry_delay_seconds) == (TaskStatus.PENDING, 10)
-    second = book.settle_failure(make_task(attempt_count=1), "tok", Outcome.LEASE_EXPIRED, error)
+    second = failed_attempt(book, make_task(attempt_count=1), "tok", Outcome.LEASE_EXPIRED, error)
     assert (second.status, second.retry_delay_seconds, second.outcome) == (TaskStatus.PENDING, 20, Outcome.LEASE_EXPIRED)
-    third = book.settle_failure(make_task(attempt_count=2), "tok", Outcome.RETRYABLE_FAILURE, error)
+    third = failed_attempt(book, make_task(attempt_count=2), "tok", Outcome.RETRYABLE_FAILURE, error)
     assert third.status is TaskStatus.DEAD
+    # The policy alone: a delay while budget is left, None for the attempt that spends it.
+    assert [book.retry_delay(make_task(attempt_count=n)) for n in range(3)] == [10, 20, None]
 
 
 def test_permanent_failure_dead_letters_at_once():
     book = PolicyBook()
-    decision = book.settle_failure(make_task(attempt_count=0), "tok", Outcome.PERMANENT_FAILURE, ErrorInfo("x"))
+    decision = failed_attempt(book, make_task(attempt_count=0), "tok", Outcome.PERMANENT_FAILURE, ErrorInfo("x"))
     assert decision.status is TaskStatus.DEAD
 
 

@@ -1,0 +1,156 @@
+"""The claim loop of both hosts: claim a batch per queue, run it, and go round again.
+
+The long-running worker (``rdq_core.worker``) and the Lambda worker
+(``rdq_core.lambda_host.worker``) run this same loop and pass only what differs:
+
+=================  =================================  ====================================
+                   ``rdq worker``                     Lambda worker
+=================  =================================  ====================================
+lease              ``--lease``, renewed by heartbeat  the invocation's remaining time + grace
+deadline           none                               the invocation's end - settle reserve
+stop condition     ``stop()`` / an overrun            the deadline
+after a round      idles when nothing started         ends when nothing made progress
+errors, outages    ridden out with backoff            end the invocation (Lambda retries)
+=================  =================================  ====================================
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from .errors import SchemaMissing, StorageUnavailable
+from .outage import ReconnectBackoff, StorageHealth
+from .runner import BatchRunner
+from .settling import BatchReport, ClaimLedger
+from .storage.spi import Storage
+from .telemetry import Telemetry
+
+
+@dataclass
+class ClaimReport:
+    """What one round, or a whole loop, claimed and what became of it."""
+
+    claimed: int = 0
+    started: int = 0
+    released: int = 0
+    too_long: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def progress(self) -> int:
+        # Dead-lettering a task that can never fit is progress too: the tasks behind it run.
+        return self.started + self.too_long
+
+    def add(self, other: ClaimReport) -> None:
+        self.claimed += other.claimed
+        self.started += other.started
+        self.released += other.released
+        self.too_long += other.too_long
+        for outcome, n in other.outcomes.items():
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + n
+
+    def add_batch(self, claimed: int, batch: BatchReport) -> None:
+        self.add(ClaimReport(claimed, batch.started, batch.released, batch.too_long, batch.outcomes))
+
+
+class ClaimLoop:
+    """Claims from ``queues()`` with ``lease_seconds()`` and runs what it claims on ``runner``
+    until ``should_stop()`` or ``deadline`` (on ``clock``).
+
+    ``idle_pause``: seconds to wait (with ``wait``) after a round that made no progress; None
+    ends the loop then instead. ``health``: given, storage outages and unexpected errors are
+    ridden out with backoff (logged once per outage on its logger); None, they end the loop.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        runner: BatchRunner,
+        *,
+        queues: Callable[[], Sequence[str]],
+        batch_size: int,
+        lease_seconds: Callable[[], float],
+        deadline: float = math.inf,
+        should_stop: Callable[[], bool] = lambda: False,
+        ledger: ClaimLedger | None = None,
+        telemetry: Telemetry | None = None,
+        idle_pause: float | None = None,
+        health: StorageHealth | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wait: Callable[[float], object] = time.sleep,
+    ) -> None:
+        self.storage = storage
+        self.runner = runner
+        self.queues = queues
+        self.batch_size = batch_size
+        self.lease_seconds = lease_seconds
+        self.deadline = deadline
+        self.should_stop = should_stop
+        self.ledger = ledger
+        self.telemetry = telemetry or Telemetry()
+        self.idle_pause = idle_pause
+        self.health = health
+        self.clock = clock
+        self.wait = wait
+
+    def stopped(self) -> bool:
+        return self.should_stop() or self.clock() >= self.deadline
+
+    def run(self) -> ClaimReport:
+        """Rounds until stopped (or, without ``idle_pause``, until a round makes no progress)."""
+        total = ClaimReport()
+        backoff = ReconnectBackoff()
+        while not self.stopped():
+            try:
+                round_ = self.run_round()
+            except (StorageUnavailable, SchemaMissing) as exc:
+                if self.health is None:
+                    raise
+                # Each pass through here is one reconnect attempt after a backoff pause. A store
+                # not migrated yet is waited out the same way (one line saying to run migrate):
+                # workers may well start before the deploy step that migrates.
+                self.telemetry.count("reconnect_attempts")
+                self.health.failed("claim loop", exc)
+                self.wait(backoff.next())
+                continue
+            except Exception:  # noqa: BLE001 - a bug must not silently end a long-running claim loop
+                if self.health is None:
+                    raise
+                self.telemetry.count("claim_loop_errors")
+                self.health.log.exception("unexpected error in the claim loop; backing off")
+                self.wait(backoff.next())
+                continue
+            backoff.reset()
+            total.add(round_)
+            if not round_.progress:
+                # Drained, or nothing claimed could start (too little time left for its handler):
+                # claiming again at once would only release it again.
+                if self.idle_pause is None:
+                    break
+                self.wait(self.idle_pause)
+        return total
+
+    def run_round(self) -> ClaimReport:
+        """Claim one batch per queue and run each; returns what the round did."""
+        report = ClaimReport()
+        for queue in self.queues():
+            if self.stopped():
+                break
+            lease = self.lease_seconds()
+            self.runner.lease_seconds = lease
+            began = self.clock()
+            claimed = self.storage.claim(queue, self.batch_size, lease)
+            if self.health is not None:
+                # Only a call that reached the store ends an outage (a round also returns
+                # normally when the runner gave up on a settle, which proves nothing).
+                self.health.ok()
+            self.telemetry.timing_ms("claim_latency_ms", (self.clock() - began) * 1000)
+            self.telemetry.count("claimed", len(claimed))
+            if not claimed:
+                continue
+            batch = self.runner.run(claimed, deadline=self.deadline, ledger=self.ledger, should_stop=self.should_stop)
+            report.add_batch(len(claimed), batch)
+        return report
