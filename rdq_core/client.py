@@ -67,16 +67,29 @@ class Client:
                 "run_at": run_at, "max_attempts": max_attempts, "backoff": backoff, "headers": headers,
             },
         )
-        (result,) = self.storage.enqueue([item], connection=connection) if connection is not None else self.storage.enqueue([item])
-        if result.conflict:
-            raise TaskConflict(f"task id {item.id!r} already exists on queue {result.task.queue!r}")
-        return result.task
+        return self.enqueue_new(item, connection=connection).task
 
     def enqueue_many(
         self, queue: str, items: Sequence[Mapping[str, Any]], *, connection: Any = None
     ) -> list[EnqueueResult]:
         """Enqueue up to ``Limits.batch_items`` tasks in one round trip; per-item results."""
-        new_tasks = build_new_tasks(queue, items)
+        return self.enqueue_new_many(build_new_tasks(queue, items), connection=connection)
+
+    def enqueue_new(self, new_task: NewTask, *, connection: Any = None) -> EnqueueResult:
+        """Write one task already validated by ``build_new_task``; ``created`` is False when the id
+        already existed on this queue (nothing was written).
+
+        Raises ``TaskConflict`` if the id is taken on another queue. The message names neither that
+        queue nor the task's state: over HTTP a caller allowed on one queue reads it (docs/security.md).
+        """
+        (result,) = self.enqueue_new_many([new_task], connection=connection)
+        if result.conflict:
+            raise TaskConflict(f"task id {new_task.id!r} already exists on another queue")
+        return result
+
+    def enqueue_new_many(self, new_tasks: Sequence[NewTask], *, connection: Any = None) -> list[EnqueueResult]:
+        """Write tasks already validated by ``build_new_tasks`` in one round trip; per-item results,
+        a conflict included (``conflict=True``), never raised."""
         if connection is not None:
             return self.storage.enqueue(new_tasks, connection=connection)
         return self.storage.enqueue(new_tasks)

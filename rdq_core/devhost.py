@@ -2,7 +2,8 @@
 
 * the API handler (``rdq_core.lambda_host.api``) served over HTTP on 127.0.0.1: each request is
   translated into the API Gateway REST proxy event Lambda would receive, and the proxy result
-  back into an HTTP response;
+  back into an HTTP response, so the routes are the deployed API's (``lambda_host/routes.py``);
+  the server's own refusals are problem+json from the same builder (``rdq_core.problems``);
 * the worker and reaper handlers invoked on their schedules with EventBridge's scheduled-event
   shape and a Lambda context whose remaining time really counts down;
 * the API's worker wake-up and the worker's fan-out run as local asynchronous invocations,
@@ -36,6 +37,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
+from .problems import PROBLEM_JSON, problem_json
 from .storage import redact_url  # noqa: F401 - re-exported: banners and tests use it from here
 from .text import printable
 
@@ -313,7 +315,6 @@ def _check_host(host: str) -> None:
 
 
 def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
-    from .lambda_host.api import problem_title
     from .lambda_host.local_invoke import api_proxy_event, proxy_result_body, proxy_result_headers
 
     class ProxyRequestHandler(BaseHTTPRequestHandler):
@@ -420,11 +421,9 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(payload)
 
         def _refuse(self, status: int, detail: str, extra_headers: dict[str, str] | None = None) -> None:
-            title = problem_title(status)
-            body = json.dumps({"type": f"urn:rdq:problem:{title.lower().replace(' ', '-')}", "title": title,
-                               "status": status, "detail": detail}).encode()
+            body = problem_json(status, detail).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/problem+json")
+            self.send_header("Content-Type", PROBLEM_JSON)
             for name, value in (extra_headers or {}).items():
                 self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))

@@ -50,38 +50,10 @@ def scheduled_event(rule_name: str) -> dict[str, Any]:
     }
 
 
-# Resource templates of the API as declared in template.yaml, most specific first; the event's
-# ``resource`` and ``pathParameters`` are filled the way API Gateway fills them.
-_RESOURCES = (
-    ("/v1/openapi.json", ()),
-    ("/v1/tasks/{id}", ("v1", "tasks", None)),
-    ("/v1/queues/{queue}/tasks", ("v1", "queues", None, "tasks")),
-    ("/v1/queues/{queue}/stats", ("v1", "queues", None, "stats")),
-    ("/v1/queues/{queue}/dlq", ("v1", "queues", None, "dlq")),
-    ("/v1/queues/{queue}/{action}", ("v1", "queues", None, None)),
-)
-
-
-def _match_resource(path: str) -> tuple[str, dict[str, str] | None]:
-    parts = [p for p in path.split("/") if p]
-    for template, shape in _RESOURCES:
-        if not shape:
-            if path == template:
-                return template, None
-            continue
-        if len(parts) != len(shape):
-            continue
-        params: dict[str, str] = {}
-        names = [seg[1:-1] for seg in template.split("/") if seg.startswith("{")]
-        name_iter = iter(names)
-        for part, expected in zip(parts, shape):
-            if expected is None:
-                params[next(name_iter)] = part
-            elif part != expected:
-                break
-        else:
-            return template, params
-    return "/{proxy+}", {"proxy": path.lstrip("/")}
+# template.yaml declares one resource, ``/{proxy+}``, which takes every path (the function routes
+# on the full path, from routes.ROUTES): the event's ``resource`` and ``pathParameters`` are
+# filled the way API Gateway fills them for it.
+PROXY_RESOURCE = "/{proxy+}"
 
 
 def api_proxy_event(
@@ -96,7 +68,6 @@ def api_proxy_event(
     split = urlsplit(target)
     path = split.path or "/"
     query = parse_qs(split.query, keep_blank_values=True)
-    resource, path_parameters = _match_resource(path)
     headers = dict(headers or {})
     text_body: str | None = None
     is_base64 = False
@@ -107,20 +78,20 @@ def api_proxy_event(
             text_body, is_base64 = base64.b64encode(body).decode(), True
     now = datetime.now(timezone.utc)
     return {
-        "resource": resource,
+        "resource": PROXY_RESOURCE,
         "path": path,
         "httpMethod": method.upper(),
         "headers": headers or None,
         "multiValueHeaders": {k: [v] for k, v in headers.items()} or None,
         "queryStringParameters": {k: v[-1] for k, v in query.items()} or None,
         "multiValueQueryStringParameters": query or None,
-        "pathParameters": path_parameters,
+        "pathParameters": {"proxy": path.lstrip("/")},
         "stageVariables": None,
         "requestContext": {
             "accountId": ACCOUNT,
             "apiId": "local",
             "resourceId": "local",
-            "resourcePath": resource,
+            "resourcePath": PROXY_RESOURCE,
             "httpMethod": method.upper(),
             "path": path,
             "stage": stage,

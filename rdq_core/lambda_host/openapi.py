@@ -1,7 +1,9 @@
-"""The OpenAPI 3.1 document of the HTTP API, built from the engine's own limits and patterns.
+"""The OpenAPI 3.1 document of the HTTP API: the route table's paths, with schemas written from
+the engine's own limits and patterns.
 
-It is written by hand (not generated from the routes) so that it can state what the handler
-really enforces: name patterns, size limits, closed request objects, and every problem status.
+The operations (paths, methods, parameters, request and response schemas, problem statuses) come
+from ``routes.ROUTES``, the one list of routes; the schemas below are written by hand so that they
+state what the handlers really enforce: name patterns, size limits, closed request objects.
 3.1 (full JSON Schema) because 3.0 cannot state some of the rules: header names
 (``propertyNames``), "delay_seconds or run_at, not both", "select by ids, a filter or all".
 tests/hostile/test_fuzz_openapi.py fuzzes the API against this document.
@@ -9,10 +11,13 @@ tests/hostile/test_fuzz_openapi.py fuzzes the API against this document.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from .. import validation
 from ..validation import Limits
+
+if TYPE_CHECKING:  # routes.py imports this module (its openapi route serves the document)
+    from .routes import Route
 
 _PROBLEM_REF = {"$ref": "#/components/responses/Problem"}
 
@@ -29,13 +34,27 @@ def _problems(*statuses: int) -> dict[str, Any]:
     return {str(status): _PROBLEM_REF for status in statuses}
 
 
-_QUEUE_PARAM = {"name": "queue", "in": "path", "required": True,
-                "schema": {"type": "string", "pattern": f"^{validation.QUEUE_NAME.pattern}$"}}
-_TASK_ID_PARAM = {"name": "task_id", "in": "path", "required": True,
-                  "schema": {"type": "string", "pattern": f"^{validation.TASK_ID.pattern}$"}}
-_COMMON = (401, 503)  # bearer token missing (when configured), store unreachable
 #: Text every backend can store: no NUL (PostgreSQL refuses it in text and jsonb).
 _NO_NUL = "^[^\\u0000]*$"
+
+#: Every path parameter a route template may name, by name.
+_PATH_PARAMS = {
+    "queue": {"name": "queue", "in": "path", "required": True,
+              "schema": {"type": "string", "pattern": f"^{validation.QUEUE_NAME.pattern}$"}},
+    "task_id": {"name": "task_id", "in": "path", "required": True,
+                "schema": {"type": "string", "pattern": f"^{validation.TASK_ID.pattern}$"}},
+}
+#: Every query parameter a route may accept, by name.
+_QUERY_PARAMS = {
+    "cursor": {"name": "cursor", "in": "query", "description": "opaque: the next_cursor of the previous page of this queue; "
+               "any other value is 400; empty means the first page",
+               "schema": {"type": "string", "maxLength": 1024, "pattern": "^[A-Za-z0-9_-]*$"}},
+    "limit": {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": Limits.page_size, "default": 50}},
+    "error_type": {"name": "error_type", "in": "query", "description": "exact error type; empty means no filter",
+                   "schema": {"type": "string", "maxLength": 256, "pattern": _NO_NUL}},
+    "handler": {"name": "handler", "in": "query", "description": "exact handler name; empty means no filter",
+                "schema": {"type": "string", "pattern": f"^({validation.HANDLER_NAME.pattern})?$"}},
+}
 
 
 def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
@@ -161,6 +180,9 @@ def _schemas() -> dict[str, Any]:
                 "all": {"type": "boolean"},
             },
         },
+        "RedriveResult": {"type": "object", "required": ["redriven"], "properties": {"redriven": {"type": "integer"}}},
+        "PurgeResult": {"type": "object", "required": ["purged"], "properties": {"purged": {"type": "integer"}}},
+        "OpenApiDocument": {"type": "object"},
         "Problem": {
             "type": "object", "required": ["type", "title", "status", "detail"],
             "properties": {"type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
@@ -169,66 +191,29 @@ def _schemas() -> dict[str, Any]:
     }
 
 
-def openapi_document(server_url: str = "/", auth_mode: str = "iam", bearer: bool = False) -> dict[str, Any]:
-    body_problems = (400, 413, 415, 422)
-    paths = {
-        "/v1/queues/{queue}/tasks": {"post": {
-            "operationId": "enqueueTask", "summary": "Enqueue one task (idempotent on id)",
-            "parameters": [_QUEUE_PARAM],
-            "requestBody": {"required": True, "content": _json("NewTask")},
-            "responses": {"201": _ok("created", "Task"), "200": _ok("the id already existed on this queue", "Task"),
-                          **_problems(*body_problems, 409, *_COMMON)},
-        }},
-        "/v1/queues/{queue}/tasks:batch": {"post": {
-            "operationId": "enqueueBatch", "summary": f"Enqueue up to {Limits.batch_items} tasks in one storage round trip",
-            "parameters": [_QUEUE_PARAM],
-            "requestBody": {"required": True, "content": _json("BatchRequest")},
-            "responses": {"200": _ok("per-item results", "BatchResult"), **_problems(*body_problems, *_COMMON)},
-        }},
-        "/v1/tasks/{task_id}": {
-            "get": {"operationId": "getTask", "summary": "A task with its attempt history and result",
-                    "parameters": [_TASK_ID_PARAM],
-                    "responses": {"200": _ok("the task", "Task"), **_problems(404, 422, *_COMMON)}},
-            "delete": {"operationId": "cancelTask", "summary": "Cancel a PENDING task",
-                       "parameters": [_TASK_ID_PARAM],
-                       "responses": {"200": _ok("cancelled", "Task"), **_problems(404, 409, 422, *_COMMON)}},
-        },
-        "/v1/queues/{queue}/stats": {"get": {
-            "operationId": "queueStats", "parameters": [_QUEUE_PARAM],
-            "responses": {"200": _ok("counts per status", "QueueStats"), **_problems(422, *_COMMON)},
-        }},
-        "/v1/queues/{queue}/dlq": {"get": {
-            "operationId": "listDead", "summary": "Dead tasks, cursor-paged by (dead_at, id)",
-            "parameters": [
-                _QUEUE_PARAM,
-                {"name": "cursor", "in": "query", "description": "opaque: the next_cursor of the previous page of this queue; "
-                 "any other value is 400; empty means the first page",
-                 "schema": {"type": "string", "maxLength": 1024, "pattern": "^[A-Za-z0-9_-]*$"}},
-                {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": Limits.page_size, "default": 50}},
-                {"name": "error_type", "in": "query", "description": "exact error type; empty means no filter",
-                 "schema": {"type": "string", "maxLength": 256, "pattern": _NO_NUL}},
-                {"name": "handler", "in": "query", "description": "exact handler name; empty means no filter",
-                 "schema": {"type": "string", "pattern": f"^({validation.HANDLER_NAME.pattern})?$"}},
-            ],
-            "responses": {"200": _ok("one page", "DeadPage"), **_problems(400, 422, *_COMMON)},
-        }},
-        "/v1/queues/{queue}/dlq:redrive": {"post": {
-            "operationId": "redriveDead", "parameters": [_QUEUE_PARAM],
-            "requestBody": {"required": True, "content": _json("DeadSelection")},
-            "responses": {"200": {"description": "how many were redriven", "content": {"application/json": {"schema": {
-                "type": "object", "required": ["redriven"], "properties": {"redriven": {"type": "integer"}}}}}},
-                **_problems(*body_problems, *_COMMON)},
-        }},
-        "/v1/queues/{queue}/dlq:purge": {"post": {
-            "operationId": "purgeDead", "parameters": [_QUEUE_PARAM],
-            "requestBody": {"required": True, "content": _json("DeadSelection")},
-            "responses": {"200": {"description": "how many were deleted", "content": {"application/json": {"schema": {
-                "type": "object", "required": ["purged"], "properties": {"purged": {"type": "integer"}}}}}},
-                **_problems(*body_problems, *_COMMON)},
-        }},
-        "/v1/openapi.json": {"get": {
-            "operationId": "openapi", "responses": {"200": {"description": "this document", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
-    }
+def _operation(route: Route) -> dict[str, Any]:
+    operation: dict[str, Any] = {"operationId": route.operation_id, "summary": route.summary}
+    parameters = [_PATH_PARAMS[name] for name in route.path_parameters] + [_QUERY_PARAMS[name] for name in route.query]
+    if parameters:
+        operation["parameters"] = parameters
+    if route.request_schema is not None:
+        operation["requestBody"] = {"required": True, "content": _json(route.request_schema)}
+    operation["responses"] = {**{str(status): _ok(description, schema) for status, description, schema in route.responses},
+                              **_problems(*route.problems)}
+    return operation
+
+
+def openapi_paths(routes: Iterable[Route]) -> dict[str, Any]:
+    """The document's ``paths``, one operation per route of the table."""
+    paths: dict[str, Any] = {}
+    for route in routes:
+        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route)
+    return paths
+
+
+def openapi_document(routes: Iterable[Route], server_url: str = "/", auth_mode: str = "iam", bearer: bool = False) -> dict[str, Any]:
+    """The whole document for ``routes`` (``routes.ROUTES``), as served at ``server_url``."""
+    paths = openapi_paths(routes)
     security_schemes: dict[str, Any] = {}
     security: list[dict[str, list[str]]] = []
     if bearer:

@@ -1,0 +1,268 @@
+"""The route table: every route of the HTTP API, declared once.
+
+Each ``Route`` names its method, path template, operation id, the function that answers it,
+its request and response schemas, the problem statuses it can answer, and a summary. From the
+table alone come
+
+* the resolver's registrations (``api.py``),
+* the 405 answer and its ``Allow`` header for a known path asked with another method
+  (``allowed_methods``), and
+* the ``paths`` of the OpenAPI document (``openapi.py``), which ``GET /v1/openapi.json`` serves
+  and tests/hostile/test_fuzz_openapi.py fuzzes the API against.
+
+Adding a route is one entry in ``ROUTES`` and one function ``(request, **path parameters) ->
+Reply``. Path templates use OpenAPI's ``{name}``; routes with a ``:verb`` suffix (``tasks:batch``,
+``dlq:redrive``) are literal paths here. The deployed API sends every path to the function through
+one ``{proxy+}`` resource (template.yaml), and ``rdq dev`` serves the same function, so this table
+is the only list of routes there is.
+
+Every route goes through ``rdq_core.client.Client``: validation, the conflict rule and the store
+calls are the library's, the same as for a Python caller; a route adds only what is HTTP's (the
+body's size and syntax, the status codes, waking a worker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+
+from ..client import Client, build_new_task, build_new_tasks
+from ..errors import InvalidInput
+from ..model import EnqueueResult, NewTask
+from ..problems import ApiProblem
+from ..validation import Limits
+from .connection import shared_storage
+from .invoker import invoker
+from .observability import logger
+from .openapi import openapi_document
+from .request import ApiRequest, Reply
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    operation_id: str
+    handler: Callable[..., Reply]
+    summary: str
+    #: (status, description, schema name in the document's components) of each success answer.
+    responses: tuple[tuple[int, str, str], ...]
+    #: The problem statuses this route can answer (all ``application/problem+json``).
+    problems: tuple[int, ...] = ()
+    request_schema: str | None = None
+    #: The query parameters it accepts; any other is refused (422).
+    query: tuple[str, ...] = ()
+    pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # The path as the REST resolver matches it: a parameter is one non-empty segment, and
+        # trailing slashes are ignored.
+        parts = re.split(r"(\{\w+\})", self.path)
+        regex = "".join("[^/]+" if part.startswith("{") else re.escape(part) for part in parts)
+        object.__setattr__(self, "pattern", re.compile(f"^{regex}/*$"))
+
+    @property
+    def resolver_rule(self) -> str:
+        """The path in the resolver's syntax (``<queue>`` for ``{queue}``)."""
+        return re.sub(r"\{(\w+)\}", r"<\1>", self.path)
+
+    @property
+    def path_parameters(self) -> list[str]:
+        return re.findall(r"\{(\w+)\}", self.path)
+
+
+# -- what the routes share ---------------------------------------------------------------------
+def _client(request: ApiRequest) -> Client:
+    return Client(shared_storage(request.settings))
+
+
+def _check_payload_size(item: Mapping[str, Any], field_name: str) -> None:
+    # The engine would refuse an oversized payload as invalid (422); over HTTP the precise
+    # answer is 413, so measure it here first, the same way the engine does.
+    if "payload" not in item:
+        return
+    try:
+        size = len(json.dumps(item["payload"], allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    except (TypeError, ValueError):
+        return  # not JSON-shaped, or a lone surrogate (UnicodeEncodeError): the engine reports it as a 422
+    if size > Limits.payload_bytes:
+        raise ApiProblem(413, f"{field_name} exceeds {Limits.payload_bytes} bytes once encoded as JSON", field_name)
+
+
+def _log_payloads() -> bool:
+    """Payloads are logged only when the deployer opts in with ``RDQ_LOG_PAYLOADS=true``."""
+    return os.environ.get("RDQ_LOG_PAYLOADS", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _due_now(task: NewTask) -> bool:
+    if task.run_at is not None:
+        return task.run_at <= datetime.now(timezone.utc)
+    return task.delay_seconds <= 0
+
+
+def _wake_worker(request: ApiRequest, queue: str, new_tasks: list[NewTask], results: list[EnqueueResult]) -> None:
+    if any(r.created and _due_now(t) for t, r in zip(new_tasks, results)):
+        _wake_worker_for(request, queue)
+
+
+def _wake_worker_for(request: ApiRequest, queue: str) -> None:
+    """Every action that makes work due now (enqueue, redrive) wakes a worker, so its latency
+    does not wait for the schedule's next tick."""
+    settings = request.settings
+    if settings.wake_worker and settings.worker_function:
+        invoker.wake(settings.worker_function, [queue], settings.wake_debounce_seconds)
+
+
+def _reject_unknown_fields(body: Mapping[str, Any], known: set[str]) -> None:
+    unknown = set(body) - known
+    if unknown:
+        raise InvalidInput(f"unknown fields: {', '.join(sorted(unknown))}", sorted(unknown)[0])
+
+
+# -- the routes --------------------------------------------------------------------------------
+def enqueue_task(request: ApiRequest, queue: str) -> Reply:
+    body = request.json_body()
+    _check_payload_size(body, "payload")
+    new_task = build_new_task(queue, body)
+    result = _client(request).enqueue_new(new_task)  # TaskConflict (409) if the id is taken on another queue
+    _wake_worker(request, queue, [new_task], [result])
+    extra: dict[str, Any] = {"task_id": new_task.id, "queue": queue, "is_new": result.created}
+    if _log_payloads():
+        extra["payload"] = new_task.payload  # opted in: RDQ_LOG_PAYLOADS=true (never the default)
+    logger.info("enqueued", extra=extra)
+    # 200 with created=false: the id already existed on this queue and nothing was enqueued.
+    status = 201 if result.created else 200
+    return Reply(status, {**result.task.to_dict(), "created": result.created}, {"Location": f"/v1/tasks/{result.task.id}"})
+
+
+def enqueue_batch(request: ApiRequest, queue: str) -> Reply:
+    body = request.json_body()
+    _reject_unknown_fields(body, {"tasks"})
+    items = body.get("tasks")
+    if not isinstance(items, list):
+        raise InvalidInput("tasks must be a list of task objects", "tasks")
+    for index, item in enumerate(items[: Limits.batch_items]):
+        if isinstance(item, Mapping):
+            _check_payload_size(item, f"tasks[{index}].payload")
+    new_tasks = build_new_tasks(queue, items)
+    results = _client(request).enqueue_new_many(new_tasks)  # one round trip for the whole batch
+    _wake_worker(request, queue, new_tasks, results)
+    # A conflict's task belongs to another queue: say only that the id is taken, not where or
+    # in what state (the caller asked about this queue; the single enqueue's 409 says as much).
+    per_item = [
+        {"id": r.task.id, "result": "conflict"} if r.conflict else
+        {"id": r.task.id, "queue": r.task.queue, "result": "created" if r.created else "existing", "status": r.task.status.value}
+        for r in results
+    ]
+    counts = {kind: sum(1 for item in per_item if item["result"] == kind) for kind in ("created", "existing", "conflict")}
+    logger.info("enqueued batch", extra={"queue": queue, "counts": counts})
+    return Reply(200, {"results": per_item, **counts})
+
+
+def get_task(request: ApiRequest, task_id: str) -> Reply:
+    return Reply(200, _client(request).get(task_id).to_dict())
+
+
+def cancel_task(request: ApiRequest, task_id: str) -> Reply:
+    task = _client(request).cancel(task_id)
+    logger.info("cancelled", extra={"task_id": task_id, "queue": task.queue})
+    return Reply(200, task.to_dict())
+
+
+def queue_stats(request: ApiRequest, queue: str) -> Reply:
+    return Reply(200, _client(request).stats(queue).to_dict())
+
+
+_DLQ_QUERY = ("cursor", "limit", "error_type", "handler")
+
+
+def list_dead(request: ApiRequest, queue: str) -> Reply:
+    params = request.query(_DLQ_QUERY)
+    limit_text = params.get("limit")
+    limit = 50
+    if limit_text is not None:
+        if not re.fullmatch(r"[0-9]{1,4}", limit_text):
+            raise InvalidInput(f"limit must be an integer in 1..{Limits.page_size}", "limit")
+        limit = int(limit_text)
+    page = _client(request).list_dead(
+        queue, limit=limit, cursor=params.get("cursor") or None,
+        error_type=params.get("error_type") or None, handler=params.get("handler") or None,
+    )
+    return Reply(200, {"tasks": [t.to_dict() for t in page.tasks], "next_cursor": page.next_cursor})
+
+
+def _selection(request: ApiRequest) -> dict[str, Any]:
+    body = request.json_body()
+    _reject_unknown_fields(body, {"ids", "error_type", "handler", "all"})
+    if "ids" in body and not (isinstance(body["ids"], list) and all(isinstance(i, str) for i in body["ids"])):
+        raise InvalidInput("ids must be a list of task ids", "ids")
+    if "all" in body and not isinstance(body["all"], bool):
+        raise InvalidInput("all must be true or false", "all")
+    for name in ("error_type", "handler"):
+        if name in body and not isinstance(body[name], str):
+            raise InvalidInput(f"{name} must be a string", name)
+    return {"ids": body.get("ids"), "error_type": body.get("error_type"), "handler": body.get("handler"), "all": bool(body.get("all", False))}
+
+
+def redrive_dead(request: ApiRequest, queue: str) -> Reply:
+    count = _client(request).redrive(queue, **_selection(request))
+    if count:
+        _wake_worker_for(request, queue)  # redriven tasks are due now
+    logger.info("redrove", extra={"queue": queue, "count": count})
+    return Reply(200, {"redriven": count})
+
+
+def purge_dead(request: ApiRequest, queue: str) -> Reply:
+    count = _client(request).purge_dead(queue, **_selection(request))
+    logger.info("purged dead", extra={"queue": queue, "count": count})
+    return Reply(200, {"purged": count})
+
+
+def openapi(request: ApiRequest) -> Reply:
+    settings = request.settings
+    return Reply(200, openapi_document(ROUTES, server_url=request.stage_prefix or "/", auth_mode=settings.auth_mode,
+                                       bearer=bool(settings.api_token)))
+
+
+# -- the table ---------------------------------------------------------------------------------
+#: Problems any route with a JSON body can answer: malformed (400), too large (413), not JSON
+#: (415), invalid fields (422).
+BODY_PROBLEMS = (400, 413, 415, 422)
+#: Problems every data route can answer: bearer token missing (when configured), store unreachable.
+COMMON_PROBLEMS = (401, 503)
+
+ROUTES: tuple[Route, ...] = (
+    Route("POST", "/v1/queues/{queue}/tasks", "enqueueTask", enqueue_task, "Enqueue one task (idempotent on id)",
+          responses=((201, "created", "Task"), (200, "the id already existed on this queue", "Task")),
+          problems=(*BODY_PROBLEMS, 409, *COMMON_PROBLEMS), request_schema="NewTask"),
+    Route("POST", "/v1/queues/{queue}/tasks:batch", "enqueueBatch", enqueue_batch,
+          f"Enqueue up to {Limits.batch_items} tasks in one storage round trip",
+          responses=((200, "per-item results", "BatchResult"),),
+          problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS), request_schema="BatchRequest"),
+    Route("GET", "/v1/tasks/{task_id}", "getTask", get_task, "A task with its attempt history and result",
+          responses=((200, "the task", "Task"),), problems=(404, 422, *COMMON_PROBLEMS)),
+    Route("DELETE", "/v1/tasks/{task_id}", "cancelTask", cancel_task, "Cancel a PENDING task",
+          responses=((200, "cancelled", "Task"),), problems=(404, 409, 422, *COMMON_PROBLEMS)),
+    Route("GET", "/v1/queues/{queue}/stats", "queueStats", queue_stats, "Counts per status and the oldest pending task's age",
+          responses=((200, "counts per status", "QueueStats"),), problems=(422, *COMMON_PROBLEMS)),
+    Route("GET", "/v1/queues/{queue}/dlq", "listDead", list_dead, "Dead tasks, cursor-paged by (dead_at, id)",
+          responses=((200, "one page", "DeadPage"),), problems=(400, 422, *COMMON_PROBLEMS), query=_DLQ_QUERY),
+    Route("POST", "/v1/queues/{queue}/dlq:redrive", "redriveDead", redrive_dead, "Redrive the selected dead tasks",
+          responses=((200, "how many were redriven", "RedriveResult"),),
+          problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS), request_schema="DeadSelection"),
+    Route("POST", "/v1/queues/{queue}/dlq:purge", "purgeDead", purge_dead, "Delete the selected dead tasks",
+          responses=((200, "how many were deleted", "PurgeResult"),),
+          problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS), request_schema="DeadSelection"),
+    Route("GET", "/v1/openapi.json", "openapi", openapi, "This document",
+          responses=((200, "this document", "OpenApiDocument"),)),
+)
+
+
+def allowed_methods(path: str) -> str | None:
+    """The ``Allow`` header for a path the table knows (``"GET, DELETE"``), or ``None``."""
+    methods = list(dict.fromkeys(route.method for route in ROUTES if route.pattern.match(path)))
+    return ", ".join(methods) if methods else None
