@@ -1,9 +1,10 @@
 """Access control: nothing is reachable anonymously.
 
 * The deployed API, on the template as CloudFormation receives it (after the SAM transform): in
-  both auth modes every method of every path — the task routes, the operator routes (DLQ list,
-  redrive, purge, cancel), ``/v1/openapi.json`` and the ``{proxy+}`` catch-all — requires SigV4
-  (``AWS_IAM``, the default) or an API key (``API_KEY``). The template has no anonymous option.
+  both auth modes every method of every path requires SigV4 (``AWS_IAM``, the default) or an API
+  key (``API_KEY``), and every route of the route table — the task routes, the operator routes
+  (DLQ list, redrive, purge, cancel), ``/v1/openapi.json`` — and any other path reaches the
+  function only through such a method. The template has no anonymous option.
 * ``rdq dev``: binds 127.0.0.1 by default, refuses a non-loopback bind without a token, and with
   ``RDQ_API_TOKEN`` answers 401 problem+json on every route (openapi.json included) to a request
   without the token or with a wrong one.
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -22,12 +24,19 @@ from .conftest import PROBLEM_JSON, REPO, TOKEN, assert_problem
 pytest.importorskip("samtranslator")
 
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "x-amazon-apigateway-any-method"}
-#: Every route of PRODUCT.md's HTTP API, as (template path, method).
-ROUTES = {
-    ("/v1/queues/{queue}/tasks", "post"), ("/v1/queues/{queue}/{action}", "post"),  # tasks:batch, dlq:redrive, dlq:purge
-    ("/v1/tasks/{id}", "get"), ("/v1/tasks/{id}", "delete"), ("/v1/queues/{queue}/stats", "get"),
-    ("/v1/queues/{queue}/dlq", "get"), ("/v1/openapi.json", "get"), ("/{proxy+}", "x-amazon-apigateway-any-method"),
-}
+#: The template's (path, method) pairs: one proxy method takes every route of the route table.
+TEMPLATE_METHODS = {("/{proxy+}", "x-amazon-apigateway-any-method")}
+
+
+def _template_path_matches(template_path: str, path: str) -> bool:
+    """Whether API Gateway would route ``path`` to the resource ``template_path``."""
+    regex = "".join(".+" if part.endswith("+}") else "[^/]+" if part.startswith("{") else re.escape(part)
+                    for part in re.split(r"(\{\w+\+?\})", template_path))
+    return re.fullmatch(regex, path) is not None
+
+
+def _template_method_matches(method: str, http_method: str) -> bool:
+    return method == "x-amazon-apigateway-any-method" or method == http_method.lower()
 
 
 def _resolve(node, conditions: dict[str, bool]):
@@ -85,7 +94,15 @@ def test_every_method_of_every_path_requires_auth(deployed):
                         assert (scheme["type"], scheme["in"], scheme["name"].lower()) == ("apiKey", "header", "x-api-key")
                         assert body["x-amazon-apigateway-api-key-source"] == "HEADER"
             assert operation["x-amazon-apigateway-integration"]["type"] == "aws_proxy"
-    assert seen == ROUTES, "a route was added or removed: extend this test"
+    assert seen == TEMPLATE_METHODS, "a method was added or removed in the template: extend this test"
+    # Every route of the table (and any unknown path, which the function answers 404) reaches the
+    # function only through one of the authenticated methods checked above.
+    from rdq_core.lambda_host.routes import ROUTES
+
+    samples = [(route.method, re.sub(r"\{\w+\}", "x", route.path)) for route in ROUTES] + [("PUT", "/no/such/route")]
+    assert len(samples) == len(ROUTES) + 1 >= 10
+    for http_method, path in samples:
+        assert any(_template_path_matches(p, path) and _template_method_matches(m, http_method) for p, m in seen), (http_method, path)
     # No method defined outside the OpenAPI body (where it could carry AuthorizationType NONE).
     methods = [r for r in resources.values() if r["Type"] == "AWS::ApiGateway::Method"]
     assert all(m["Properties"].get("AuthorizationType") not in (None, "NONE") or m["Properties"].get("ApiKeyRequired")
@@ -128,6 +145,10 @@ ALL_ROUTES = [
 
 def test_rdq_dev_token_is_required_on_every_route(dev_server):
     wrong = [False, "", "x", TOKEN + "x", TOKEN[:-1], TOKEN.upper(), f"{TOKEN} {TOKEN}"]
+    from rdq_core.lambda_host.routes import ROUTES
+
+    untried = [r.operation_id for r in ROUTES if not any(m == r.method and r.pattern.match(p) for m, p, _ in ALL_ROUTES)]
+    assert not untried, f"routes of the table missing from ALL_ROUTES: {untried}"
     for method, path, body in ALL_ROUTES:
         for token in wrong:
             status, headers, raw = dev_server.request(method, path, body, token=token)

@@ -109,6 +109,9 @@ def test_three_functions_on_python312_with_thin_handlers(resources):
         on_tracing, tracing_layer, no_layer = tracing["Fn::If"]
         assert on_tracing == "TracingOn" and tracing_layer["Ref"].startswith("RdqTracingLayer")
         assert no_layer == {"Ref": "AWS::NoValue"}
+        # One network placement for all three (Globals): the database's subnets, when given.
+        assert props["VpcConfig"] == {"Fn::If": ["UseVpc", {"SubnetIds": {"Ref": "SubnetIds"}, "SecurityGroupIds": {"Ref": "SecurityGroupIds"}},
+                                                 {"Ref": "AWS::NoValue"}]}
         folder = {"ApiFunction": "api", "WorkerFunction": "worker", "ReaperFunction": "reaper"}[name]
         assert (REPO / "functions" / folder / "app.py").exists()
 
@@ -149,17 +152,13 @@ def test_schedules_target_worker_and_reaper(resources):
     assert transformed()["Parameters"]["WorkerSchedule"]["Default"] == "rate(1 minute)"
 
 
-def test_rest_api_routes_every_endpoint_to_the_api_function_with_auth(resources):
+def test_rest_api_sends_every_path_to_the_api_function_with_auth(resources):
     (api,) = of_type(resources, "AWS::ApiGateway::RestApi").values()
     paths = api["Properties"]["Body"]["paths"]
-    expected = {
-        ("/v1/queues/{queue}/tasks", "post"), ("/v1/queues/{queue}/{action}", "post"),
-        ("/v1/tasks/{id}", "get"), ("/v1/tasks/{id}", "delete"), ("/v1/queues/{queue}/stats", "get"),
-        ("/v1/queues/{queue}/dlq", "get"), ("/v1/openapi.json", "get"), ("/{proxy+}", "x-amazon-apigateway-any-method"),
-    }
-    assert {(p, m) for p, ops in paths.items() for m in ops} == expected
+    # One proxy resource: the routes are the function's route table, not repeated here
+    # (tests/hostile/test_access_control.py checks every route of the table is behind it).
+    assert {(p, m) for p, ops in paths.items() for m in ops} == {("/{proxy+}", "x-amazon-apigateway-any-method")}
     for path, ops in paths.items():
-        assert ":" not in path, "API Gateway resource paths cannot hold ':'; tasks:batch goes through {action}"
         for op in ops.values():
             assert op["x-amazon-apigateway-integration"]["type"] == "aws_proxy"
             assert "ApiFunction.Arn" in op["x-amazon-apigateway-integration"]["uri"]["Fn::Sub"]
@@ -172,27 +171,63 @@ def test_rest_api_routes_every_endpoint_to_the_api_function_with_auth(resources)
 
 
 def _statements(role: dict) -> list:
+    """The inline statements of a role; a policy that exists only under a condition counts as if
+    the condition held (the stricter reading: its statements are checked too)."""
     found = []
     for policy in role["Properties"].get("Policies", []):
+        if "Fn::If" in policy:
+            policy = policy["Fn::If"][1]
         for statement in policy["PolicyDocument"]["Statement"]:
             found.append(statement)
     return found
 
 
+def _scoped(statement: dict) -> dict:
+    body = statement["Fn::If"][1] if "Fn::If" in statement else statement
+    assert body["Effect"] == "Allow"
+    assert body["Resource"] != "*" and "*" not in json.dumps(body["Action"]), body
+    assert isinstance(body["Action"], str)
+    return body
+
+
+#: The AWS managed policies SAM attaches: logs, X-Ray (the Tracing setting), ENIs (VpcConfig).
+SAM_MANAGED = {
+    "arn:aws:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole",
+    "arn:aws:iam::aws:policy/AWSXrayWriteOnlyAccess",
+    "arn:aws:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole",
+}
+
+
 def test_iam_is_scoped_to_each_functions_own_needs(resources):
+    # The storage URL read, which every function needs, is one managed policy attached to the three
+    # roles and to nothing else; it grants the one secret and/or parameter given, each only when given.
+    storage_read = resources["StorageUrlReadPolicy"]
+    assert storage_read["Type"] == "AWS::IAM::ManagedPolicy"
+    assert not {"Roles", "Users", "Groups"} & set(storage_read["Properties"]), "attached only through the functions' roles"
+    storage_statements = storage_read["Properties"]["PolicyDocument"]["Statement"]
+    assert [s["Fn::If"][0] for s in storage_statements] == ["HasSecret", "HasParameter"]
+    secret, parameter = (_scoped(s) for s in storage_statements)
+    assert (secret["Action"], secret["Resource"]) == ("secretsmanager:GetSecretValue", {"Ref": "StorageUrlSecretArn"})
+    assert parameter["Action"] == "ssm:GetParameter"
+    assert parameter["Resource"]["Fn::Sub"].endswith(":parameter${StorageUrlParameterName}")
     for name in ("ApiFunctionRole", "WorkerFunctionRole", "ReaperFunctionRole"):
+        managed = resources[name]["Properties"]["ManagedPolicyArns"]
+        assert {"Ref": "StorageUrlReadPolicy"} in managed, name
+        assert {arn for arn in managed if isinstance(arn, str)} <= SAM_MANAGED, (name, managed)
+        assert len(managed) == len({json.dumps(arn) for arn in managed}), name
         for statement in _statements(resources[name]):
-            body = statement["Fn::If"][1] if "Fn::If" in statement else statement
-            assert body["Resource"] != "*" and "*" not in json.dumps(body["Action"]), (name, body)
-            assert isinstance(body["Action"], str)
-    api_actions = {json.dumps(s) for s in _statements(resources["ApiFunctionRole"])}
-    assert any("secretsmanager:GetSecretValue" in a and "StorageUrlSecretArn" in a for a in api_actions)
-    assert any("lambda:InvokeFunction" in a and "WorkerFunction" in a for a in api_actions), "wake-up targets the worker only"
-    worker_actions = [s for s in _statements(resources["WorkerFunctionRole"]) if "Fn::If" not in s]
-    assert worker_actions == [{"Effect": "Allow", "Action": "lambda:InvokeFunction",
+            _scoped(statement)
+    attached = [name for name, r in resources.items()
+                if r["Type"] == "AWS::IAM::Role" and {"Ref": "StorageUrlReadPolicy"} in r["Properties"].get("ManagedPolicyArns", [])]
+    assert sorted(attached) == ["ApiFunctionRole", "ReaperFunctionRole", "WorkerFunctionRole"]
+    api_policies = resources["ApiFunctionRole"]["Properties"]["Policies"]
+    assert [p["Fn::If"][0] for p in api_policies] == ["WakeEnabled"], "no wake-up, no invoke permission"
+    assert [json.dumps(s) for s in _statements(resources["ApiFunctionRole"])] == [json.dumps(
+        {"Effect": "Allow", "Action": "lambda:InvokeFunction", "Resource": {"Fn::GetAtt": ["WorkerFunction", "Arn"]}})], \
+        "wake-up targets the worker only"
+    assert _statements(resources["WorkerFunctionRole"]) == [{"Effect": "Allow", "Action": "lambda:InvokeFunction",
                                "Resource": {"Fn::Sub": "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-worker"}}]
-    reaper = json.dumps(_statements(resources["ReaperFunctionRole"]))
-    assert "lambda:InvokeFunction" not in reaper, "the reaper invokes nothing"
+    assert _statements(resources["ReaperFunctionRole"]) == [], "the reaper needs only the storage URL"
 
 
 def test_log_retention_alarms_and_outputs(resources):
