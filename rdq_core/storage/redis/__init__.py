@@ -1,0 +1,13 @@
+"""The Redis backend (``redis://``, ``rediss://``).
+
+| file | what it holds |
+| --- | --- |
+| ``backend.py`` | ``RedisStorage``: the storage core's primitives, each one or two script calls |
+| ``client.py`` | the URL: key prefix, Cluster or not, timeouts, no resends |
+| ``lua.py`` | the scripts as the server runs them (includes + file), sent by SHA |
+| ``scripts/*.lua`` | one Lua script per operation, plus the two files included before them |
+"""
+
+from .backend import RedisStorage, _enqueue_args, _settle_args
+
+__all__ = ["RedisStorage"]

@@ -1,0 +1,448 @@
+"""Redis backend: every state change is one Lua script (``scripts/``) run atomically by the server.
+
+Key layout (``P`` = the key prefix, default ``rdq``; ``{q}`` = the queue name as a hash tag, so
+all keys of one queue live in one Redis Cluster slot and one script may touch them all):
+
+=============================  ====================================================================
+``P:{q}:due``                  zset of PENDING ids scored by ``next_attempt_at`` (µs since epoch)
+``P:{q}:inflight``             zset of IN_FLIGHT ids scored by ``lease_expires_at`` (µs)
+``P:{q}:dead``                 zset of DEAD ids scored by ``dead_at`` (µs); ties ordered by id
+``P:{q}:succeeded``            zset of SUCCEEDED ids scored by ``updated_at`` (retention)
+``P:{q}:cancelled``            zset of CANCELLED ids scored by ``updated_at`` (retention)
+``P:{q}:task:<id>``            hash: the task's fields
+``P:{q}:attempts:<id>``        hash: ``attempt_no`` -> attempt JSON (a field per number: unique)
+``P:{P:global}:ids``           hash: task id -> queue (the global id index)
+``P:{P:global}:queues``        set: queues that hold tasks (the reaper's registry)
+=============================  ====================================================================
+
+Every status has its own zset, so a task's status field and zset membership are changed together
+by the same script. The id index and the queue registry live outside the queues' slots; they are
+maintained by separate scripts in an order that tolerates races (see ``_forget_ids``), and
+``docs/redis-backend.md`` explains the trade-off.
+
+Round trips (``round_trips`` counts one per command or per pipeline sent, however many commands
+the pipeline holds): claim 1, settle/extend/release 1 per batch (a pipeline of one script per
+queue when a batch spans queues), enqueue 2 per batch, get 2.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import secrets
+import threading
+from datetime import datetime
+from typing import Any, Callable, Mapping, Sequence
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ...errors import ConfigurationError, InvalidInput, RdqError, StorageUnavailable, TaskConflict
+from ...model import ClaimRef, NewTask, Settlement, TaskStatus
+from ..codec import Record, RecordCodec, epoch_micros
+from ..core import DeadSelection, InsertedRecord, QueueCounts, StorageCore
+from ..spi import from_micros, storable_error, storable_json, to_micros
+from .client import open_client
+from .lua import QUEUE_ZSETS, SCRIPTS, Call, Script
+
+log = logging.getLogger(__name__)
+
+_QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,119}$")
+# How many DLQ entries one script call may examine, so a filtered scan of a huge DLQ never
+# blocks the server for long; the client loops over bounded calls instead.
+_DEAD_SCAN_BUDGET = 1000
+_MIN_SERVER_VERSION = (5, 0)
+#: Error replies of server states that pass (out of memory, failover, loading, a busy script).
+_TRANSIENT_REPLIES = ("OOM", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "LOADING", "BUSY")
+#: The error prefix of a script that refused its arguments before writing anything.
+_INVALID_ARGUMENTS = "RDQ_INVALID"
+
+
+class RedisStorage(StorageCore):
+    """``redis://host:port/db?prefix=rdq`` (``rediss://`` for TLS; ``&cluster=true`` for Redis
+    Cluster). Other query parameters go to redis-py (e.g. ``socket_timeout``)."""
+
+    schemes = ("redis", "rediss")
+    store_name = "Redis"
+    codec = RecordCodec(time=epoch_micros)
+    # NOSCRIPT twice in a row means the script cache was flushed again meanwhile: it passes.
+    transient_errors = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, NoScriptError)
+    joins_transactions = False
+
+    def __init__(self, url: str) -> None:
+        self._client, self.prefix = open_client(url)
+        self._global_keys = (f"{self.prefix}:{{{self.prefix}:global}}:ids", f"{self.prefix}:{{{self.prefix}:global}}:queues")
+        self._counter_lock = threading.Lock()
+        self.round_trips = 0
+
+    def is_transient(self, exc: BaseException) -> bool:
+        return super().is_transient(exc) or (isinstance(exc, ResponseError) and str(exc).startswith(_TRANSIENT_REPLIES))
+
+    # -- sending -------------------------------------------------------------------------------
+    def _send(self, command: Callable[..., Any], *args: Any) -> Any:
+        """Send one command or pipeline: one round trip. A reply that refuses the request itself
+        (not the server's state) becomes the SPI error it means."""
+        with self._counter_lock:
+            self.round_trips += 1
+        try:
+            return command(*args)
+        except ResponseError as exc:
+            refusal = _refusal(exc)
+            if refusal is None:
+                raise
+            raise refusal from exc
+
+    def _queue_base_checked(self, queue: str) -> str:
+        # The name becomes the hash tag: anything outside the queue charset could change the slot.
+        if not isinstance(queue, str) or not _QUEUE_NAME.match(queue):
+            raise InvalidInput(f"invalid queue name {queue!r}", field="queue")
+        return f"{self.prefix}:{{{queue}}}:"
+
+    def _queue_call(self, name: str, queue: str, *args: Any) -> Call:
+        base = self._queue_base_checked(queue)
+        return Call(SCRIPTS[name], tuple(base + z for z in QUEUE_ZSETS), (base, *args))
+
+    def _global_call(self, name: str, *args: Any) -> Call:
+        return Call(SCRIPTS[name], self._global_keys, args)
+
+    def _load_scripts(self, scripts: Sequence[Script]) -> None:
+        for script in {s.name: s for s in scripts}.values():
+            self._send(self._client.script_load, script.source)
+
+    def _run(self, call: Call) -> Any:
+        """Send one script by SHA; on NOSCRIPT (server restarted, failed over or flushed its
+        script cache) load it and send it again -- a NOSCRIPT reply means nothing ran."""
+        try:
+            return self._send(self._client.evalsha, call.script.sha, len(call.keys), *call.keys, *call.args)
+        except NoScriptError:
+            self._load_scripts([call.script])
+        return self._send(self._client.evalsha, call.script.sha, len(call.keys), *call.keys, *call.args)
+
+    def _run_pipeline(self, calls: Sequence[Call]) -> list[Any]:
+        """Send many scripts in one round trip (not a transaction: each script is atomic on its
+        own). Calls refused with NOSCRIPT are resent, in order, after loading their scripts."""
+        results: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        for attempt in range(2):
+            if not pending:
+                break
+            pipe = self._client.pipeline(transaction=False)
+            for i in pending:
+                call = calls[i]
+                pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+            replies = self._send(lambda: pipe.execute(raise_on_error=False))
+            missing = []
+            for i, reply in zip(pending, replies):
+                if isinstance(reply, NoScriptError) and attempt == 0:
+                    missing.append(i)
+                elif isinstance(reply, Exception):
+                    refusal = _refusal(reply) if isinstance(reply, ResponseError) else None
+                    raise reply if refusal is None else refusal from reply
+                else:
+                    results[i] = reply
+            if missing:
+                self._load_scripts([calls[i].script for i in missing])
+            pending = missing
+        return results
+
+    def _run_batch(self, calls: list[Call]) -> list[Any]:
+        """One script alone, or one pipeline of scripts (one per queue): a single round trip."""
+        if not calls:
+            return []
+        if len(calls) == 1:
+            return [self._run(calls[0])]
+        return self._run_pipeline(calls)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def migrate(self) -> None:
+        """Redis has no schema: check the server and load the scripts (idempotent)."""
+        with self.translated_errors():
+            version = str(self._send(self._client.info, "server").get("redis_version", "0"))
+            if tuple(int(p) for p in version.split(".")[:2]) < _MIN_SERVER_VERSION:
+                raise StorageUnavailable(f"Redis {version} is too old; rdq needs 5.0 or later")
+            try:
+                policy = self._send(self._client.config_get, "maxmemory-policy").get("maxmemory-policy")
+            except ResponseError:  # CONFIG is often disabled on managed Redis
+                policy = None
+            if policy not in (None, "noeviction"):
+                log.warning("maxmemory-policy is %r: Redis may evict task keys; use noeviction", policy)
+            self._load_scripts(list(SCRIPTS.values()))
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _now(self) -> datetime:
+        seconds, micros = self._send(self._client.time)
+        return from_micros(int(seconds) * 1_000_000 + int(micros))
+
+    # -- producer side -------------------------------------------------------------------------
+    def _insert(self, tasks: Sequence[NewTask], connection: Any) -> list[InsertedRecord]:
+        """Two round trips per batch: reserve the ids in the global index, then one pipeline of
+        an enqueue script per queue (plus reads of conflicting tasks on their own queues)."""
+        # Encode and validate everything before reserving ids, so a bad item cannot leave
+        # reservations without tasks behind.
+        encoded = [_enqueue_args(t) for t in tasks]
+        for task in tasks:
+            self._queue_base_checked(task.queue)
+        owners = self._run(self._global_call("reserve_ids", *[v for t in tasks for v in (t.id, t.queue)]))
+        results: list[InsertedRecord | None] = [None] * len(tasks)
+        accepted: dict[str, list[int]] = {}
+        conflicting: dict[str, list[int]] = {}
+        for i, (task, owner) in enumerate(zip(tasks, owners)):
+            if owner == task.queue:
+                accepted.setdefault(task.queue, []).append(i)
+            else:
+                conflicting.setdefault(owner, []).append(i)
+
+        calls: list[Call] = []
+        for queue, indexes in accepted.items():
+            calls.append(self._queue_call("enqueue", queue, queue, *[a for i in indexes for a in encoded[i]]))
+            # Re-assert the index and registry after creating: this ordering is what lets a
+            # concurrent purge repair them (see _forget_ids).
+            calls.append(self._global_call("reserve_ids", *[v for i in indexes for v in (tasks[i].id, queue)]))
+        for owner, indexes in conflicting.items():
+            calls.append(self._queue_call("read_tasks", owner, *[tasks[i].id for i in indexes]))
+        replies = iter(self._run_pipeline(calls))
+
+        for queue, indexes in accepted.items():
+            created = next(replies)
+            next(replies)
+            for i, (flag, reply) in zip(indexes, created):
+                results[i] = InsertedRecord(_record(reply), inserted=flag == 1)
+        dangling: list[tuple[int, str]] = []
+        for owner, indexes in conflicting.items():
+            for i, reply in zip(indexes, next(replies)):
+                if reply:
+                    results[i] = InsertedRecord(_record(reply), inserted=False)
+                else:
+                    dangling.append((i, owner))
+        if dangling:
+            self._take_over(tasks, dangling, results)
+        return results  # type: ignore[return-value]  # every slot is filled above
+
+    def _take_over(self, tasks: Sequence[NewTask], dangling: list[tuple[int, str]], results: list[Any]) -> None:
+        """An index entry names a queue that has no such task (an enqueue died between its two
+        steps, or a purge between its steps): move the entry to the new queue if it is still
+        the same, then enqueue again. Costs two more round trips, only in that case."""
+        args = [v for i, owner in dangling for v in (tasks[i].id, owner, tasks[i].queue)]
+        owners = self._run(self._global_call("take_over_ids", *args))
+        retry = [i for (i, _), owner in zip(dangling, owners) if owner == tasks[i].queue]
+        lost = [tasks[i].id for (i, _), owner in zip(dangling, owners) if owner != tasks[i].queue]
+        if lost:
+            raise TaskConflict(f"task id(s) {', '.join(lost)} are being enqueued on another queue concurrently")
+        for i, result in zip(retry, self._insert([tasks[i] for i in retry], None)):
+            results[i] = result
+
+    # -- worker side ---------------------------------------------------------------------------
+    def _claim(self, queue: str, limit: int, lease_seconds: float) -> list[Record]:
+        # The token carries its queue so later fenced writes find the task's keys without a
+        # lookup; the random part makes it unique even if Redis loses recent writes on restart.
+        token_prefix = f"{queue}|{secrets.token_urlsafe(12)}."
+        replies = self._run(self._queue_call("claim", queue, limit, _micros(lease_seconds), token_prefix))
+        return [_record(reply) for reply in replies]
+
+    def _extend(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, str]:
+        calls = [
+            self._queue_call("extend", queue, _micros(lease_seconds), *[v for r in group for v in (r.task_id, r.claim_token)])
+            for queue, group in _group_by_token_queue(refs).items()
+        ]
+        extended: dict[str, str] = {}
+        for expiries, _refused in self._run_batch(calls):
+            # The script reports each task's expiry as stored: never earlier than it was.
+            extended.update(zip(expiries[::2], expiries[1::2]))
+        return extended
+
+    def _settle(self, settlements: Sequence[Settlement]) -> set[str]:
+        return self._fenced("settle", settlements, _settle_args)
+
+    def _release(self, refs: Sequence[ClaimRef]) -> set[str]:
+        return self._fenced("release", refs, lambda r: (r.task_id, r.claim_token))
+
+    def _fenced(self, script: str, items: Sequence[Any], args: Callable[[Any], tuple[Any, ...]]) -> set[str]:
+        """Run a fenced write script per queue in one round trip; the ids it did not refuse."""
+        by_queue = _group_by_token_queue(items)
+        calls = [self._queue_call(script, queue, *[a for item in group for a in args(item)]) for queue, group in by_queue.items()]
+        applied: set[str] = set()
+        for group, refused in zip(by_queue.values(), self._run_batch(calls)):
+            applied |= {item.task_id for item in group} - set(refused)
+        return applied
+
+    # -- reaper side ---------------------------------------------------------------------------
+    def _expired(self, limit: int, queue: str | None) -> list[Record]:
+        queues = [queue] if queue is not None else self._queues()
+        replies = self._run_batch([self._queue_call("expired_leases", q, limit) for q in queues])
+        expired = [_record(r) for per_queue in replies for r in per_queue]
+        expired.sort(key=lambda r: (int(r["lease_expires_at"]), r["id"]))
+        return expired[:limit]
+
+    # -- operator side -------------------------------------------------------------------------
+    def _load(self, task_id: str) -> Record | None:
+        queue = self._queue_of(task_id)
+        if queue is None:
+            return None
+        reply = self._run(self._queue_call("read_tasks", queue, task_id))[0]
+        return _record(reply) if reply else None
+
+    def _cancel(self, task_id: str) -> tuple[Record | None, bool]:
+        queue = self._queue_of(task_id)
+        if queue is None:
+            return None, False
+        outcome = self._run(self._queue_call("cancel", queue, task_id))
+        if outcome[0] == "missing":
+            return None, False
+        return _record(outcome[1]), outcome[0] == "cancelled"
+
+    def _dead_page(self, selection: DeadSelection, limit: int) -> list[Record]:
+        after_score, after_id = ("", "") if selection.after is None else (str(selection.after[0]), selection.after[1])
+        found: list[Record] = []
+        while True:
+            exhausted, after_score, after_id, matches = self._run(self._queue_call(
+                "dead_page", selection.queue, after_score, after_id, limit - len(found), _DEAD_SCAN_BUDGET,
+                *_selection_args(selection)))
+            found.extend(_record(reply) for _score, reply in matches)
+            if exhausted or len(found) >= limit:
+                return found
+
+    def _redrive(self, selection: DeadSelection) -> int:
+        return len(self._apply_to_dead(selection, "redrive"))
+
+    def _purge_dead(self, selection: DeadSelection) -> int:
+        return len(self._apply_to_dead(selection, "purge"))
+
+    def _apply_to_dead(self, selection: DeadSelection, action: str) -> list[str]:
+        """Redrive or purge in bounded script calls, walking the DLQ in (dead_at, id) order."""
+        after_score, after_id, affected, queue_emptied = "", "", [], False
+        while True:
+            exhausted, after_score, after_id, ids, empty = self._run(self._queue_call(
+                "dead_apply", selection.queue, action, after_score, after_id, _DEAD_SCAN_BUDGET,
+                *_selection_args(selection)))
+            affected.extend(ids)
+            queue_emptied = empty == 1
+            if exhausted:
+                break
+        if action == "purge" and affected:
+            self._forget_ids(selection.queue, affected, queue_emptied)
+        return affected
+
+    def _stats(self, queue: str) -> QueueCounts:
+        now, pending, in_flight, dead, succeeded, cancelled, oldest = self._run(self._queue_call("stats", queue))
+        age = None
+        if oldest is not None and oldest is not False and int(float(oldest)) <= int(now):
+            age = (int(now) - int(float(oldest))) / 1_000_000
+        counts = {TaskStatus.PENDING.value: pending, TaskStatus.IN_FLIGHT.value: in_flight, TaskStatus.DEAD.value: dead,
+                  TaskStatus.SUCCEEDED.value: succeeded, TaskStatus.CANCELLED.value: cancelled}
+        return QueueCounts(counts, age)
+
+    def _queues(self) -> list[str]:
+        return list(self._send(self._client.smembers, self._global_keys[1]))
+
+    def _purge_finished(self, older_than_seconds: float, limit: int) -> int:
+        deleted_total = 0
+        for queue in sorted(self._queues()):
+            if deleted_total >= limit:
+                break
+            deleted, empty = self._run(
+                self._queue_call("purge_finished", queue, _micros(older_than_seconds), limit - deleted_total)
+            )
+            if deleted:
+                self._forget_ids(queue, deleted, empty == 1)
+            deleted_total += len(deleted)
+        return deleted_total
+
+    # -- the global index and registry ---------------------------------------------------------
+    def _queue_of(self, task_id: str) -> str | None:
+        return self._send(self._client.hget, self._global_keys[0], task_id)
+
+    def _forget_ids(self, queue: str, deleted_ids: list[str], queue_emptied: bool) -> None:
+        """Drop the index entries of deleted tasks (and the registry entry of an emptied queue).
+
+        The index lives in another slot, so this cannot be atomic with the deletion. An enqueue
+        of the same id (or into the same queue) may run in between; enqueue re-asserts its entries
+        *after* creating, and this re-checks *after* removing, so whichever runs last restores
+        what is still needed.
+        """
+        self._run(self._global_call("unindex", queue, "1" if queue_emptied else "0", *deleted_ids))
+        existing, empty = self._run(self._queue_call("existing", queue, *deleted_ids))
+        if existing:
+            self._run(self._global_call("reserve_ids", *[v for task_id in existing for v in (task_id, queue)]))
+        elif queue_emptied and empty != 1:
+            self._send(self._client.sadd, self._global_keys[1], queue)
+
+
+def _refusal(exc: ResponseError) -> RdqError | None:
+    """The SPI error for a reply that refuses the request itself, or None."""
+    text = str(exc)
+    if text.startswith(_INVALID_ARGUMENTS):  # a script refused its arguments and wrote nothing
+        return InvalidInput(text.split(" script: ", 1)[0][len(_INVALID_ARGUMENTS):].strip())
+    if "DB index is out of range" in text:  # redis://host/99 on a 16-database server
+        return ConfigurationError(f"the Redis URL names a database this server does not have ({text}); "
+                                  f"use one in 0..(databases-1), usually 0..15")
+    return None
+
+
+# -- encoding ----------------------------------------------------------------------------------
+
+def _micros(seconds: float) -> int:
+    return int(round(seconds * 1_000_000))
+
+
+def _json(value: Any) -> str:
+    # UTF-8 JSON with lone surrogates repaired: the same text every backend stores, and JSON
+    # that Redis' cjson can decode (it rejects a lone "\ud800" escape).
+    return storable_json(value)
+
+
+def _enqueue_args(task: NewTask) -> tuple[Any, ...]:
+    return (
+        task.id,
+        task.handler,
+        _json(task.payload),
+        _json(dict(task.headers)),
+        "" if task.max_attempts is None else int(task.max_attempts),
+        "" if task.backoff is None else _json(task.backoff.to_dict()),
+        _micros(task.delay_seconds or 0.0),
+        "" if task.run_at is None else to_micros(task.run_at),
+    )
+
+
+def _settle_args(s: Settlement) -> tuple[Any, ...]:
+    error = storable_error(s.error)
+    return (
+        s.task_id,
+        s.claim_token,
+        s.outcome.value,
+        s.status.value,
+        _micros(s.retry_delay_seconds),
+        _json(error.to_dict()) if error else "",
+        error.type if error else "",
+        _json(s.result) if s.status is TaskStatus.SUCCEEDED else "",
+    )
+
+
+def _selection_args(selection: DeadSelection) -> tuple[str, str, str]:
+    return (
+        _json(list(selection.ids)) if selection.ids is not None else "",
+        selection.error_type or "",
+        selection.handler or "",
+    )
+
+
+def _group_by_token_queue(refs: Sequence[Any]) -> dict[str, list[Any]]:
+    """Group fenced writes by the queue named in their claim token; a token that names no
+    valid queue was not minted here and is left out: refused without a round trip."""
+    by_queue: dict[str, list[Any]] = {}
+    for ref in refs:
+        queue, sep, _ = str(ref.claim_token).partition("|")
+        if sep and _QUEUE_NAME.match(queue):
+            by_queue.setdefault(queue, []).append(ref)
+    return by_queue
+
+
+def _record(reply: Sequence[Any]) -> Mapping[str, Any]:
+    """A script's task reply ``{task hash, attempts hash}`` (both flat) as a codec record."""
+    fields, history = reply
+    record: dict[str, Any] = dict(zip(fields[::2], fields[1::2]))
+    record["attempts"] = [{"attempt_no": no, **json.loads(raw)} for no, raw in zip(history[::2], history[1::2])]
+    return record

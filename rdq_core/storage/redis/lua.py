@@ -1,0 +1,59 @@
+"""The Lua scripts as the server runs them: one file per script under ``scripts/``.
+
+A queue script is sent as ``_checks.lua`` + ``_queue_prelude.lua`` + its own file and runs with
+the queue's five sorted sets as ``KEYS``; a global script (the id index and queue registry) is
+``_checks.lua`` + its own file. Scripts are sent by SHA1 and loaded on ``NOSCRIPT``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+#: Scripts that run on one queue's keys (all in that queue's hash-tag slot).
+QUEUE_SCRIPTS = (
+    "enqueue", "claim", "settle", "extend", "release", "expired_leases", "read_tasks", "cancel", "stats",
+    "dead_page", "dead_apply", "purge_finished", "existing",
+)
+#: Scripts that run on the global id index and queue registry.
+GLOBAL_SCRIPTS = ("reserve_ids", "unindex", "take_over_ids")
+#: Files included before scripts, not run on their own.
+INCLUDES = ("_checks", "_queue_prelude")
+#: The sorted sets a queue script gets as KEYS, in this order (see ``_queue_prelude.lua``).
+QUEUE_ZSETS = ("due", "inflight", "dead", "succeeded", "cancelled")
+
+
+def script_file(name: str) -> str:
+    return resources.files(__package__).joinpath("scripts").joinpath(f"{name}.lua").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Script:
+    name: str
+    source: str
+    sha: str
+
+    @classmethod
+    def of(cls, name: str, source: str) -> "Script":
+        return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
+
+
+def _load_all() -> dict[str, Script]:
+    checks, prelude = script_file("_checks"), script_file("_queue_prelude")
+    scripts = [Script.of(name, checks + prelude + script_file(name)) for name in QUEUE_SCRIPTS]
+    scripts += [Script.of(name, checks + script_file(name)) for name in GLOBAL_SCRIPTS]
+    return {s.name: s for s in scripts}
+
+
+SCRIPTS = _load_all()
+
+
+@dataclass(frozen=True)
+class Call:
+    """One script invocation, ready to send alone or in a pipeline."""
+
+    script: Script
+    keys: tuple[str, ...]
+    args: tuple[Any, ...]

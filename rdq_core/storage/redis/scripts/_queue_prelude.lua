@@ -1,0 +1,119 @@
+-- Included (after _checks.lua) before every queue script. KEYS = the queue's five zsets (due,
+-- inflight, dead, succeeded, cancelled); ARGV[1] = the queue's key base (`P:{q}:`). Per-task keys
+-- are built from that base, so they share the hash tag and therefore the slot. Numbers are
+-- formatted with us(): Redis turns a Lua number into a string with 14 significant digits, which
+-- would truncate microsecond times.
+
+local DUE, INFLIGHT, DEAD, SUCCEEDED, CANCELLED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local BASE = need_string(ARGV[1], 'key base')
+
+local function us(n) return string.format('%.0f', n) end
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function task_key(id) return BASE .. 'task:' .. id end
+local function attempts_key(id) return BASE .. 'attempts:' .. id end
+
+local function task_reply(id)
+  return {redis.call('HGETALL', task_key(id)), redis.call('HGETALL', attempts_key(id))}
+end
+
+-- Claims and lease scans hand out tasks without their history (see the SPI): reading it would
+-- make every claim cost per attempt row, and a freshly created task has none to read.
+local function task_reply_without_history(id)
+  return {redis.call('HGETALL', task_key(id)), {}}
+end
+
+local function queue_is_empty()
+  for i = 1, 5 do
+    if redis.call('ZCARD', KEYS[i]) > 0 then return false end
+  end
+  return true
+end
+
+-- Byte-wise a <= b: Lua's own string comparison follows the server's collation locale, but
+-- zsets order equal scores by raw bytes, and so must the DLQ keyset.
+local function bytes_le(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a <= #b
+end
+
+-- (score, id) strictly after the keyset position (after_score, after_id); '' = the start.
+local function is_after(score, id, after_score, after_id)
+  if after_score == '' then return true end
+  local s, a = tonumber(score), tonumber(after_score)
+  if s ~= a then return s > a end
+  return not bytes_le(id, after_id)
+end
+
+local function dead_matches(id, ids, error_type, handler)
+  if ids and not ids[id] then return false end
+  if error_type ~= '' and redis.call('HGET', task_key(id), 'error_type') ~= error_type then return false end
+  if handler ~= '' and redis.call('HGET', task_key(id), 'handler') ~= handler then return false end
+  return true
+end
+
+-- The DLQ selection arguments (after_score, after_id, ids_json, error_type, handler), checked.
+local function need_dead_selection(after_score, after_id, ids_json, error_type, handler)
+  if after_score ~= '' then need_number(after_score, 'cursor position') end
+  if type(after_id) ~= 'string' then invalid('cursor id must be a string') end
+  if ids_json ~= '' then
+    local ids = need_json(ids_json, 'ids')
+    if type(ids) ~= 'table' then invalid('ids must be a JSON array') end
+    for _, id in ipairs(ids) do
+      if type(id) ~= 'string' then invalid('ids must be strings') end
+    end
+  end
+  if type(error_type) ~= 'string' or type(handler) ~= 'string' then invalid('filters must be strings') end
+end
+
+-- Up to `want` DEAD entries after the position that match the filter, in (dead_at, id) order,
+-- examining at most `budget` entries. Returns matches {score, id}, the last examined position
+-- and whether the zset was exhausted. Arguments are checked by need_dead_selection first.
+local function scan_dead(after_score, after_id, want, budget, ids_json, error_type, handler)
+  local matches, last_score, last_id = {}, after_score, after_id
+  if ids_json ~= '' then
+    local ids, wanted = {}, cjson.decode(ids_json)
+    for _, id in ipairs(wanted) do ids[id] = true end
+    local found = {}
+    for id in pairs(ids) do
+      local score = redis.call('ZSCORE', DEAD, id)
+      if score and is_after(score, id, after_score, after_id) and dead_matches(id, nil, error_type, handler) then
+        found[#found + 1] = {score, id}
+      end
+    end
+    table.sort(found, function(x, y)
+      local a, b = tonumber(x[1]), tonumber(y[1])
+      if a ~= b then return a < b end
+      return x[2] ~= y[2] and bytes_le(x[2], y[2])
+    end)
+    for i = 1, math.min(want, #found) do matches[i] = found[i] end
+    return matches, last_score, last_id, true
+  end
+  local min = after_score == '' and '-inf' or after_score
+  local offset, examined = 0, 0
+  while #matches < want and examined < budget do
+    local chunk = redis.call('ZRANGEBYSCORE', DEAD, min, '+inf', 'WITHSCORES', 'LIMIT', offset, 100)
+    if #chunk == 0 then return matches, last_score, last_id, true end
+    for j = 1, #chunk, 2 do
+      local id, score = chunk[j], chunk[j + 1]
+      offset = offset + 1
+      if is_after(score, id, after_score, after_id) then
+        examined = examined + 1
+        last_score, last_id = score, id
+        if dead_matches(id, nil, error_type, handler) then
+          matches[#matches + 1] = {score, id}
+          if #matches >= want then break end
+        end
+      end
+    end
+  end
+  return matches, last_score, last_id, false
+end

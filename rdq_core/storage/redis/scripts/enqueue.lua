@@ -1,0 +1,38 @@
+-- ARGV: base, queue, then per task: id, handler, payload, headers, max_attempts, backoff,
+-- delay_us, run_at_us ('' for none). An existing id is returned untouched (idempotency).
+-- Returns per task {created 0|1, task reply}.
+
+need_string(ARGV[2], 'queue')
+need_groups(3, 8, 'enqueue')
+for o = 3, #ARGV, 8 do
+  need_string(ARGV[o], 'task id')
+  need_string(ARGV[o + 1], 'handler')
+  need_string(ARGV[o + 2], 'payload')
+  need_string(ARGV[o + 3], 'headers')
+  if ARGV[o + 4] ~= '' then need_count(ARGV[o + 4], 'max_attempts') end
+  need_number(ARGV[o + 6], 'delay')
+  if ARGV[o + 7] ~= '' then need_number(ARGV[o + 7], 'run_at') end
+end
+
+local now = now_us()
+local queue = ARGV[2]
+local out = {}
+for o = 3, #ARGV, 8 do
+  local id = ARGV[o]
+  local key = task_key(id)
+  if redis.call('EXISTS', key) == 1 then
+    out[#out + 1] = {0, task_reply(id)}
+  else
+    local next_at = now + tonumber(ARGV[o + 6])
+    if ARGV[o + 7] ~= '' then next_at = tonumber(ARGV[o + 7]) end
+    local fields = {'id', id, 'queue', queue, 'handler', ARGV[o + 1], 'payload', ARGV[o + 2],
+      'headers', ARGV[o + 3], 'status', 'PENDING', 'attempt_count', '0', 'redrive_count', '0',
+      'next_attempt_at', us(next_at), 'created_at', us(now), 'updated_at', us(now)}
+    if ARGV[o + 4] ~= '' then fields[#fields + 1] = 'max_attempts'; fields[#fields + 1] = ARGV[o + 4] end
+    if ARGV[o + 5] ~= '' then fields[#fields + 1] = 'backoff'; fields[#fields + 1] = ARGV[o + 5] end
+    redis.call('HSET', key, unpack(fields))
+    redis.call('ZADD', DUE, us(next_at), id)
+    out[#out + 1] = {1, task_reply_without_history(id)}
+  end
+end
+return out

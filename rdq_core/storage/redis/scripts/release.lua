@@ -1,0 +1,26 @@
+-- ARGV: base, then pairs id, token. Back to PENDING at its old next_attempt_at; no attempt.
+-- Returns the refused ids.
+
+need_groups(2, 2, 'release')
+
+local now = now_us()
+local plan, refused, seen = {}, {}, {}
+for o = 2, #ARGV, 2 do
+  local id, token = ARGV[o], ARGV[o + 1]
+  local held = redis.call('HMGET', task_key(id), 'status', 'claim_token', 'next_attempt_at')
+  if not seen[id] and held[1] == 'IN_FLIGHT' and held[2] == token and tonumber(held[3]) then
+    seen[id] = true
+    plan[#plan + 1] = {id, held[3]}
+  else
+    refused[#refused + 1] = id
+  end
+end
+
+for _, p in ipairs(plan) do
+  local id, key = p[1], task_key(p[1])
+  redis.call('ZREM', INFLIGHT, id)
+  redis.call('HDEL', key, 'claim_token', 'claimed_at', 'lease_expires_at')
+  redis.call('HSET', key, 'status', 'PENDING', 'updated_at', us(now))
+  redis.call('ZADD', DUE, p[2], id)
+end
+return refused

@@ -1,0 +1,66 @@
+-- ARGV: base, then per settlement: id, token, outcome, status, retry_delay_us, error_json,
+-- error_type, result_json ('' = none). The error JSON is embedded in the attempt record, so it
+-- is decoded (checked) first; the result JSON is stored verbatim. Returns the refused ids.
+-- Phase 1 checks every item and its fence (token, IN_FLIGHT, lease expiry for LEASE_EXPIRED,
+-- one settle per task within the batch) and numbers its attempt; phase 2 writes.
+
+local OUTCOMES = {SUCCESS = true, RETRYABLE_FAILURE = true, PERMANENT_FAILURE = true, LEASE_EXPIRED = true}
+local SETTLED = {SUCCEEDED = true, PENDING = true, DEAD = true}
+need_groups(2, 8, 'settle')
+
+local now = now_us()
+local refused, plan, seen = {}, {}, {}
+for o = 2, #ARGV, 8 do
+  local id, token, outcome, status = ARGV[o], ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
+  local error_json, error_type, result_json = ARGV[o + 5], ARGV[o + 6], ARGV[o + 7]
+  need_string(id, 'task id')
+  if not OUTCOMES[outcome] then invalid('unknown outcome for task ' .. id) end
+  if not SETTLED[status] then invalid('cannot settle task ' .. id .. ' as ' .. tostring(status)) end
+  local delay = need_number(ARGV[o + 4], 'retry delay')
+  if error_json ~= '' then
+    local decoded = need_json(error_json, 'error')
+    if type(decoded) ~= 'table' or type(decoded['type']) ~= 'string' then invalid('error must be an object with a type') end
+  end
+  local key = task_key(id)
+  local held = redis.call('HMGET', key, 'status', 'claim_token', 'lease_expires_at', 'claimed_at')
+  local valid = not seen[id] and held[1] == 'IN_FLIGHT' and held[2] == token
+  if valid and outcome == 'LEASE_EXPIRED' and (tonumber(held[3]) or 0) > now then valid = false end
+  if valid then
+    -- attempt_no = MAX(attempt_no) + 1 over the history, never derived from attempt_count.
+    local attempt_no = 0
+    for _, no in ipairs(redis.call('HKEYS', attempts_key(id))) do
+      attempt_no = math.max(attempt_no, tonumber(no) or 0)
+    end
+    seen[id] = true
+    plan[#plan + 1] = {id = id, key = key, status = status, delay = delay, error_json = error_json,
+      error_type = error_type, result_json = result_json, attempt_no = attempt_no + 1,
+      attempt = '{"outcome":"' .. outcome .. '","started_at":"' .. (held[4] or '') .. '","finished_at":"' ..
+        us(now) .. '","error":' .. (error_json ~= '' and error_json or 'null') .. '}'}
+  else
+    refused[#refused + 1] = id
+  end
+end
+
+for _, p in ipairs(plan) do
+  local id, key = p.id, p.key
+  redis.call('HSETNX', attempts_key(id), tostring(p.attempt_no), p.attempt)
+  redis.call('ZREM', INFLIGHT, id)
+  redis.call('HDEL', key, 'claim_token', 'claimed_at', 'lease_expires_at', 'dead_at')
+  redis.call('HINCRBY', key, 'attempt_count', 1)
+  redis.call('HSET', key, 'status', p.status, 'updated_at', us(now))
+  if p.error_json ~= '' then
+    redis.call('HSET', key, 'last_error', p.error_json, 'error_type', p.error_type)
+  end
+  if p.status == 'PENDING' then
+    local next_at = us(now + p.delay)
+    redis.call('HSET', key, 'next_attempt_at', next_at)
+    redis.call('ZADD', DUE, next_at, id)
+  elseif p.status == 'SUCCEEDED' then
+    if p.result_json ~= '' then redis.call('HSET', key, 'result', p.result_json) end
+    redis.call('ZADD', SUCCEEDED, us(now), id)
+  else
+    redis.call('HSET', key, 'dead_at', us(now))
+    redis.call('ZADD', DEAD, us(now), id)
+  end
+end
+return refused

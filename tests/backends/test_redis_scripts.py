@@ -1,0 +1,52 @@
+"""Redis backend: the Lua files under ``scripts/`` are the scripts the backend runs.
+
+Every file is either an include or a script the backend loads; every script the backend calls
+has a file; and every script compiles on the server to the SHA the backend sends it by.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+redis = pytest.importorskip("redis")
+
+from rdq_core.storage.redis import backend, lua  # noqa: E402
+
+SCRIPT_DIR = resources.files("rdq_core.storage.redis").joinpath("scripts")
+REDIS_URL = os.environ.get("RDQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def test_every_script_file_is_loaded_or_included():
+    files = {entry.name[:-len(".lua")] for entry in SCRIPT_DIR.iterdir() if entry.name.endswith(".lua")}
+    assert files == set(lua.SCRIPTS) | set(lua.INCLUDES)
+    assert not set(lua.QUEUE_SCRIPTS) & set(lua.GLOBAL_SCRIPTS)
+
+
+def test_every_script_the_backend_calls_exists():
+    source = Path(backend.__file__).read_text(encoding="utf-8")
+    called = set(re.findall(r'_(?:queue|global)_call\(\s*"([a-z_]+)"', source))
+    called |= set(re.findall(r'_fenced\(\s*"([a-z_]+)"', source))
+    assert called and called <= set(lua.SCRIPTS), sorted(called - set(lua.SCRIPTS))
+    unused = set(lua.SCRIPTS) - called
+    assert not unused, f"scripts no code calls: {sorted(unused)}"
+
+
+def test_every_script_compiles_on_the_server_to_its_sha():
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True, socket_connect_timeout=5)
+    try:
+        client.ping()
+    except redis.exceptions.RedisError as exc:
+        message = f"Redis is not reachable at {REDIS_URL} (set RDQ_TEST_REDIS_URL): {exc}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    try:
+        for script in lua.SCRIPTS.values():
+            assert client.script_load(script.source) == script.sha, script.name
+    finally:
+        client.close()
