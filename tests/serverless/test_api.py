@@ -5,12 +5,16 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import re
 from typing import Any
 
 import pytest
 
+from rdq_core.errors import RdqError
 from rdq_core.lambda_host import api, connection
 from rdq_core.lambda_host.invoker import invoker
+from rdq_core.lambda_host.routes import ROUTES
+from rdq_core.problems import ApiProblem
 
 from .conftest import load_event
 
@@ -132,6 +136,31 @@ def test_openapi_event_serves_a_document_covering_every_route(store_url, lambda_
     assert set(doc["paths"]["/v1/tasks/{task_id}"]) == {"get", "delete"}
     openapi_spec_validator = pytest.importorskip("openapi_spec_validator")
     openapi_spec_validator.validate(doc)
+
+
+def test_the_route_table_is_what_the_api_serves_and_documents(store_url, lambda_context):
+    # The served document's operations are the table's, one for one.
+    status, _, doc = call(load_event("api-openapi"), lambda_context)
+    documented = {(path, method.upper(), op["operationId"]) for path, ops in doc["paths"].items() for method, op in ops.items()}
+    assert documented == {(r.path, r.method, r.operation_id) for r in ROUTES}
+    for route in ROUTES:
+        path = re.sub(r"\{\w+\}", "some-id", route.path)
+        # Each route reaches its own function: whatever it answers, it is not "no route" or 405.
+        body = {"handler": "quick"} if route.operation_id == "enqueueTask" else {"all": True} if route.request_schema else None
+        status, _, answer = call(request(route.method, path, body), lambda_context)
+        assert status != 405 and not (status == 404 and answer["detail"].startswith("no route")), (route.operation_id, status, answer)
+        # Another method on the same path is a 405 whose Allow lists the table's methods for it.
+        result = api.lambda_handler(request("PATCH", path, {}), lambda_context("rdq-api", 29))
+        allow = ", ".join(dict.fromkeys(r.method for r in ROUTES if r.pattern.match(path)))
+        assert (result["statusCode"], result["multiValueHeaders"]["Allow"]) == (405, [allow]), route.operation_id
+        assert json.loads(result["body"])["detail"] == f"PATCH is not allowed here; use {allow}"
+    result = api.lambda_handler(request("PATCH", "/v1/tasks/abc/"), lambda_context("rdq-api", 29))
+    assert result["multiValueHeaders"]["Allow"] == ["GET, DELETE"], "trailing slashes route as the resolver routes them"
+
+
+def test_api_problem_is_an_rdq_error():
+    assert issubclass(ApiProblem, RdqError)
+    assert api.ApiProblem is ApiProblem
 
 
 _BIG_PAYLOAD = "x" * (256 * 1024)
