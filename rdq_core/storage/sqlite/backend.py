@@ -1,0 +1,364 @@
+"""The embedded default backend: one SQLite file, correct across threads and processes.
+
+Every write runs inside ``BEGIN IMMEDIATE``, which takes SQLite's single write lock up front, so
+a claim (``UPDATE … RETURNING`` over the oldest due rows) is atomic against every other writer
+on the machine. The clock is read *while holding that lock*, which makes timestamps (and so the
+DLQ order) monotonic in commit order. Times are stored as integer microseconds since the epoch.
+
+WAL mode lets readers proceed during writes; the busy timeout makes writers queue instead of
+failing, for a bounded time (``sqlite:///rdq.db?timeout=5``, seconds, default 30, at most 300):
+past it a call raises ``StorageUnavailable`` like a network backend that cannot be reached, so
+a writer stuck behind a held lock can never hang a claim loop. SQLite has no network, so
+"round trips" here are statements, counted all the same.
+
+Statements live in ``queries.sql``, schema steps in ``migrations/`` (``PRAGMA user_version`` is
+the number of the last one applied); the shared behaviour is ``StorageCore``'s.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, Iterator, Sequence
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from ...errors import ConfigurationError, StorageUnavailable
+from ...model import ClaimRef, NewTask, Settlement, TaskStatus
+from ..codec import Record, RecordCodec, epoch_micros
+from ..core import DeadSelection, InsertedRecord, QueueCounts, StorageCore
+from ..querytext import migrations, named_queries
+from ..spi import from_micros, storable_json, to_micros
+
+#: Seconds a writer waits for SQLite's write lock before the call fails as StorageUnavailable.
+DEFAULT_BUSY_TIMEOUT = 30.0
+#: The URL may lower or raise the busy timeout, but never make it unbounded.
+MAX_BUSY_TIMEOUT = 300.0
+
+# SQLite result codes that mean "the store cannot serve this right now" (another process holds
+# the lock, the disk failed or filled up) rather than a bug in a statement.
+_UNAVAILABLE_CODES = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_FULL", "SQLITE_PROTOCOL")
+
+_QUERIES = named_queries(__package__, "queries.sql")
+_Q = {name: text.replace("{task_columns}", _QUERIES["task_columns"].strip()) for name, text in _QUERIES.items()}
+MIGRATIONS = migrations(__package__)
+#: ``PRAGMA user_version`` of a database that has every migration.
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+# sqlite3 binds at most this many parameters per statement on old SQLite builds.
+_ID_CHUNK = 500
+
+
+class SQLiteStorage(StorageCore):
+    schemes = ("sqlite",)
+    store_name = "SQLite"
+    codec = RecordCodec(time=epoch_micros)
+    transient_errors = (sqlite3.OperationalError,)
+
+    def __init__(self, url: str, *, busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT) -> None:
+        parts = urlsplit(url)
+        path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+        if not path or path == ":memory:":
+            raise ConfigurationError("sqlite URL needs a file path: sqlite:///relative.db or sqlite:////absolute.db")
+        self.path = path
+        query = dict(parse_qsl(parts.query))
+        if "timeout" in query:
+            try:
+                busy_timeout_seconds = float(query["timeout"])
+            except ValueError:
+                raise ConfigurationError(f"sqlite URL: timeout must be seconds, got {query['timeout']!r}") from None
+        if not (math.isfinite(busy_timeout_seconds) and 0 <= busy_timeout_seconds <= MAX_BUSY_TIMEOUT):
+            raise ConfigurationError(f"sqlite busy timeout must be between 0 and {MAX_BUSY_TIMEOUT:g} seconds")
+        self.busy_timeout_seconds = busy_timeout_seconds
+        self._local = threading.local()
+        self._all_connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._schema_checked = False
+        self.round_trips = 0
+
+    def is_transient(self, exc: BaseException) -> bool:
+        if not isinstance(exc, sqlite3.OperationalError):
+            return False
+        name = getattr(exc, "sqlite_errorname", "") or ""
+        if name:
+            return name.startswith(_UNAVAILABLE_CODES)
+        text = str(exc).lower()  # Python < 3.11 has no error names
+        return "locked" in text or "busy" in text or "disk i/o" in text or "unable to open" in text
+
+    # -- connections -----------------------------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            directory = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(directory, exist_ok=True)
+            conn = sqlite3.connect(
+                self.path, timeout=self.busy_timeout_seconds, isolation_level=None, check_same_thread=False
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            self._local.conn = conn
+            with self._lock:
+                self._all_connections.append(conn)
+            if not self._schema_checked:
+                # The embedded default promises zero setup: bring a new or old file up to date.
+                self._schema_checked = True
+                if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                    self.migrate()
+        return conn
+
+    @contextmanager
+    def _write(self) -> Iterator[tuple[sqlite3.Connection, int]]:
+        """A write transaction holding the database write lock; yields (conn, now_micros)."""
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise StorageUnavailable(f"sqlite: {exc}") from exc
+        try:
+            yield conn, _now_micros()
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error:
+            # A COMMIT that failed leaves the transaction open on this thread's connection:
+            # roll it back so the next call can begin, and report the write as not done.
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def _execute(self, conn: sqlite3.Connection, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        self.round_trips += 1
+        return conn.execute(sql, params)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def migrate(self) -> None:
+        with self.translated_errors(), self._write() as (conn, _):
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            for migration in MIGRATIONS:
+                if migration.version > version:
+                    for statement in _statements(migration.text):
+                        conn.execute(statement)
+                    conn.execute(f"PRAGMA user_version = {migration.version}")
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._all_connections:
+                conn.close()
+            self._all_connections.clear()
+        self._local = threading.local()
+
+    # -- primitives ------------------------------------------------------------------------
+    def _now(self) -> datetime:
+        return from_micros(_now_micros())
+
+    def _insert(self, tasks: Sequence[NewTask], connection: Any) -> list[InsertedRecord]:
+        with self._write() as (conn, now):
+            # Inside the write lock nobody else can insert, so "exists" is decided once, here.
+            existing = {r["id"]: r for r in _tasks_by_id(conn, [t.id for t in tasks])}
+            self.round_trips += 1
+            fresh: dict[str, dict[str, Any]] = {}
+            for t in tasks:
+                if t.id not in existing and t.id not in fresh:  # a repeat in the batch: its first
+                    fresh[t.id] = {
+                        "id": t.id, "queue": t.queue, "handler": t.handler, "payload": storable_json(t.payload),
+                        "headers": storable_json(dict(t.headers)), "status": TaskStatus.PENDING.value,
+                        "max_attempts": t.max_attempts,
+                        "backoff": storable_json(t.backoff.to_dict()) if t.backoff else None,
+                        "next_attempt_at": _due_micros(t, now), "created_at": now, "updated_at": now,
+                    }
+            if fresh:
+                self.round_trips += 1
+                conn.executemany(_Q["insert"], [
+                    (r["id"], r["queue"], r["handler"], r["payload"], r["headers"], r["max_attempts"], r["backoff"],
+                     r["next_attempt_at"], r["created_at"], r["updated_at"])
+                    for r in fresh.values()
+                ])
+        return [
+            InsertedRecord(existing[t.id], False) if t.id in existing else InsertedRecord(fresh[t.id], True)
+            for t in tasks
+        ]
+
+    def _claim(self, queue: str, limit: int, lease_seconds: float) -> list[Record]:
+        with self._write() as (conn, now):
+            records = _records(self._execute(
+                conn, _Q["claim"],
+                {"queue": queue, "now": now, "lease_until": now + int(lease_seconds * 1_000_000), "limit": limit},
+            ))
+        records.sort(key=lambda r: (r["next_attempt_at"], r["id"]))
+        return records
+
+    def _extend(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, int]:
+        extended: dict[str, int] = {}
+        with self._write() as (conn, now):
+            until = now + int(lease_seconds * 1_000_000)
+            for ref in refs:
+                row = self._execute(conn, _Q["extend_lease"], (until, now, ref.task_id, ref.claim_token)).fetchone()
+                if row:
+                    extended[ref.task_id] = row[0]
+        return extended
+
+    def _settle(self, settlements: Sequence[Settlement]) -> set[str]:
+        by_id: dict[str, dict[str, Any]] = {}
+        for item in settlements:
+            error_json = storable_json(item.error.to_dict()) if item.error else None
+            by_id[item.task_id] = {
+                "id": item.task_id, "token": item.claim_token, "status": item.status.value,
+                "outcome": item.outcome.value, "delay_us": int(item.retry_delay_seconds * 1_000_000),
+                "result": storable_json(item.result) if item.status is TaskStatus.SUCCEEDED else None,
+                "error_type": item.error.type if item.error else None, "error": error_json,
+            }
+        with self._write() as (conn, now):
+            rows = self._execute(conn, _Q["settle"], {"batch": storable_json(list(by_id.values())), "now": now}).fetchall()
+            if rows:
+                history = [
+                    {"id": task_id, "outcome": by_id[task_id]["outcome"], "started_at": claimed_at,
+                     "error": by_id[task_id]["error"]}
+                    for task_id, claimed_at in rows
+                ]
+                self._execute(conn, _Q["append_attempts"], {"applied": storable_json(history), "now": now})
+        return {task_id for task_id, _ in rows}
+
+    def _release(self, refs: Sequence[ClaimRef]) -> set[str]:
+        released: set[str] = set()
+        with self._write() as (conn, now):
+            for ref in refs:
+                if self._execute(conn, _Q["release"], (now, ref.task_id, ref.claim_token)).fetchone():
+                    released.add(ref.task_id)
+        return released
+
+    def _expired(self, limit: int, queue: str | None) -> list[Record]:
+        conn = self._conn()
+        now = _now_micros()
+        if queue is None:
+            return _records(self._execute(conn, _Q["expired_leases"], (now, limit)))
+        return _records(self._execute(conn, _Q["expired_leases_in_queue"], (now, queue, limit)))
+
+    def _load(self, task_id: str) -> Record | None:
+        conn = self._conn()
+        found = _tasks_by_id(conn, [task_id])
+        self.round_trips += 1
+        return _with_attempts(conn, found)[0] if found else None
+
+    def _cancel(self, task_id: str) -> tuple[Record | None, bool]:
+        with self._write() as (conn, now):
+            cancelled = _records(self._execute(conn, _Q["cancel"], (now, task_id)))
+            if not cancelled:
+                existing = _tasks_by_id(conn, [task_id])
+                return (existing[0] if existing else None), False
+        return _with_attempts(self._conn(), cancelled)[0], True
+
+    def _dead_page(self, selection: DeadSelection, limit: int) -> list[Record]:
+        where, params = _dead_where(selection)
+        if selection.after is not None:
+            where += " " + _Q["dead_after"]
+            params += list(selection.after)
+        conn = self._conn()
+        records = _records(self._execute(conn, _fill(_Q["dead_page"], selection=where), params + [limit]))
+        return _with_attempts(conn, records)
+
+    def _redrive(self, selection: DeadSelection) -> int:
+        where, params = _dead_where(selection)
+        with self._write() as (conn, now):
+            return self._execute(conn, _fill(_Q["redrive"], selection=where), [now, now] + params).rowcount
+
+    def _purge_dead(self, selection: DeadSelection) -> int:
+        where, params = _dead_where(selection)
+        with self._write() as (conn, _):
+            return self._execute(conn, _fill(_Q["purge_dead"], selection=where), params).rowcount
+
+    def _stats(self, queue: str) -> QueueCounts:
+        conn = self._conn()
+        now = _now_micros()
+        counts = dict(self._execute(conn, _Q["status_counts"], (queue,)).fetchall())
+        oldest = self._execute(conn, _Q["oldest_due"], (queue, now)).fetchone()[0]
+        return QueueCounts(counts, (now - oldest) / 1_000_000 if oldest is not None else None)
+
+    def _queues(self) -> list[str]:
+        return [r[0] for r in self._execute(self._conn(), _Q["queues"]).fetchall()]
+
+    def _purge_finished(self, older_than_seconds: float, limit: int) -> int:
+        with self._write() as (conn, now):
+            cutoff = now - int(older_than_seconds * 1_000_000)
+            return self._execute(conn, _Q["purge_finished"], (cutoff, limit)).rowcount
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+def _now_micros() -> int:
+    return time.time_ns() // 1000
+
+
+def _due_micros(task: NewTask, now: int) -> int:
+    return to_micros(task.run_at) if task.run_at is not None else now + int(task.delay_seconds * 1_000_000)
+
+
+def _fill(text: str, **parts: str) -> str:
+    for name, part in parts.items():
+        text = text.replace("{" + name + "}", part)
+    return text
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
+
+
+def _records(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
+    rows = cursor.fetchall()
+    if not rows:
+        return []
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row)) for row in rows]
+
+
+def _tasks_by_id(conn: sqlite3.Connection, ids: Sequence[str]) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    for start in range(0, len(ids), _ID_CHUNK):
+        chunk = ids[start:start + _ID_CHUNK]
+        found += _records(conn.execute(_fill(_Q["tasks_by_id"], marks=_marks(len(chunk))), chunk))
+    return found
+
+
+def _with_attempts(conn: sqlite3.Connection, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records, each with its ``attempts``, read in one statement for all of them."""
+    if not records:
+        return records
+    by_task: dict[str, list[dict[str, Any]]] = {r["id"]: [] for r in records}
+    for attempt in _records(conn.execute(_fill(_Q["attempts_of"], marks=_marks(len(by_task))), list(by_task))):
+        by_task[attempt["task_id"]].append(attempt)
+    return [{**r, "attempts": by_task[r["id"]]} for r in records]
+
+
+def _dead_where(selection: DeadSelection) -> tuple[str, list[Any]]:
+    where = [_Q["dead_queue"]]
+    params: list[Any] = [selection.queue]
+    if selection.ids is not None:
+        where.append(_fill(_Q["dead_ids"], marks=_marks(len(selection.ids))))
+        params += selection.ids
+    if selection.error_type is not None:
+        where.append(_Q["dead_error_type"])
+        params.append(selection.error_type)
+    if selection.handler is not None:
+        where.append(_Q["dead_handler"])
+        params.append(selection.handler)
+    return " ".join(where), params
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The statements of a migration file, one at a time (a ``;`` in a comment or string is not
+    an end): they run one by one inside the migration's write transaction."""
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            yield pending
+            pending = ""
+    leftover = [line for line in pending.splitlines() if line.strip() and not line.strip().startswith("--")]
+    if leftover:
+        raise RuntimeError(f"migration ends inside a statement: {leftover[0]!r}")

@@ -1,0 +1,126 @@
+-- Every statement the SQLite backend sends, one "-- name:" block each (read by
+-- rdq_core.storage.querytext). Values always travel as bind parameters (? or :name). Text in
+-- braces is spliced in by the backend, never from a value:
+--   {task_columns}  the task_columns block below, filled in once when the file is loaded;
+--   {marks}         one ? per id of a batch (an IN list);
+--   {selection}     the dead-letter selection, built from the dead_* fragments below.
+--
+-- Instants are integer microseconds since the epoch, read from the host clock by the backend
+-- while it holds the write lock (BEGIN IMMEDIATE), so they pass in as :now. Rows come back under
+-- the model's field names, which is what the shared codec reads.
+
+-- name: task_columns
+id, queue, handler, payload, headers, status, attempt_count, redrive_count, max_attempts, backoff,
+next_attempt_at, lease_expires_at, created_at, updated_at, dead_at, result, last_error, claim_token, claimed_at
+
+-- name: tasks_by_id
+SELECT {task_columns} FROM rdq_tasks WHERE id IN ({marks})
+
+-- name: attempts_of
+SELECT task_id, attempt_no, outcome, started_at, finished_at, error FROM rdq_attempts
+ WHERE task_id IN ({marks}) ORDER BY task_id, attempt_no
+
+-- name: insert
+INSERT INTO rdq_tasks (id, queue, handler, payload, headers, status, max_attempts, backoff,
+                       next_attempt_at, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, 'PENDING', ?, ?, ?, ?, ?)
+
+-- name: claim
+UPDATE rdq_tasks
+   SET status = 'IN_FLIGHT', claim_token = lower(hex(randomblob(16))), claimed_at = :now,
+       lease_expires_at = :lease_until, updated_at = :now
+ WHERE id IN (SELECT id FROM rdq_tasks
+               WHERE queue = :queue AND status = 'PENDING' AND next_attempt_at <= :now
+               ORDER BY next_attempt_at, id LIMIT :limit)
+RETURNING {task_columns}
+
+-- name: extend_lease
+-- MAX: an extension never moves an expiry earlier (a short heartbeat must not hand a
+-- long-leased task to the reaper); the stored value is what the call reports.
+UPDATE rdq_tasks SET lease_expires_at = MAX(lease_expires_at, ?), updated_at = ?
+ WHERE id = ? AND claim_token = ? AND status = 'IN_FLIGHT' RETURNING lease_expires_at
+
+-- name: settle
+-- A whole batch of settlements travels as one JSON array (json_each), so a settle costs two
+-- statements however many tasks it carries: this fenced UPDATE … FROM, then append_attempts.
+UPDATE rdq_tasks AS t
+   SET status = s.status, attempt_count = t.attempt_count + 1, claim_token = NULL,
+       lease_expires_at = NULL, updated_at = :now,
+       next_attempt_at = CASE WHEN s.status = 'PENDING' THEN :now + s.delay_us ELSE t.next_attempt_at END,
+       dead_at = CASE WHEN s.status = 'DEAD' THEN :now ELSE NULL END,
+       result = CASE WHEN s.status = 'SUCCEEDED' THEN s.result ELSE t.result END,
+       last_error_type = COALESCE(s.error_type, t.last_error_type),
+       last_error = COALESCE(s.error, t.last_error)
+  FROM (SELECT value ->> '$.id' AS id, value ->> '$.token' AS token, value ->> '$.status' AS status,
+               value ->> '$.outcome' AS outcome, value ->> '$.delay_us' AS delay_us,
+               value ->> '$.result' AS result, value ->> '$.error_type' AS error_type,
+               value ->> '$.error' AS error
+          FROM json_each(:batch)) AS s
+ WHERE t.id = s.id AND t.claim_token = s.token AND t.status = 'IN_FLIGHT'
+   AND (s.outcome <> 'LEASE_EXPIRED' OR t.lease_expires_at <= :now)
+RETURNING id, claimed_at
+
+-- name: append_attempts
+-- attempt_no comes from history (MAX + 1), never from attempt_count, which redrive resets.
+-- The applied ids are distinct, so each row's MAX is independent of the others in the batch.
+INSERT INTO rdq_attempts (task_id, attempt_no, outcome, started_at, finished_at, error)
+SELECT a.value ->> '$.id',
+       COALESCE((SELECT MAX(h.attempt_no) FROM rdq_attempts AS h WHERE h.task_id = a.value ->> '$.id'), 0) + 1,
+       a.value ->> '$.outcome', a.value ->> '$.started_at', :now, a.value ->> '$.error'
+  FROM json_each(:applied) AS a
+
+-- name: release
+UPDATE rdq_tasks SET status = 'PENDING', claim_token = NULL, lease_expires_at = NULL, updated_at = ?
+ WHERE id = ? AND claim_token = ? AND status = 'IN_FLIGHT' RETURNING id
+
+-- name: expired_leases
+SELECT {task_columns} FROM rdq_tasks WHERE status = 'IN_FLIGHT' AND lease_expires_at <= ?
+ ORDER BY lease_expires_at LIMIT ?
+
+-- name: expired_leases_in_queue
+SELECT {task_columns} FROM rdq_tasks WHERE status = 'IN_FLIGHT' AND lease_expires_at <= ? AND queue = ?
+ ORDER BY lease_expires_at LIMIT ?
+
+-- name: cancel
+UPDATE rdq_tasks SET status = 'CANCELLED', updated_at = ? WHERE id = ? AND status = 'PENDING'
+RETURNING {task_columns}
+
+-- name: dead_queue
+queue = ? AND status = 'DEAD'
+
+-- name: dead_ids
+AND id IN ({marks})
+
+-- name: dead_error_type
+AND last_error_type = ?
+
+-- name: dead_handler
+AND handler = ?
+
+-- name: dead_after
+AND (dead_at, id) > (?, ?)
+
+-- name: dead_page
+SELECT {task_columns} FROM rdq_tasks WHERE {selection} ORDER BY dead_at, id LIMIT ?
+
+-- name: redrive
+UPDATE rdq_tasks SET status = 'PENDING', attempt_count = 0, redrive_count = redrive_count + 1,
+       next_attempt_at = ?, dead_at = NULL, updated_at = ?
+ WHERE {selection}
+
+-- name: purge_dead
+-- Attempts go with their task (ON DELETE CASCADE; foreign keys are on for every connection).
+DELETE FROM rdq_tasks WHERE {selection}
+
+-- name: status_counts
+SELECT status, COUNT(*) FROM rdq_tasks WHERE queue = ? GROUP BY status
+
+-- name: oldest_due
+SELECT MIN(next_attempt_at) FROM rdq_tasks WHERE queue = ? AND status = 'PENDING' AND next_attempt_at <= ?
+
+-- name: queues
+SELECT DISTINCT queue FROM rdq_tasks ORDER BY queue
+
+-- name: purge_finished
+DELETE FROM rdq_tasks WHERE id IN (SELECT id FROM rdq_tasks WHERE status IN ('SUCCEEDED','CANCELLED')
+                                      AND updated_at < ? ORDER BY updated_at LIMIT ?)

@@ -1,0 +1,42 @@
+-- The complete SQLite schema as it stands after every file under migrations/ (a test applies
+-- both to fresh databases and compares the catalogs). A database created from this file alone
+-- records the migration version it equals, so the backend sees it as up to date.
+CREATE TABLE rdq_tasks (
+    id               TEXT PRIMARY KEY,
+    queue            TEXT NOT NULL,
+    handler          TEXT NOT NULL,
+    payload          TEXT NOT NULL,
+    headers          TEXT NOT NULL,
+    status           TEXT NOT NULL CHECK (status IN ('PENDING','IN_FLIGHT','SUCCEEDED','DEAD','CANCELLED')),
+    attempt_count    INTEGER NOT NULL DEFAULT 0 CHECK (attempt_count >= 0),
+    redrive_count    INTEGER NOT NULL DEFAULT 0 CHECK (redrive_count >= 0),
+    max_attempts     INTEGER,
+    backoff          TEXT,
+    next_attempt_at  INTEGER NOT NULL,
+    claim_token      TEXT,
+    claimed_at       INTEGER,
+    lease_expires_at INTEGER,
+    created_at       INTEGER NOT NULL,
+    updated_at       INTEGER NOT NULL,
+    dead_at          INTEGER,
+    result           TEXT,
+    last_error_type  TEXT,
+    last_error       TEXT,
+    CHECK ((status = 'IN_FLIGHT') = (claim_token IS NOT NULL AND lease_expires_at IS NOT NULL)),
+    CHECK ((status = 'DEAD') = (dead_at IS NOT NULL))
+);
+CREATE TABLE rdq_attempts (
+    task_id     TEXT NOT NULL REFERENCES rdq_tasks(id) ON DELETE CASCADE,
+    attempt_no  INTEGER NOT NULL CHECK (attempt_no >= 1),
+    outcome     TEXT NOT NULL CHECK (outcome IN ('SUCCESS','RETRYABLE_FAILURE','PERMANENT_FAILURE','LEASE_EXPIRED')),
+    started_at  INTEGER,
+    finished_at INTEGER,
+    error       TEXT,
+    PRIMARY KEY (task_id, attempt_no)
+);
+CREATE INDEX rdq_tasks_due ON rdq_tasks (queue, next_attempt_at) WHERE status = 'PENDING';
+CREATE INDEX rdq_tasks_leases ON rdq_tasks (lease_expires_at) WHERE status = 'IN_FLIGHT';
+CREATE INDEX rdq_tasks_dead ON rdq_tasks (queue, dead_at, id) WHERE status = 'DEAD';
+CREATE INDEX rdq_tasks_finished ON rdq_tasks (updated_at) WHERE status IN ('SUCCEEDED','CANCELLED');
+CREATE INDEX rdq_tasks_queue_status ON rdq_tasks (queue, status);
+PRAGMA user_version = 1;
