@@ -38,19 +38,19 @@ def _instance() -> str | None:
         return None
 
 
-def problem(status: int, detail: str, field: str | None = None, headers: Mapping[str, str] | None = None) -> Response:
+def problem(status: int, detail: str, field: str | None = None, headers: Mapping[str, str] | None = None) -> Response[str]:
     return Response(status_code=status, content_type=PROBLEM_JSON, body=problem_json(status, detail, field, _instance()),
                     headers=dict(headers or {}))
 
 
-def _response(reply: Reply) -> Response:
+def _response(reply: Reply) -> Response[str]:
     return Response(status_code=reply.status, content_type="application/json", body=json.dumps(reply.body),
                     headers=dict(reply.headers))
 
 
 # -- the routes, registered from the table -----------------------------------------------------
-def _serve(route: Route) -> Callable[..., Response]:
-    def serve(**path_parameters: str) -> Response:
+def _serve(route: Route) -> Callable[..., Response[str]]:
+    def serve(**path_parameters: str) -> Response[str]:
         request = ApiRequest(app.current_event.raw_event, app.context["settings"])
         return _response(route.handler(request, **path_parameters))
 
@@ -64,7 +64,7 @@ for _route in ROUTES:
 
 # -- errors -----------------------------------------------------------------------------------
 @app.not_found
-def not_found(exc: Exception) -> Response:
+def not_found(exc: Exception) -> Response[str]:
     path = app.current_event.path
     methods = allowed_methods(path)
     if methods is not None:
@@ -73,17 +73,22 @@ def not_found(exc: Exception) -> Response:
 
 
 @app.exception_handler(RdqError)
-def on_rdq_error(exc: RdqError) -> Response:
+def on_rdq_error(exc: RdqError) -> Response[str]:
     answer = problem_for(exc)
     if answer is None:
-        return on_unexpected(exc)
+        return _internal_error()
     if isinstance(exc, StorageUnavailable):
         logger.warning("storage unavailable", extra={"error": str(exc)})
     return problem(answer.status, answer.detail, answer.field, answer.headers)
 
 
 @app.exception_handler(Exception)
-def on_unexpected(exc: Exception) -> Response:
+def on_unexpected(exc: Exception) -> Response[str]:
+    return _internal_error()
+
+
+def _internal_error() -> Response[str]:
+    # Called while the exception is being handled: the log line carries its stack trace.
     logger.exception("unhandled error in the API")
     return problem(500, "internal error; see the function's log")
 

@@ -47,7 +47,8 @@ class ApiRequest:
 
     def header(self, name: str) -> str | None:
         wanted = name.lower()
-        for key, value in (self.event.get("headers") or {}).items():
+        headers: Mapping[str, str] = self.event.get("headers") or {}
+        for key, value in headers.items():
             if key.lower() == wanted:
                 return value
         return None
@@ -104,6 +105,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     data = dict(pairs)
     if len(data) != len(pairs):
         seen: set[str] = set()
-        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise ValueError(f"duplicate key {duplicate[:100]!r} in an object")
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {key[:100]!r} in an object")
+            seen.add(key)
     return data

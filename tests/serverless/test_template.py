@@ -158,7 +158,7 @@ def test_rest_api_sends_every_path_to_the_api_function_with_auth(resources):
     # One proxy resource: the routes are the function's route table, not repeated here
     # (tests/hostile/test_access_control.py checks every route of the table is behind it).
     assert {(p, m) for p, ops in paths.items() for m in ops} == {("/{proxy+}", "x-amazon-apigateway-any-method")}
-    for path, ops in paths.items():
+    for ops in paths.values():
         for op in ops.values():
             assert op["x-amazon-apigateway-integration"]["type"] == "aws_proxy"
             assert "ApiFunction.Arn" in op["x-amazon-apigateway-integration"]["uri"]["Fn::Sub"]
