@@ -25,8 +25,11 @@ INCLUDES = ("_checks", "_queue_prelude")
 QUEUE_ZSETS = ("due", "inflight", "dead", "succeeded", "cancelled")
 
 
+_SCRIPT_DIR = resources.files(__package__).joinpath("scripts")
+
+
 def script_file(name: str) -> str:
-    return resources.files(__package__).joinpath("scripts").joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    return _SCRIPT_DIR.joinpath(f"{name}.lua").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)
