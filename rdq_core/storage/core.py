@@ -15,8 +15,9 @@ What the core owns, so no backend writes it again:
 
 * **Guards**: empty batches cost nothing; ``claim``/``find_expired_leases``/``purge_succeeded``
   with ``limit <= 0`` return nothing without touching the store; ``list_dead`` with
-  ``limit < 1`` is ``InvalidInput``; ids that are not strings are ``InvalidInput`` (a store must
-  never see a request value that could read as a query operator).
+  ``limit < 1`` is ``InvalidInput``; ids, claim tokens, queue names and filter values that are
+  not strings are ``InvalidInput`` (a store must never see a request value that could read as a
+  query operator); a settlement to any status but SUCCEEDED, PENDING or DEAD is ``InvalidInput``.
 * **Errors**: the backend declares ``transient_errors`` (and may refine ``is_transient``); any
   of them escaping a primitive becomes ``StorageUnavailable``. ``connection=`` on a store that
   cannot join a caller's transaction is ``UnsupportedOperation``.
@@ -205,6 +206,9 @@ class StorageCore(Storage, abc.ABC):
         requests = list(tasks)
         if not requests:
             return []
+        for request in requests:
+            for field in ("id", "queue", "handler"):
+                _require_text(getattr(request, field), field)
         with self.translated_errors():
             inserted = self._insert(requests, connection)
         results: list[EnqueueResult] = []
@@ -218,6 +222,7 @@ class StorageCore(Storage, abc.ABC):
         return results
 
     def claim(self, queue: str, limit: int, lease_seconds: float) -> list[ClaimedTask]:
+        _require_text(queue, "queue")
         if limit <= 0:
             return []
         with self.translated_errors():
@@ -228,20 +233,26 @@ class StorageCore(Storage, abc.ABC):
         refs = list(refs)
         if not refs:
             return {}
+        _require_refs(refs)
+        sent = _first_per_task(refs)
         with self.translated_errors():
-            stored = self._extend(refs, float(lease_seconds))
+            stored = self._extend(list(sent.values()), float(lease_seconds))
         expiries: dict[str, datetime] = {}
         for task_id, value in stored.items():
             expiry = self.codec.time(value)
             assert expiry is not None, "an extended lease has an expiry"
             expiries[task_id] = expiry
-        _refuse_unapplied([ref.task_id for ref in refs], expiries.keys())
+        _refuse_unapplied(refs, sent, expiries.keys())
         return expiries
 
     def settle(self, settlements: Sequence[Settlement]) -> None:
         items = list(settlements)
         if not items:
             return
+        _require_refs(items)
+        for item in items:
+            if item.status not in _SETTLED_STATUSES:
+                raise InvalidInput(f"cannot settle task {item.task_id} as {item.status}", field="status")
         # One settle per claim: the first decision for a task id is applied, a repeat refused.
         first: dict[str, Settlement] = {}
         for item in items:
@@ -261,11 +272,15 @@ class StorageCore(Storage, abc.ABC):
         refs = list(refs)
         if not refs:
             return
+        _require_refs(refs)
+        sent = _first_per_task(refs)
         with self.translated_errors():
-            released = self._release(refs)
-        _refuse_unapplied([ref.task_id for ref in refs], released)
+            released = self._release(list(sent.values()))
+        _refuse_unapplied(refs, sent, released)
 
     def find_expired_leases(self, limit: int, queue: str | None = None) -> list[ClaimedTask]:
+        if queue is not None:
+            _require_text(queue, "queue")
         if limit <= 0:
             return []
         with self.translated_errors():
@@ -324,6 +339,7 @@ class StorageCore(Storage, abc.ABC):
             return self._purge_dead(selection)
 
     def stats(self, queue: str) -> QueueStats:
+        _require_text(queue, "queue")
         with self.translated_errors():
             found = self._stats(queue)
         counts = {str(status): int(n) for status, n in found.counts.items()}
@@ -350,16 +366,31 @@ class StorageCore(Storage, abc.ABC):
     # -- helpers ---------------------------------------------------------------------------
     @staticmethod
     def _selection(queue: str, filter: DeadFilter, after: tuple[int, str] | None = None) -> DeadSelection:
+        _require_text(queue, "queue")
+        for field in ("error_type", "handler"):
+            if getattr(filter, field) is not None:
+                _require_text(getattr(filter, field), field)
         ids = None
         if filter.ids is not None:
-            ids = tuple(dict.fromkeys(filter.ids))  # order kept, repeats dropped
-            for task_id in ids:
+            for task_id in filter.ids:
                 _require_text(task_id, "ids")
+            ids = tuple(dict.fromkeys(filter.ids))  # order kept, repeats dropped
         return DeadSelection(queue=queue, ids=ids, error_type=filter.error_type, handler=filter.handler, after=after)
 
 
-def _refuse_unapplied(task_ids: Sequence[str], applied: Any) -> None:
-    refused = [task_id for task_id in task_ids if task_id not in applied]
+def _first_per_task(refs: Sequence[ClaimRef]) -> dict[str, ClaimRef]:
+    """The first ref per task id: a primitive sees each task once, as it reports per task id."""
+    first: dict[str, ClaimRef] = {}
+    for ref in refs:
+        first.setdefault(ref.task_id, ref)
+    return first
+
+
+def _refuse_unapplied(refs: Sequence[ClaimRef], sent: Mapping[str, ClaimRef], applied: Any) -> None:
+    # A repeat of a task id shares the result of the ref sent for it if it names the same claim;
+    # under another token it cannot also hold the task.
+    refused = [ref.task_id for ref in refs
+               if ref.task_id not in applied or ref.claim_token != sent[ref.task_id].claim_token]
     if refused:
         raise StaleClaim(refused)
 
@@ -368,6 +399,15 @@ def _storable(item: Settlement) -> Settlement:
     """The settlement with its error text repaired; stores that keep JSON as text repair the
     result when they encode it (``storable_json``)."""
     return item if item.error is None else replace(item, error=storable_error(item.error))
+
+
+def _require_refs(refs: Sequence[ClaimRef] | Sequence[Settlement]) -> None:
+    for ref in refs:
+        _require_text(ref.task_id, "task_id")
+        _require_text(ref.claim_token, "claim_token")
+
+
+_SETTLED_STATUSES = frozenset({TaskStatus.SUCCEEDED, TaskStatus.PENDING, TaskStatus.DEAD})
 
 
 def _require_text(value: Any, field: str) -> None:

@@ -359,7 +359,7 @@ class SimulatedCrash(BaseException):
 def crash_at(monkeypatch):
     """``crash_at("settle:committed")`` makes every later call die at that point of mongo.py
     (between two of its writes), like a process killed there; ``crash_at()`` disarms."""
-    from rdq_core.storage import mongo
+    from rdq_core.storage.mongo import backend as mongo
 
     def arm(*points: str) -> None:
         def hook(name: str) -> None:

@@ -1,52 +1,14 @@
-"""MongoDB backend (pymongo 4.x): ``mongodb://host:27017/rdq`` or ``mongodb+srv://…/rdq``.
-
-Layout (database from the URL path, default ``rdq``):
-
-* ``tasks``    -- one document per task, ``_id`` = task id (copied to ``task_id`` for indexes).
-  Instants are stored as int64 milliseconds since the epoch (``*_ms`` fields), not BSON dates. ``payload``, ``headers`` and
-  ``result`` are stored as JSON *strings* so any JSON (keys with ``$`` or ``.``) round-trips.
-* ``attempts`` -- one document per attempt, unique on ``(task_id, attempt_no)``.
-* ``schema``   -- the schema version written by ``migrate``.
-
-Time: the server's clock is the authority. Every call that needs "now" reads it once with the
-``hello`` command's ``localTime`` and uses that value as a literal in its filters and updates.
-(``$$NOW`` would need update pipelines, which the nx-27017 test server does not implement; see
-docs/mongo-backend.md.)
-
-Settlement is two writes that must stay crash-safe without a transaction:
-
-1. the fenced task update is the commit point. It compares-and-sets ``attempt_seq`` (the
-   highest attempt number the task has committed, never reset) and, in the same atomic
-   single-document update, appends the new attempt row to ``pending_attempts``: the rows the
-   task has committed but not yet seen in the ``attempts`` collection;
-2. the rows are then inserted idempotently (the unique index turns a repeat into a no-op).
-
-A row leaves ``pending_attempts`` only in a commit that has seen it recorded: the next settle
-of the task reads its carried rows back from ``attempts`` (one ``find``; a row a crashed
-settle never inserted is inserted first). So every committed attempt is at all times in the
-collection, on the task, or both -- whatever point a process dies at, however many settles
-in a row die. Reads (``get``, ``list_dead``, duplicate enqueues) merge the task's pending rows
-into the history without writing; the next settle (a worker's or the reaper's) records them.
-Redrive keeps them on the task; a purge deletes them with it.
-
-Each task document has a random ``incarnation``, copied into its attempt rows: rows left behind
-by a purge that died half way (or raced a late insert) belong to an earlier task with the same
-id and are never shown as, nor allowed to block, the history of a new one.
-
-Every call is bounded in time: ``connectTimeoutMS`` (10 s), ``socketTimeoutMS`` (30 s) and
-``serverSelectionTimeoutMS`` (10 s) apply unless the URL sets them, and a timeout surfaces as
-``StorageUnavailable``.
-"""
+"""MongoDB primitives for the storage core (pymongo 4.x). The layout, the clock and the crash-safe
+settlement are described in the package doc and in docs/mongo-backend.md."""
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import threading
 import uuid
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import parse_qsl, urlsplit
 
 import pymongo
@@ -56,36 +18,25 @@ from pymongo.errors import (
     BulkWriteError,
     CollectionInvalid,
     ConnectionFailure,
+    InvalidURI,
     NetworkTimeout,
     OperationFailure,
     PyMongoError,
     ServerSelectionTimeoutError,
 )
 
-from ..errors import InvalidInput, StaleClaim, StorageUnavailable, TaskConflict, TaskNotFound
-from ..model import (
-    Attempt,
-    Backoff,
-    ClaimedTask,
-    ClaimRef,
-    DeadFilter,
-    DeadPage,
-    EnqueueResult,
-    ErrorInfo,
-    NewTask,
-    Outcome,
-    QueueStats,
-    Settlement,
-    Task,
-    TaskStatus,
-)
-from .spi import Storage, decode_dead_cursor, encode_dead_cursor, from_micros, storable_error, storable_json, to_micros
+from ...errors import ConfigurationError, StorageUnavailable, TaskConflict
+from ...model import ClaimRef, NewTask, Outcome, Settlement, TaskStatus
+from ..codec import RecordCodec, epoch_millis
+from ..core import DeadSelection, InsertedRecord, QueueCounts, StorageCore
+from ..querytext import migrations
+from ..spi import from_micros, storable_json, to_micros
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
 DEFAULT_DATABASE = "rdq"
 DUPLICATE_KEY = 11000
+NAMESPACE_EXISTS = 48
 # How long to look for a server before giving up. pymongo's 30 s default would eat a Lambda
 # invocation; a URL that sets serverSelectionTimeoutMS wins (as for the two below).
 DEFAULT_SERVER_SELECTION_MS = 10_000
@@ -97,10 +48,8 @@ DEFAULT_SOCKET_TIMEOUT_MS = 30_000
 # purge_dead works through large selections in chunks so one delete never carries a huge $in.
 PURGE_CHUNK = 500
 
-_SETTLED_STATUSES = (TaskStatus.SUCCEEDED, TaskStatus.PENDING, TaskStatus.DEAD)
 _RETAINED_STATUSES = [TaskStatus.SUCCEEDED.value, TaskStatus.CANCELLED.value]
-
-_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+_CLAIM_FIELDS = {"claim_token": "", "claimed_at_ms": "", "lease_expires_at_ms": ""}
 
 # Tests set this to simulate a process dying between two writes: it is called with the name of
 # each crash point (e.g. "settle:committed") and may raise. Never set in production.
@@ -110,19 +59,6 @@ _crash_hook: Callable[[str], None] | None = None
 def _crash_point(name: str) -> None:
     if _crash_hook is not None:
         _crash_hook(name)
-
-
-def _unavailable_on_connection_error(method: _Fn) -> _Fn:
-    """Network / server-selection failures surface as the SPI's retryable StorageUnavailable."""
-
-    @functools.wraps(method)
-    def wrapper(self: "MongoStorage", *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except ConnectionFailure as exc:
-            raise StorageUnavailable(f"MongoDB unavailable: {exc}") from exc
-
-    return wrapper  # type: ignore[return-value]
 
 
 class _CommandCounter(monitoring.CommandListener):
@@ -141,8 +77,20 @@ class _CommandCounter(monitoring.CommandListener):
         pass
 
 
-class MongoStorage(Storage):
+class MongoStorage(StorageCore):
     schemes = ("mongodb", "mongodb+srv")
+    store_name = "MongoDB"
+    # Network errors, timeouts and server selection failures; a server's refusal is a bug.
+    transient_errors = (ConnectionFailure,)
+    codec = RecordCodec(
+        time=epoch_millis,
+        keys={
+            "id": "_id", "payload": "payload_json", "headers": "headers_json", "result": "result_json",
+            "next_attempt_at": "next_attempt_at_ms", "lease_expires_at": "lease_expires_at_ms",
+            "claimed_at": "claimed_at_ms", "created_at": "created_at_ms", "updated_at": "updated_at_ms",
+            "dead_at": "dead_at_ms", "started_at": "started_at_ms", "finished_at": "finished_at_ms",
+        },
+    )
 
     def __init__(self, url: str):
         self.url = url
@@ -162,7 +110,9 @@ class MongoStorage(Storage):
                 options[name] = value
         try:
             self._client: pymongo.MongoClient = pymongo.MongoClient(url, **options)
-        except ConnectionFailure as exc:  # mongodb+srv resolves DNS while constructing
+        except (InvalidURI, ValueError) as exc:
+            raise ConfigurationError(f"malformed MongoDB URL: {exc}") from exc
+        except ConnectionFailure as exc:  # mongodb+srv may resolve DNS while constructing
             raise StorageUnavailable(f"MongoDB unavailable: {exc}") from exc
         self._db = self._client.get_default_database(default=DEFAULT_DATABASE)
         self._tasks = self._db["tasks"]
@@ -174,63 +124,51 @@ class MongoStorage(Storage):
             self.round_trips += 1
 
     # -- lifecycle -------------------------------------------------------------------------
-    @_unavailable_on_connection_error
     def migrate(self) -> None:
-        existing = set(self._db.list_collection_names())
-        for name in ("tasks", "attempts", "schema"):
-            if name not in existing:
-                try:
-                    self._db.create_collection(name)
-                except CollectionInvalid:
-                    pass  # a concurrent migrate created it first
-                except OperationFailure as exc:
-                    if exc.code != 48:  # NamespaceExists
-                        raise
-        # Claim: due PENDING tasks of one queue, oldest first. Partial so finished tasks never
-        # bloat the index the hot path walks.
-        # task_id (a copy of _id) is the tie-break of the claim sort, so the index serves the
-        # whole sort.
-        self._tasks.create_index(
-            [("queue", ASCENDING), ("next_attempt_at_ms", ASCENDING), ("task_id", ASCENDING)],
-            name="rdq_due_pending",
-            partialFilterExpression={"status": TaskStatus.PENDING.value},
-        )
-        # Reaper: IN_FLIGHT tasks by lease expiry.
-        self._tasks.create_index(
-            [("lease_expires_at_ms", ASCENDING), ("task_id", ASCENDING)],
-            name="rdq_inflight_lease",
-            partialFilterExpression={"status": TaskStatus.IN_FLIGHT.value},
-        )
-        # DLQ keyset paging by (dead_at, id) within a queue.
-        self._tasks.create_index(
-            [("queue", ASCENDING), ("dead_at_ms", ASCENDING), ("task_id", ASCENDING)],
-            name="rdq_dead_keyset",
-            partialFilterExpression={"status": TaskStatus.DEAD.value},
-        )
-        # Retention: finished tasks by last update.
-        self._tasks.create_index(
-            [("status", ASCENDING), ("updated_at_ms", ASCENDING)], name="rdq_retention"
-        )
-        # Stats counts per (queue, status) and list_queues.
-        self._tasks.create_index([("queue", ASCENDING), ("status", ASCENDING)], name="rdq_queue_status")
-        self._attempts.create_index(
-            [("task_id", ASCENDING), ("attempt_no", ASCENDING)], name="rdq_attempt_unique", unique=True
-        )
-        self._schema.update_one(
-            {"_id": "schema"},
-            {"$max": {"version": SCHEMA_VERSION}, "$set": {"migrated_at_ms": _epoch_ms(self._server_now())}},
-            upsert=True,
-        )
+        """Every migration file, in order (each is idempotent), then the version is raised."""
+        with self.translated_errors():
+            steps = [(m.version, json.loads(m.text)) for m in migrations(__package__)]
+            existing = set(self._db.list_collection_names())
+            for _, step in steps:
+                for name in step.get("collections", ()):
+                    if name not in existing:
+                        self._create_collection(name)
+                        existing.add(name)
+                for index in step.get("indexes", ()):
+                    self._create_index(index)
+            self._schema.update_one(
+                {"_id": "schema"},
+                {"$max": {"version": steps[-1][0]}, "$set": {"migrated_at_ms": _epoch_ms(self._server_now())}},
+                upsert=True,
+            )
+
+    def _create_collection(self, name: str) -> None:
+        try:
+            self._db.create_collection(name)
+        except CollectionInvalid:
+            pass  # a concurrent migrate created it first
+        except OperationFailure as exc:
+            if exc.code != NAMESPACE_EXISTS:
+                raise
+
+    def _create_index(self, index: Mapping[str, Any]) -> None:
+        options: dict[str, Any] = {"name": index["name"]}
+        if "partial" in index:
+            options["partialFilterExpression"] = index["partial"]
+        if index.get("unique"):
+            options["unique"] = True
+        self._db[index["collection"]].create_index([(field, order) for field, order in index["keys"]], **options)
 
     def close(self) -> None:
         self._client.close()
 
-    @_unavailable_on_connection_error
-    def now(self) -> datetime:
+    # -- primitives ------------------------------------------------------------------------
+    def _now(self) -> datetime:
         return self._server_now()
 
     def _server_now(self) -> datetime:
-        """The server clock, read with ``hello`` (one round trip), as aware UTC at ms precision."""
+        """The server clock, read with ``hello`` (one round trip), as aware UTC at ms precision.
+        ``$$NOW`` would need update pipelines, which the nx-27017 test server does not implement."""
         try:
             reply = self._client.admin.command("hello")
         except (NetworkTimeout, ServerSelectionTimeoutError):
@@ -245,15 +183,9 @@ class MongoStorage(Storage):
             raise StorageUnavailable("MongoDB server did not report localTime in its hello reply")
         if local_time.tzinfo is None:  # admin.command decodes with default (naive UTC) options
             local_time = local_time.replace(tzinfo=timezone.utc)
-        return _from_epoch_ms(_epoch_ms(local_time))
+        return from_micros(_epoch_ms(local_time) * 1000)
 
-    # -- producer side ---------------------------------------------------------------------
-    @_unavailable_on_connection_error
-    def enqueue(self, tasks: Sequence[NewTask], *, connection: Any = None) -> list[EnqueueResult]:
-        if connection is not None:
-            raise TypeError("the MongoDB backend cannot join a caller's connection or transaction")
-        if not tasks:
-            return []
+    def _insert(self, tasks: Sequence[NewTask], connection: Any) -> list[InsertedRecord]:
         now_ms = _epoch_ms(self._server_now())
         docs = [_new_task_doc(new, now_ms) for new in tasks]
         # One unordered insert: every new id lands, each existing id fails alone with a
@@ -264,33 +196,27 @@ class MongoStorage(Storage):
             self._tasks.insert_many(docs, ordered=False)
         except BulkWriteError as exc:
             duplicate_positions = _duplicate_positions(exc)
-        results: list[EnqueueResult | None] = [None] * len(tasks)
-        for position, doc in enumerate(docs):
-            if position not in duplicate_positions:
-                results[position] = EnqueueResult(_task_from_doc(doc, ()), created=True)
+        existing: dict[str, Mapping[str, Any]] = {}
         if duplicate_positions:
             existing_ids = sorted({docs[p]["_id"] for p in duplicate_positions})
-            existing = {d["_id"]: d for d in self._tasks.find({"_id": {"$in": existing_ids}})}
-            histories = self._histories(existing.values())
-            for position in duplicate_positions:
-                new = tasks[position]
-                doc = existing.get(new.id)
-                if doc is None:  # purged between the insert and the read: report the conflict
-                    raise TaskConflict(f"task {new.id!r} changed while being enqueued; retry")
-                task = _task_from_doc(doc, histories.get(new.id, ()))
-                results[position] = EnqueueResult(task, created=False, conflict=doc["queue"] != new.queue)
-        return [r for r in results if r is not None]
+            found = list(self._tasks.find({"_id": {"$in": existing_ids}}))
+            existing = {d["_id"]: d for d in self._with_histories(found)}
+        results: list[InsertedRecord] = []
+        for position, doc in enumerate(docs):
+            if position not in duplicate_positions:
+                results.append(InsertedRecord(doc, inserted=True))
+                continue
+            record = existing.get(doc["_id"])
+            if record is None:  # purged between the insert and the read: report the conflict
+                raise TaskConflict(f"task {doc['_id']!r} changed while being enqueued; retry")
+            results.append(InsertedRecord(record, inserted=False))
+        return results
 
-    # -- worker side -----------------------------------------------------------------------
-    @_unavailable_on_connection_error
-    def claim(self, queue: str, limit: int, lease_seconds: float) -> list[ClaimedTask]:
-        _require_str(queue, "queue")
-        if limit <= 0:
-            return []
+    def _claim(self, queue: str, limit: int, lease_seconds: float) -> list[Mapping[str, Any]]:
         now_ms = _epoch_ms(self._server_now())
         lease_expires_at_ms = now_ms + _duration_ms(lease_seconds)
         due = {"queue": queue, "status": TaskStatus.PENDING.value, "next_attempt_at_ms": {"$lte": now_ms}}
-        claimed_docs: list[dict[str, Any]] = []
+        claimed_docs: list[Mapping[str, Any]] = []
         try:
             # findAndModify is atomic per document: a task matched here is flipped to IN_FLIGHT
             # before any other claimer can match it, so concurrent loops get disjoint tasks.
@@ -317,17 +243,13 @@ class MongoStorage(Storage):
             # used (which would cost the tasks a LEASE_EXPIRED attempt). Best effort.
             if claimed_docs:
                 try:
-                    self.release([ClaimRef(d["_id"], d["claim_token"]) for d in claimed_docs])
+                    self._release([ClaimRef(d["_id"], d["claim_token"]) for d in claimed_docs])
                 except Exception:
                     pass
             raise
-        # No history here (see the SPI): the worker never needs it and it would cost a query.
-        return [_claimed_from_doc(doc, ()) for doc in claimed_docs]
+        return claimed_docs
 
-    @_unavailable_on_connection_error
-    def extend_leases(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, datetime]:
-        if not refs:
-            return {}
+    def _extend(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, int]:
         now_ms = _epoch_ms(self._server_now())
         lease_expires_at_ms = now_ms + _duration_ms(lease_seconds)
         # $max, atomically per document: an extension never moves an expiry earlier (a short
@@ -336,7 +258,7 @@ class MongoStorage(Storage):
         operations = [UpdateOne(_held_by(ref), {"$max": {"lease_expires_at_ms": lease_expires_at_ms}}) for ref in refs]
         result = self._tasks.bulk_write(operations, ordered=False)
         if result.matched_count == len(refs) and result.modified_count == len(refs):
-            return {r.task_id: _from_epoch_ms(lease_expires_at_ms) for r in refs}
+            return {r.task_id: lease_expires_at_ms for r in refs}
         # Some lease was already later than ours, or some ref was refused: read the leases back.
         # A claim token is set once and cleared once, so a task that still carries the token
         # now carried it at the update too: those were extended, the rest were refused.
@@ -346,23 +268,12 @@ class MongoStorage(Storage):
                 {"_id": {"$in": [r.task_id for r in refs]}}, {"claim_token": 1, "status": 1, "lease_expires_at_ms": 1}
             )
         }
-        refused = [r.task_id for r in refs if not _holds(current.get(r.task_id), r.claim_token)]
-        extended = {
-            r.task_id: _from_epoch_ms(current[r.task_id]["lease_expires_at_ms"]) for r in refs if r.task_id not in refused
+        return {
+            r.task_id: current[r.task_id]["lease_expires_at_ms"]
+            for r in refs if _holds(current.get(r.task_id), r.claim_token)
         }
-        if refused:
-            raise StaleClaim(refused)
-        return extended
 
-    @_unavailable_on_connection_error
-    def settle(self, settlements: Sequence[Settlement]) -> None:
-        if not settlements:
-            return
-        for settlement in settlements:
-            _require_str(settlement.task_id, "task_id")
-            _require_str(settlement.claim_token, "claim_token")
-            if settlement.status not in _SETTLED_STATUSES:
-                raise InvalidInput(f"cannot settle to {settlement.status}", field="status")
+    def _settle(self, settlements: Sequence[Settlement]) -> set[str]:
         task_ids = sorted({s.task_id for s in settlements})
         now_ms = _epoch_ms(self._server_now())
         current = {
@@ -385,33 +296,28 @@ class MongoStorage(Storage):
         # inserted now, before the commit, so the commit can drop it too; one the insert could
         # not record stays on the task. Only this recovery costs an extra round trip.
         carried = {task_id: _carried_rows(doc) for task_id, doc in current.items()}
-        held = {s.task_id for s in settlements if not fenced_off(s)}
-        carried_rows = [row for task_id in held for row in carried[task_id]]
+        held = [s for s in settlements if not fenced_off(s)]
+        carried_rows = [row for s in held for row in carried[s.task_id]]
         recorded = self._recorded(carried_rows)
         missing = [row for row in carried_rows if row["write_id"] not in recorded]
         if missing:
             recorded |= self._record_attempts_or_keep(missing)
 
-        refused: list[str] = []
         planned: list[tuple[Settlement, dict[str, Any], list[dict[str, Any]]]] = []
         operations: list[UpdateOne] = []
-        for settlement in settlements:
-            if fenced_off(settlement):
-                refused.append(settlement.task_id)
-                continue
+        for settlement in held:
             doc = current[settlement.task_id]
             recorded_seq = doc.get("attempt_seq")
             unrecorded = [row for row in carried[settlement.task_id] if row["write_id"] not in recorded]
             # The next number after everything the task ever committed, never from attempt_count.
             attempt_no = max([recorded_seq or 0] + [row["attempt_no"] for row in carried[settlement.task_id]]) + 1
-            error = storable_error(settlement.error)
             attempt_row = {
                 "task_id": settlement.task_id,
                 "attempt_no": attempt_no,
                 "outcome": settlement.outcome.value,
                 "started_at_ms": doc.get("claimed_at_ms"),
                 "finished_at_ms": now_ms,
-                "error": error.to_dict() if error else None,
+                "error": settlement.error.to_dict() if settlement.error else None,
                 "claim_token": settlement.claim_token,
                 "incarnation": doc.get("incarnation"),
                 # Identifies this write, to tell who won if two settlers race on one claim.
@@ -421,17 +327,16 @@ class MongoStorage(Storage):
             filter_["attempt_seq"] = recorded_seq  # compare-and-set: one winner per number
             if settlement.outcome is Outcome.LEASE_EXPIRED:
                 filter_["lease_expires_at_ms"] = {"$lte": now_ms}
-            operations.append(UpdateOne(filter_, _settle_update(settlement, error, attempt_row, unrecorded, now_ms)))
+            operations.append(UpdateOne(filter_, _settle_update(settlement, attempt_row, unrecorded, now_ms)))
             planned.append((settlement, attempt_row, unrecorded))
 
         applied = planned
         if operations:
             matched = self._tasks.bulk_write(operations, ordered=False).matched_count
             if matched < len(operations):
-                # Someone (a reaper, a duplicate item) changed a task between our read and the
-                # write. Find out which of our writes won.
+                # Someone (a reaper) changed a task between our read and the write. Find out
+                # which of our writes won.
                 lost = self._lost_settlements([row for _, row, _ in planned])
-                refused.extend(s.task_id for s, row, _ in planned if row["write_id"] in lost)
                 applied = [item for item in planned if item[1]["write_id"] not in lost]
 
         _crash_point("settle:committed")
@@ -442,13 +347,9 @@ class MongoStorage(Storage):
             for row in [*unrecorded, attempt_row]:
                 rows[row["write_id"]] = row
         self._record_attempts_or_keep(list(rows.values()))
-        if refused:
-            raise StaleClaim(refused)
+        return {settlement.task_id for settlement, _, _ in applied}
 
-    @_unavailable_on_connection_error
-    def release(self, refs: Sequence[ClaimRef]) -> None:
-        if not refs:
-            return
+    def _release(self, refs: Sequence[ClaimRef]) -> set[str]:
         now_ms = _epoch_ms(self._server_now())
         # One id per item write: a read-back can then tell this release from an earlier
         # release of the same (now spent) token.
@@ -462,49 +363,35 @@ class MongoStorage(Storage):
                         "updated_at_ms": now_ms,
                         "release_write_id": write_id,
                     },
-                    "$unset": {"claim_token": "", "claimed_at_ms": "", "lease_expires_at_ms": ""},
+                    "$unset": _CLAIM_FIELDS,
                 },
             )
             for ref, write_id in zip(refs, write_ids)
         ]
         matched = self._tasks.bulk_write(operations, ordered=False).matched_count
-        if matched < len(refs):
-            released = {
-                d.get("release_write_id")
-                for d in self._tasks.find(
-                    {"_id": {"$in": [r.task_id for r in refs]}}, {"release_write_id": 1}
-                )
-            }
-            refused = [r.task_id for r, write_id in zip(refs, write_ids) if write_id not in released]
-            if refused:
-                raise StaleClaim(refused)
+        if matched == len(refs):
+            return {r.task_id for r in refs}
+        released = {
+            d.get("release_write_id")
+            for d in self._tasks.find({"_id": {"$in": [r.task_id for r in refs]}}, {"release_write_id": 1})
+        }
+        return {r.task_id for r, write_id in zip(refs, write_ids) if write_id in released}
 
-    # -- reaper side -----------------------------------------------------------------------
-    @_unavailable_on_connection_error
-    def find_expired_leases(self, limit: int, queue: str | None = None) -> list[ClaimedTask]:
-        if limit <= 0:
-            return []
+    def _expired(self, limit: int, queue: str | None) -> list[Mapping[str, Any]]:
         now_ms = _epoch_ms(self._server_now())
         query: dict[str, Any] = {"status": TaskStatus.IN_FLIGHT.value, "lease_expires_at_ms": {"$lte": now_ms}}
         if queue is not None:
-            query["queue"] = _require_str(queue, "queue")
-        docs = list(
+            query["queue"] = queue
+        return list(
             self._tasks.find(query, sort=[("lease_expires_at_ms", ASCENDING), ("task_id", ASCENDING)],
                              limit=limit, batch_size=limit)
         )
-        return [_claimed_from_doc(doc, ()) for doc in docs]
 
-    # -- operator side ---------------------------------------------------------------------
-    @_unavailable_on_connection_error
-    def get(self, task_id: str) -> Task | None:
-        doc = self._tasks.find_one({"_id": _require_str(task_id, "task_id")})
-        if doc is None:
-            return None
-        return _task_from_doc(doc, self._histories([doc]).get(task_id, ()))
+    def _load(self, task_id: str) -> Mapping[str, Any] | None:
+        doc = self._tasks.find_one({"_id": task_id})
+        return None if doc is None else self._with_histories([doc])[0]
 
-    @_unavailable_on_connection_error
-    def cancel(self, task_id: str) -> Task:
-        _require_str(task_id, "task_id")
+    def _cancel(self, task_id: str) -> tuple[Mapping[str, Any] | None, bool]:
         now_ms = _epoch_ms(self._server_now())
         doc = self._tasks.find_one_and_update(
             {"_id": task_id, "status": TaskStatus.PENDING.value},
@@ -512,38 +399,21 @@ class MongoStorage(Storage):
             return_document=ReturnDocument.AFTER,
         )
         if doc is None:
-            existing = self._tasks.find_one({"_id": task_id}, {"status": 1})
-            if existing is None:
-                raise TaskNotFound(task_id)
-            raise TaskConflict(f"task {task_id!r} is {existing['status']}, only PENDING tasks can be cancelled")
-        return _task_from_doc(doc, self._histories([doc]).get(task_id, ()))
+            return self._tasks.find_one({"_id": task_id}), False
+        return self._with_histories([doc])[0], True
 
-    @_unavailable_on_connection_error
-    def list_dead(
-        self, queue: str, *, limit: int, cursor: str | None = None, filter: DeadFilter = DeadFilter()
-    ) -> DeadPage:
-        if limit <= 0:
-            raise InvalidInput("limit must be positive", field="limit")
-        query = _dead_query(queue, filter)
-        if cursor is not None:
-            after_micros, after_id = decode_dead_cursor(queue, cursor)
-            after_ms = after_micros // 1000  # cursors carry micros; dead_at is kept in ms
-            query["$or"] = [{"dead_at_ms": {"$gt": after_ms}}, {"dead_at_ms": after_ms, "task_id": {"$gt": after_id}}]
-        docs = list(
-            self._tasks.find(query, sort=[("dead_at_ms", ASCENDING), ("task_id", ASCENDING)],
-                             limit=limit + 1, batch_size=limit + 1)
-        )
-        page, has_more = docs[:limit], len(docs) > limit
-        histories = self._histories(page)
-        next_cursor = None
-        if has_more:
-            last = page[-1]
-            next_cursor = encode_dead_cursor(queue, _from_epoch_ms(last["dead_at_ms"]), last["_id"])
-        return DeadPage(tuple(_task_from_doc(d, histories.get(d["_id"], ())) for d in page), next_cursor)
+    def _dead_page(self, selection: DeadSelection, limit: int) -> list[Mapping[str, Any]]:
+        query = _dead_query(selection)
+        if selection.after is not None:
+            after_ms = selection.after[0] // 1000  # cursors carry micros; dead_at is kept in ms
+            query["$or"] = [{"dead_at_ms": {"$gt": after_ms}},
+                            {"dead_at_ms": after_ms, "task_id": {"$gt": selection.after_id}}]
+        docs = list(self._tasks.find(query, sort=[("dead_at_ms", ASCENDING), ("task_id", ASCENDING)],
+                                     limit=limit, batch_size=limit))
+        return self._with_histories(docs)
 
-    @_unavailable_on_connection_error
-    def redrive(self, queue: str, filter: DeadFilter) -> int:
-        query = _dead_query(queue, filter)
+    def _redrive(self, selection: DeadSelection) -> int:
+        query = _dead_query(selection)
         now_ms = _epoch_ms(self._server_now())
         result = self._tasks.update_many(
             query,
@@ -560,9 +430,8 @@ class MongoStorage(Storage):
         )
         return result.modified_count
 
-    @_unavailable_on_connection_error
-    def purge_dead(self, queue: str, filter: DeadFilter) -> int:
-        query = _dead_query(queue, filter)
+    def _purge_dead(self, selection: DeadSelection) -> int:
+        query = _dead_query(selection)
         purged = 0
         while True:
             docs = list(self._tasks.find(query, {"_id": 1, "incarnation": 1}, limit=PURGE_CHUNK, batch_size=PURGE_CHUNK))
@@ -572,12 +441,10 @@ class MongoStorage(Storage):
             if len(docs) < PURGE_CHUNK:
                 return purged
 
-    @_unavailable_on_connection_error
-    def stats(self, queue: str) -> QueueStats:
-        _require_str(queue, "queue")
+    def _stats(self, queue: str) -> QueueCounts:
         now_ms = _epoch_ms(self._server_now())
         counts = {
-            status: self._tasks.count_documents({"queue": queue, "status": status.value})
+            status.value: self._tasks.count_documents({"queue": queue, "status": status.value})
             for status in TaskStatus
         }
         oldest_due = self._tasks.find_one(
@@ -585,27 +452,13 @@ class MongoStorage(Storage):
             {"next_attempt_at_ms": 1},
             sort=[("next_attempt_at_ms", ASCENDING), ("task_id", ASCENDING)],
         )
-        oldest_age = 0.0
-        if oldest_due is not None:
-            oldest_age = max(0.0, (now_ms - oldest_due["next_attempt_at_ms"]) / 1000)
-        return QueueStats(
-            queue=queue,
-            pending=counts[TaskStatus.PENDING],
-            in_flight=counts[TaskStatus.IN_FLIGHT],
-            dead=counts[TaskStatus.DEAD],
-            succeeded=counts[TaskStatus.SUCCEEDED],
-            cancelled=counts[TaskStatus.CANCELLED],
-            oldest_pending_age_seconds=oldest_age,
-        )
+        oldest_age = None if oldest_due is None else (now_ms - oldest_due["next_attempt_at_ms"]) / 1000
+        return QueueCounts(counts, oldest_age)
 
-    @_unavailable_on_connection_error
-    def list_queues(self) -> list[str]:
-        return sorted(q for q in self._tasks.distinct("queue") if isinstance(q, str))
+    def _queues(self) -> list[str]:
+        return [q for q in self._tasks.distinct("queue") if isinstance(q, str)]
 
-    @_unavailable_on_connection_error
-    def purge_succeeded(self, older_than_seconds: float, limit: int) -> int:
-        if limit <= 0:
-            return 0
+    def _purge_finished(self, older_than_seconds: float, limit: int) -> int:
         cutoff_ms = _epoch_ms(self._server_now()) - _duration_ms(older_than_seconds)
         finished = {"status": {"$in": _RETAINED_STATUSES}, "updated_at_ms": {"$lt": cutoff_ms}}
         docs = list(self._tasks.find(finished, {"_id": 1, "incarnation": 1}, limit=limit, batch_size=limit))
@@ -613,7 +466,7 @@ class MongoStorage(Storage):
             return 0
         return self._purge(docs, {"status": {"$in": _RETAINED_STATUSES}}, "purge_succeeded")
 
-    # -- helpers -----------------------------------------------------------------------------
+    # -- history and purges ----------------------------------------------------------------
     def _purge(self, docs: list[Mapping[str, Any]], still: dict[str, Any], name: str) -> int:
         """Delete the tasks ``docs`` (those still matching ``still``), then the attempt rows of
         the ones really gone.
@@ -636,10 +489,10 @@ class MongoStorage(Storage):
             self._attempts.delete_many({"task_id": {"$in": sorted(gone)}, "incarnation": {"$in": incarnations}})
         return deleted
 
-    def _histories(self, docs: Iterable[Mapping[str, Any]]) -> dict[str, tuple[Attempt, ...]]:
-        """Attempt histories for ``docs``: the attempts collection merged with the rows each
-        task still carries, in at most one find. Tasks whose every attempt is on the task
-        (never had one, or only unrecorded ones) cost no query."""
+    def _with_histories(self, docs: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """``docs`` as records carrying their ``attempts``: the attempts collection merged with
+        the rows each task still carries, in at most one find. Tasks whose every attempt is on
+        the task (never had one, or only unrecorded ones) cost no query."""
         with_history = [d for d in docs if d.get("attempt_seq") or _carried_rows(d)]
         to_read = [d for d in with_history
                    if set(range(1, (d.get("attempt_seq") or 0) + 1)) - {r["attempt_no"] for r in _carried_rows(d)}]
@@ -651,7 +504,7 @@ class MongoStorage(Storage):
                 batch_size=1000,
             ):
                 rows_by_task.setdefault(row["task_id"], []).append(row)
-        return {d["_id"]: _merged_history(d, rows_by_task.get(d["_id"], [])) for d in with_history}
+        return [{**d, "attempts": _merged_history(d, rows_by_task.get(d["_id"], []))} for d in docs]
 
     def _recorded(self, rows: list[Mapping[str, Any]]) -> set[str]:
         """write_ids of ``rows`` that are in the attempts collection (one find, by the unique
@@ -754,9 +607,6 @@ class MongoStorage(Storage):
 # -- documents ---------------------------------------------------------------------------------
 
 def _new_task_doc(new: NewTask, now_ms: int) -> dict[str, Any]:
-    _require_str(new.id, "id")
-    _require_str(new.queue, "queue")
-    _require_str(new.handler, "handler")
     if new.run_at is not None:  # the one instant a client may set with its own clock
         next_attempt_ms = _epoch_ms(new.run_at)
     else:
@@ -768,8 +618,10 @@ def _new_task_doc(new: NewTask, now_ms: int) -> dict[str, Any]:
         "task_id": new.id,
         "queue": new.queue,
         "handler": new.handler,
-        "payload_json": _dumps(new.payload),
-        "headers_json": _dumps(dict(new.headers or {})),
+        # JSON text, not BSON sub-documents: arbitrary keys ("$where", "a.b") survive untouched
+        # and can never be read as query or update operators.
+        "payload_json": storable_json(new.payload),
+        "headers_json": storable_json(dict(new.headers or {})),
         "status": TaskStatus.PENDING.value,
         "attempt_count": 0,
         "redrive_count": 0,
@@ -786,8 +638,7 @@ def _new_task_doc(new: NewTask, now_ms: int) -> dict[str, Any]:
 
 
 def _settle_update(
-    settlement: Settlement, error: ErrorInfo | None, attempt_row: dict[str, Any],
-    unrecorded: list[dict[str, Any]], now_ms: int,
+    settlement: Settlement, attempt_row: dict[str, Any], unrecorded: list[dict[str, Any]], now_ms: int,
 ) -> dict[str, Any]:
     fields: dict[str, Any] = {
         "status": settlement.status.value,
@@ -802,24 +653,20 @@ def _settle_update(
     elif settlement.status is TaskStatus.DEAD:
         fields["dead_at_ms"] = now_ms
     if settlement.status is TaskStatus.SUCCEEDED:
-        fields["result_json"] = _dumps(settlement.result)
-    if error is not None:
-        fields["last_error"] = error.to_dict()
+        fields["result_json"] = storable_json(settlement.result)
+    if settlement.error is not None:
+        fields["last_error"] = settlement.error.to_dict()
     return {
         "$set": fields,
         "$inc": {"attempt_count": 1},
         # last_attempt: the single recovery copy of schema 1 documents, now in pending_attempts.
-        "$unset": {"claim_token": "", "claimed_at_ms": "", "lease_expires_at_ms": "", "last_attempt": ""},
+        "$unset": {**_CLAIM_FIELDS, "last_attempt": ""},
     }
 
 
 def _held_by(ref: ClaimRef) -> dict[str, Any]:
     """The fencing filter: the task is IN_FLIGHT under exactly this claim token."""
-    return {
-        "_id": _require_str(ref.task_id, "task_id"),
-        "status": TaskStatus.IN_FLIGHT.value,
-        "claim_token": _require_str(ref.claim_token, "claim_token"),
-    }
+    return {"_id": ref.task_id, "status": TaskStatus.IN_FLIGHT.value, "claim_token": ref.claim_token}
 
 
 def _holds(doc: Mapping[str, Any] | None, claim_token: str) -> bool:
@@ -830,47 +677,15 @@ def _holds(doc: Mapping[str, Any] | None, claim_token: str) -> bool:
     )
 
 
-def _dead_query(queue: str, filter: DeadFilter) -> dict[str, Any]:
-    query: dict[str, Any] = {"queue": _require_str(queue, "queue"), "status": TaskStatus.DEAD.value}
-    if filter.ids is not None:
-        query["_id"] = {"$in": [_require_str(i, "ids") for i in filter.ids]}
-    if filter.error_type is not None:
-        query["last_error.type"] = _require_str(filter.error_type, "error_type")
-    if filter.handler is not None:
-        query["handler"] = _require_str(filter.handler, "handler")
+def _dead_query(selection: DeadSelection) -> dict[str, Any]:
+    query: dict[str, Any] = {"queue": selection.queue, "status": TaskStatus.DEAD.value}
+    if selection.ids is not None:
+        query["_id"] = {"$in": list(selection.ids)}
+    if selection.error_type is not None:
+        query["last_error.type"] = selection.error_type
+    if selection.handler is not None:
+        query["handler"] = selection.handler
     return query
-
-
-def _task_from_doc(doc: Mapping[str, Any], attempts: Iterable[Attempt]) -> Task:
-    return Task(
-        id=doc["_id"],
-        queue=doc["queue"],
-        handler=doc["handler"],
-        payload=_loads(doc.get("payload_json")),
-        status=TaskStatus(doc["status"]),
-        headers=_loads(doc.get("headers_json")) or {},
-        attempt_count=doc.get("attempt_count", 0),
-        redrive_count=doc.get("redrive_count", 0),
-        max_attempts=doc.get("max_attempts"),
-        backoff=Backoff.from_dict(doc.get("backoff")),
-        next_attempt_at=_from_epoch_ms(doc.get("next_attempt_at_ms")),
-        lease_expires_at=_from_epoch_ms(doc.get("lease_expires_at_ms")),
-        created_at=_from_epoch_ms(doc.get("created_at_ms")),
-        updated_at=_from_epoch_ms(doc.get("updated_at_ms")),
-        dead_at=_from_epoch_ms(doc.get("dead_at_ms")),
-        result=_loads(doc.get("result_json")),
-        last_error=ErrorInfo.from_dict(doc.get("last_error")),
-        attempts=tuple(attempts),
-    )
-
-
-def _claimed_from_doc(doc: Mapping[str, Any], attempts: Iterable[Attempt]) -> ClaimedTask:
-    return ClaimedTask(
-        task=_task_from_doc(doc, attempts),
-        claim_token=doc["claim_token"],
-        claimed_at=_from_epoch_ms(doc["claimed_at_ms"]),
-        lease_expires_at=_from_epoch_ms(doc["lease_expires_at_ms"]),
-    )
 
 
 def _carried_rows(doc: Mapping[str, Any] | None) -> list[dict[str, Any]]:
@@ -885,23 +700,14 @@ def _carried_rows(doc: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     return rows
 
 
-def _merged_history(doc: Mapping[str, Any], rows: list[dict[str, Any]]) -> tuple[Attempt, ...]:
+def _merged_history(doc: Mapping[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The task's rows from the attempts collection -- only its own incarnation's, never an
     earlier task's with the same id -- plus the rows the task still carries."""
     incarnation = doc.get("incarnation")
     by_number = {row["attempt_no"]: row for row in rows if row.get("incarnation") == incarnation}
     for row in _carried_rows(doc):
         by_number[row["attempt_no"]] = row
-    return tuple(
-        Attempt(
-            attempt_no=row["attempt_no"],
-            outcome=Outcome(row["outcome"]),
-            started_at=_from_epoch_ms(row.get("started_at_ms")),
-            finished_at=_from_epoch_ms(row.get("finished_at_ms")),
-            error=ErrorInfo.from_dict(row.get("error")),
-        )
-        for row in (by_number[n] for n in sorted(by_number))
-    )
+    return list(by_number.values())
 
 
 def _duplicate_positions(exc: BulkWriteError) -> set[int]:
@@ -912,42 +718,13 @@ def _duplicate_positions(exc: BulkWriteError) -> set[int]:
     return {e["index"] for e in errors}
 
 
-# -- values ------------------------------------------------------------------------------------
-
-def _dumps(value: Any) -> str:
-    # JSON text, not BSON sub-documents: arbitrary keys ("$where", "a.b") survive untouched and
-    # can never be read as query or update operators. Lone surrogates are repaired: BSON
-    # strings are strict UTF-8.
-    return storable_json(value)
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
 # Instants are stored as int64 epoch milliseconds rather than BSON dates: nx-27017 turns a
 # datetime written by $set into a string (range queries then miss it). Milliseconds is also
 # the resolution of the server clock and of BSON dates, so nothing is lost.
 
 def _epoch_ms(value: datetime) -> int:
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
     return to_micros(value) // 1000
-
-
-def _from_epoch_ms(value: int | None) -> datetime | None:
-    return None if value is None else from_micros(int(value) * 1000)
 
 
 def _duration_ms(seconds: float) -> int:
     return max(0, round(float(seconds) * 1000))
-
-
-def _require_str(value: Any, field: str) -> str:
-    # Request data must never become a query operator: {"$gt": ""} as an id would match anything.
-    if not isinstance(value, str):
-        raise InvalidInput(f"{field} must be a string", field=field)
-    return value
-
-
-__all__ = ["MongoStorage"]

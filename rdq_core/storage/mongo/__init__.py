@@ -1,0 +1,47 @@
+"""MongoDB backend (pymongo 4.x): ``mongodb://host:27017/rdq`` or ``mongodb+srv://…/rdq``.
+
+* ``backend.py`` -- ``MongoStorage``: the storage core's primitives in MongoDB commands.
+* ``migrations/`` -- the collections and indexes, one JSON file per schema version.
+
+Layout (database from the URL path, default ``rdq``):
+
+* ``tasks``    -- one document per task, ``_id`` = task id (copied to ``task_id`` for indexes).
+  Instants are stored as int64 milliseconds since the epoch (``*_ms`` fields), not BSON dates.
+  ``payload``, ``headers`` and ``result`` are stored as JSON *strings* so any JSON (keys with
+  ``$`` or ``.``) round-trips.
+* ``attempts`` -- one document per attempt, unique on ``(task_id, attempt_no)``.
+* ``schema``   -- the schema version written by ``migrate``.
+
+Time: the server's clock is the authority. Every call that needs "now" reads it once with the
+``hello`` command's ``localTime`` and uses that value as a literal in its filters and updates.
+(``$$NOW`` would need update pipelines, which the nx-27017 test server does not implement; see
+docs/mongo-backend.md.)
+
+Settlement is two writes that must stay crash-safe without a transaction:
+
+1. the fenced task update is the commit point. It compares-and-sets ``attempt_seq`` (the
+   highest attempt number the task has committed, never reset) and, in the same atomic
+   single-document update, appends the new attempt row to ``pending_attempts``: the rows the
+   task has committed but not yet seen in the ``attempts`` collection;
+2. the rows are then inserted idempotently (the unique index turns a repeat into a no-op).
+
+A row leaves ``pending_attempts`` only in a commit that has seen it recorded: the next settle
+of the task reads its carried rows back from ``attempts`` (one ``find``; a row a crashed
+settle never inserted is inserted first). So every committed attempt is at all times in the
+collection, on the task, or both -- whatever point a process dies at, however many settles
+in a row die. Reads (``get``, ``list_dead``) merge the task's pending rows into the history
+without writing; the next settle (a worker's or the reaper's) records them. Redrive keeps them
+on the task; a purge deletes them with it.
+
+Each task document has a random ``incarnation``, copied into its attempt rows: rows left behind
+by a purge that died half way (or raced a late insert) belong to an earlier task with the same
+id and are never shown as, nor allowed to block, the history of a new one.
+
+Every call is bounded in time: ``connectTimeoutMS`` (10 s), ``socketTimeoutMS`` (30 s) and
+``serverSelectionTimeoutMS`` (10 s) apply unless the URL sets them, and a timeout surfaces as
+``StorageUnavailable``.
+"""
+
+from .backend import MongoStorage
+
+__all__ = ["MongoStorage"]
