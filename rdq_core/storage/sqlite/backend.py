@@ -22,9 +22,10 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Iterator, Sequence
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ...errors import ConfigurationError, StorageUnavailable
@@ -43,13 +44,14 @@ MAX_BUSY_TIMEOUT = 300.0
 # the lock, the disk failed or filled up) rather than a bug in a statement.
 _UNAVAILABLE_CODES = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_FULL", "SQLITE_PROTOCOL")
 
-_QUERIES = named_queries(__package__, "queries.sql")
+_PACKAGE = __name__.rpartition(".")[0]
+_QUERIES = named_queries(_PACKAGE, "queries.sql")
 _Q = {name: text.replace("{task_columns}", _QUERIES["task_columns"].strip()) for name, text in _QUERIES.items()}
-MIGRATIONS = migrations(__package__)
+MIGRATIONS = migrations(_PACKAGE)
 #: ``PRAGMA user_version`` of a database that has every migration.
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
-# sqlite3 binds at most this many parameters per statement on old SQLite builds.
+# Ids per IN list: SQLite builds before 3.32 bind at most 999 parameters per statement.
 _ID_CHUNK = 500
 
 
@@ -57,11 +59,12 @@ class SQLiteStorage(StorageCore):
     schemes = ("sqlite",)
     store_name = "SQLite"
     codec = RecordCodec(time=epoch_micros)
-    transient_errors = (sqlite3.OperationalError,)
+    transient_errors = (sqlite3.OperationalError,)  # narrowed to the unavailable codes by is_transient
+    joins_transactions = False
 
     def __init__(self, url: str, *, busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT) -> None:
         parts = urlsplit(url)
-        path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+        path = unquote(parts.path.removeprefix("/"))
         if not path or path == ":memory:":
             raise ConfigurationError("sqlite URL needs a file path: sqlite:///relative.db or sqlite:////absolute.db")
         self.path = path
@@ -158,7 +161,7 @@ class SQLiteStorage(StorageCore):
     def _now(self) -> datetime:
         return from_micros(_now_micros())
 
-    def _insert(self, tasks: Sequence[NewTask], connection: Any) -> list[InsertedRecord]:
+    def _insert(self, tasks: Sequence[NewTask], connection: Any) -> Sequence[InsertedRecord]:
         with self._write() as (conn, now):
             # Inside the write lock nobody else can insert, so "exists" is decided once, here.
             existing = {r["id"]: r for r in _tasks_by_id(conn, [t.id for t in tasks])}
@@ -185,7 +188,7 @@ class SQLiteStorage(StorageCore):
             for t in tasks
         ]
 
-    def _claim(self, queue: str, limit: int, lease_seconds: float) -> list[Record]:
+    def _claim(self, queue: str, limit: int, lease_seconds: float) -> Sequence[Record]:
         with self._write() as (conn, now):
             records = _records(self._execute(
                 conn, _Q["claim"],
@@ -233,7 +236,7 @@ class SQLiteStorage(StorageCore):
                     released.add(ref.task_id)
         return released
 
-    def _expired(self, limit: int, queue: str | None) -> list[Record]:
+    def _expired(self, limit: int, queue: str | None) -> Sequence[Record]:
         conn = self._conn()
         now = _now_micros()
         if queue is None:
@@ -254,7 +257,7 @@ class SQLiteStorage(StorageCore):
                 return (existing[0] if existing else None), False
         return _with_attempts(self._conn(), cancelled)[0], True
 
-    def _dead_page(self, selection: DeadSelection, limit: int) -> list[Record]:
+    def _dead_page(self, selection: DeadSelection, limit: int) -> Sequence[Record]:
         where, params = _dead_where(selection)
         if selection.after is not None:
             where += " " + _Q["dead_after"]
