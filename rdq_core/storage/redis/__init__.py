@@ -8,6 +8,10 @@
 | ``scripts/*.lua`` | one Lua script per operation, plus the two files included before them |
 """
 
-from .backend import RedisStorage, _enqueue_args, _settle_args
+from .backend import RedisStorage
+
+# The argument encoders, for tests that send malformed items straight to a script.
+from .backend import _enqueue_args as _enqueue_args
+from .backend import _settle_args as _settle_args
 
 __all__ = ["RedisStorage"]

@@ -32,8 +32,9 @@ import logging
 import re
 import secrets
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
@@ -132,7 +133,7 @@ class RedisStorage(StorageCore):
             for i in pending:
                 call = calls[i]
                 pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
-            replies = self._send(lambda: pipe.execute(raise_on_error=False))
+            replies = self._send(pipe.execute, False)  # raise_on_error=False: NOSCRIPT replies come back
             missing = []
             for i, reply in zip(pending, replies):
                 if isinstance(reply, NoScriptError) and attempt == 0:
@@ -385,7 +386,7 @@ def _refusal(exc: ResponseError) -> RdqError | None:
 # -- encoding ----------------------------------------------------------------------------------
 
 def _micros(seconds: float) -> int:
-    return int(round(seconds * 1_000_000))
+    return round(seconds * 1_000_000)
 
 
 def _json(value: Any) -> str:

@@ -39,7 +39,7 @@ class Script:
     sha: str
 
     @classmethod
-    def of(cls, name: str, source: str) -> "Script":
+    def of(cls, name: str, source: str) -> Script:
         return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 
