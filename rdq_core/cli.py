@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 from urllib.parse import urlsplit
 
-from .client import Client
-from .errors import InvalidInput, RdqError, StorageUnavailable, TaskConflict, TaskNotFound
+from .client import Client, build_new_task
+from .errors import ConfigurationError, InvalidInput, RdqError, StorageUnavailable, TaskConflict, TaskNotFound, UnsupportedOperation
 from .handlers import registry
 from .logs import configure_logging
 from .reaper import reap_expired_leases, reap_forever
@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command not in CREATES_STORES:
             _note_new_sqlite_file(url)
         return COMMANDS[args.command](args, url) or 0
-    except InvalidInput as exc:
+    except (InvalidInput, ConfigurationError, UnsupportedOperation) as exc:
         return _fail(exc, EXIT_INVALID)
     except TaskNotFound as exc:
         return _fail(exc, EXIT_NOT_FOUND)
@@ -270,10 +270,8 @@ def cmd_enqueue(args: argparse.Namespace, url: str) -> int:
     item = {"handler": args.handler, "payload": payload, "id": args.id, "delay_seconds": args.delay,
             "max_attempts": args.max_attempts}
     with Client(url) as client:
-        (result,) = client.enqueue_many(args.queue, [item])
+        result = client.enqueue_new(build_new_task(args.queue, item))
     task = result.task
-    if result.conflict:
-        raise TaskConflict(f"task id {task.id!r} already exists on queue {task.queue!r}")
     if args.json:
         _print_json({**task.to_dict(), "created": result.created})
     elif result.created:

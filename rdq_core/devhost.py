@@ -37,6 +37,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
+from .errors import ConfigurationError
 from .problems import PROBLEM_JSON, problem_json
 from .storage import redact_url  # noqa: F401 - re-exported: banners and tests use it from here
 from .text import printable
@@ -311,7 +312,7 @@ def _check_host(host: str) -> None:
     except ValueError:
         loopback = False
     if not loopback and not os.environ.get("RDQ_API_TOKEN"):
-        raise ValueError(f"refusing to serve the dev API on {host} without RDQ_API_TOKEN; use 127.0.0.1 or set a token")
+        raise ConfigurationError(f"refusing to serve the dev API on {host} without RDQ_API_TOKEN; use 127.0.0.1 or set a token")
 
 
 def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:

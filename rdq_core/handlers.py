@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
+from .errors import ConfigurationError
 from .validation import handler_name
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
@@ -44,11 +45,11 @@ class HandlerRegistry:
     def register(self, name: str, func: HandlerFunc, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> None:
         handler_name(name)
         if timeout_seconds <= 0:
-            raise ValueError("timeout_seconds must be positive")
+            raise ConfigurationError("timeout_seconds must be positive")
         with self._lock:
             existing = self._specs.get(name)
             if existing is not None and existing.func is not func:
-                raise ValueError(f"handler {name!r} is already registered by {existing.func.__module__}")
+                raise ConfigurationError(f"handler {name!r} is already registered by {existing.func.__module__}")
             self._specs[name] = HandlerSpec(name, func, float(timeout_seconds))
 
     def get(self, name: str) -> HandlerSpec | None:

@@ -13,6 +13,7 @@ import json
 import os
 import threading
 
+from ..errors import ConfigurationError
 from ..storage import DEFAULT_SQLITE_URL, open_storage
 from ..storage.spi import Storage
 from .settings import Settings
@@ -47,7 +48,7 @@ def _url_from_secret_value(value: object) -> str:
         data = json.loads(text)
         url = data.get("url") or data.get("storage_url")
         if not url:
-            raise ValueError("the storage secret is JSON without a 'url' key")
+            raise ConfigurationError("the storage secret is JSON without a 'url' key")
         return str(url)
     return text
 
