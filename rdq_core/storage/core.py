@@ -217,7 +217,7 @@ class StorageCore(Storage, abc.ABC):
             # A repeat of an id within one batch is an idempotent repeat, never a second create.
             created = row.inserted and request.id not in seen
             seen.add(request.id)
-            task = self.codec.task(row.record, attempts=())
+            task = self.codec.task(row.record)  # an existing task keeps its history, if the record carries it
             results.append(EnqueueResult(task=task, created=created, conflict=not created and task.queue != request.queue))
         return results
 

@@ -1,0 +1,11 @@
+"""The PostgreSQL backend: ``backend.py`` (the dialect's primitives), ``queries.sql`` (every
+statement), ``migrations/`` (schema changes, applied in order), ``schema.sql`` (the schema they
+add up to) and ``pool.py`` (connections, bounded in time)."""
+
+from .backend import QUERIES, PostgresStorage
+
+#: The claim and the expired-lease scan, for plan checks (``EXPLAIN``).
+CLAIM_SQL = QUERIES["claim"]
+FIND_EXPIRED_LEASES_SQL = QUERIES["find_expired_leases"]
+
+__all__ = ["CLAIM_SQL", "FIND_EXPIRED_LEASES_SQL", "QUERIES", "PostgresStorage"]

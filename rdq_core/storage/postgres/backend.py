@@ -1,0 +1,258 @@
+"""The PostgreSQL dialect of the storage core (psycopg 3).
+
+Every hot path is one statement from ``queries.sql``, so one round trip per call whatever the
+batch size: the claim is ``FOR UPDATE SKIP LOCKED``; settle, enqueue, release and extend send the
+batch as parallel arrays (``unnest``), and fenced writes lock their rows in id order first, so
+overlapping batches never deadlock. The database clock (``now()``, ``clock_timestamp()``) is the
+only time authority; the worker sends durations, never instants (except a user-chosen ``run_at``).
+
+Connections are autocommit (each statement is its own transaction), pooled per instance and
+bounded in time (``pool.py``). The URL is a plain libpq URL; ``?options=-csearch_path%3Dmyschema``
+puts rdq's tables in a schema of their own (migrations create objects in the current schema).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import dict_row
+
+from ...errors import (
+    InvalidInput,
+    SchemaMissing,
+    StorageUnavailable,
+    UnsupportedOperation,
+)
+from ...model import ClaimRef, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus
+from ..codec import Record, RecordCodec, decoded, instant
+from ..core import DeadSelection, InsertedRecord, QueueCounts, StorageCore
+from ..querytext import migrations, named_queries
+from ..spi import storable_json
+from .pool import MAX_IDLE_CONNECTIONS, WATCHDOG, ConnectionPool
+
+QUERIES = named_queries(__package__, "queries.sql")
+
+#: First key of the two-key advisory lock that serialises migrations (second: the schema).
+MIGRATION_LOCK_NAMESPACE = 0x72647100  # "rdq\0"
+
+
+class PostgresStorage(StorageCore):
+    schemes = ("postgresql", "postgres")
+    store_name = "PostgreSQL"
+    # Timestamps come back as aware datetimes, history timestamps as ISO text inside jsonb.
+    codec = RecordCodec(time=instant, document=decoded)
+    transient_errors = (psycopg.OperationalError,)
+    joins_transactions = True
+
+    def __init__(self, url: str, *, max_idle_connections: int = MAX_IDLE_CONNECTIONS) -> None:
+        self.url = url
+        self.round_trips = 0
+        self._round_trip_lock = threading.Lock()
+        self._pool = ConnectionPool(url, max_idle_connections)
+
+    # -- plumbing ---------------------------------------------------------------------------
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        with self._pool.session() as conn, _schema_required():
+            yield conn
+
+    def _execute(
+        self, conn: psycopg.Connection[Any], sql: str, params: Mapping[str, Any] | None = None
+    ) -> psycopg.Cursor[dict[str, Any]]:
+        """Send one statement (one round trip) and return its cursor, rows already fetched."""
+        with self._round_trip_lock:
+            self.round_trips += 1
+        WATCHDOG.refresh(conn)
+        cursor = conn.cursor(row_factory=dict_row)
+        cursor.execute(sql, params)
+        return cursor
+
+    def _fetch_all(self, sql: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        with self._connection() as conn:
+            return self._execute(conn, sql, params).fetchall()
+
+    def _rowcount(self, sql: str, params: Mapping[str, Any]) -> int:
+        with self._connection() as conn:
+            return self._execute(conn, sql, params).rowcount
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def migrate(self) -> None:
+        with self.translated_errors(), self._connection() as conn, conn.transaction():
+            self._execute(conn, QUERIES["migration_lock"], {"namespace": MIGRATION_LOCK_NAMESPACE})
+            self._execute(conn, QUERIES["create_version_table"])
+            applied = {row["version"] for row in self._execute(conn, QUERIES["applied_versions"])}
+            for migration in migrations(__package__):
+                if migration.version not in applied:
+                    self._execute(conn, migration.text)
+                    self._execute(conn, QUERIES["record_version"], {"version": migration.version, "name": migration.name})
+
+    def close(self) -> None:
+        self._pool.close()
+
+    # -- primitives -------------------------------------------------------------------------
+    def _now(self) -> datetime:
+        return self._fetch_all(QUERIES["now"])[0]["now"]
+
+    def _insert(self, tasks: Sequence[NewTask], connection: Any) -> list[InsertedRecord]:
+        if connection is not None and not isinstance(connection, psycopg.Connection):
+            raise UnsupportedOperation("connection must be a psycopg (3) Connection")
+        params = {
+            "ids": [t.id for t in tasks],
+            "queues": [t.queue for t in tasks],
+            "handlers": [t.handler for t in tasks],
+            # JSON as UTF-8 text, lone surrogates repaired: jsonb rejects "\\ud800" escapes.
+            "payloads": [storable_json(t.payload) for t in tasks],
+            "headers": [storable_json(dict(t.headers)) for t in tasks],
+            "max_attempts": [t.max_attempts for t in tasks],
+            "backoffs": [storable_json(t.backoff.to_dict()) if t.backoff else None for t in tasks],
+            "delays": [float(t.delay_seconds or 0.0) for t in tasks],
+            # A naive run_at is taken as UTC rather than as the session's time zone.
+            "run_ats": [t.run_at.replace(tzinfo=UTC) if t.run_at and t.run_at.tzinfo is None else t.run_at
+                        for t in tasks],
+        }
+        try:
+            if connection is not None:
+                # The caller's transaction: run the statement, never commit or roll back.
+                with _schema_required():
+                    rows = self._insert_on(connection, tasks, params)
+            else:
+                with self._connection() as conn:
+                    rows = self._insert_on(conn, tasks, params)
+        except pg_errors.UntranslatableCharacter as exc:
+            # jsonb cannot hold U+0000; that is bad input, not an unavailable store.
+            raise InvalidInput(f"value not storable in PostgreSQL jsonb: {exc}", field="payload") from exc
+        by_ord = {row["ord"]: row for row in rows}
+        return [InsertedRecord(by_ord[ord_], by_ord[ord_]["inserted"]) for ord_ in range(1, len(tasks) + 1)]
+
+    def _insert_on(
+        self, conn: psycopg.Connection[Any], tasks: Sequence[NewTask], params: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        rows = self._execute(conn, QUERIES["enqueue"], params).fetchall()
+        returned = {row["ord"] for row in rows}
+        missing = {ord_: t for ord_, t in enumerate(tasks, start=1) if ord_ not in returned}
+        if not missing:
+            return rows
+        # An id inserted by a transaction that committed while ours ran is skipped by
+        # ON CONFLICT but invisible to our statement's snapshot; read it back (rare, one extra
+        # round trip, READ COMMITTED sees it now).
+        found = {row["id"]: row for row in self._execute(
+            conn, QUERIES["tasks_by_ids"], {"ids": [t.id for t in missing.values()]}).fetchall()}
+        for ord_, request in missing.items():
+            if request.id not in found:
+                raise StorageUnavailable(f"task {request.id!r} is being written concurrently; retry")
+            rows.append({**found[request.id], "ord": ord_, "inserted": False})
+        return rows
+
+    def _claim(self, queue: str, limit: int, lease_seconds: float) -> list[dict[str, Any]]:
+        return self._fetch_all(QUERIES["claim"], {"queue": queue, "limit": limit, "lease_seconds": lease_seconds})
+
+    def _extend(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, datetime]:
+        rows = self._fetch_all(QUERIES["extend_leases"], {**_fence_params(refs), "lease_seconds": lease_seconds})
+        return {row["id"]: row["lease_expires_at"] for row in rows}
+
+    def _settle(self, settlements: Sequence[Settlement]) -> set[str]:
+        params = {
+            "task_ids": [s.task_id for s in settlements],
+            "claim_tokens": [s.claim_token for s in settlements],
+            "outcomes": [Outcome(s.outcome).value for s in settlements],
+            "statuses": [TaskStatus(s.status).value for s in settlements],
+            "retry_delays": [float(s.retry_delay_seconds or 0.0) for s in settlements],
+            "errors": [_error_json(s.error) for s in settlements],
+            "results": [storable_json(s.result) for s in settlements],
+        }
+        try:
+            rows = self._fetch_all(QUERIES["settle"], params)
+        except (pg_errors.DataError, UnicodeEncodeError) as exc:
+            # A value jsonb cannot hold (a NUL inside a result string): the single statement
+            # wrote nothing. Classified, so the caller can tell bad input from a bug.
+            raise InvalidInput(f"settlement not storable in PostgreSQL: {exc}") from exc
+        return {settlements[row["ord"] - 1].task_id for row in rows}
+
+    def _release(self, refs: Sequence[ClaimRef]) -> set[str]:
+        rows = self._fetch_all(QUERIES["release"], _fence_params(refs))
+        return {refs[row["ord"] - 1].task_id for row in rows}
+
+    def _expired(self, limit: int, queue: str | None) -> list[dict[str, Any]]:
+        return self._fetch_all(QUERIES["find_expired_leases"], {"limit": limit, "queue": queue})
+
+    def _load(self, task_id: str) -> Record | None:
+        rows = self._fetch_all(QUERIES["get"], {"task_id": task_id})
+        return rows[0] if rows else None
+
+    def _cancel(self, task_id: str) -> tuple[Record | None, bool]:
+        rows = self._fetch_all(QUERIES["cancel"], {"task_id": task_id})
+        if rows:
+            return rows[0], True
+        # Only the refusal path pays a second round trip, to say why.
+        return self._load(task_id), False
+
+    def _dead_page(self, selection: DeadSelection, limit: int) -> list[dict[str, Any]]:
+        where, params = _dead_where(selection)
+        if selection.after is not None:
+            where += " " + QUERIES["dead_after_cursor"]
+            params.update(after_dead_at=selection.after_dead_at, after_id=selection.after_id)
+        params["limit"] = limit
+        return self._fetch_all(QUERIES["list_dead"].replace("{where}", where), params)
+
+    def _redrive(self, selection: DeadSelection) -> int:
+        where, params = _dead_where(selection)
+        return self._rowcount(QUERIES["redrive"].replace("{where}", where), params)
+
+    def _purge_dead(self, selection: DeadSelection) -> int:
+        where, params = _dead_where(selection)
+        return self._rowcount(QUERIES["purge_dead"].replace("{where}", where), params)
+
+    def _stats(self, queue: str) -> QueueCounts:
+        row = self._fetch_all(QUERIES["stats"], {"queue": queue})[0]
+        counts = {status.value: row[status.value.lower()] for status in TaskStatus}
+        return QueueCounts(counts=counts, oldest_due_age_seconds=row["oldest_pending_age_seconds"])
+
+    def _queues(self) -> list[str]:
+        return [row["queue"] for row in self._fetch_all(QUERIES["list_queues"])]
+
+    def _purge_finished(self, older_than_seconds: float, limit: int) -> int:
+        return self._rowcount(QUERIES["purge_succeeded"], {"older_than_seconds": older_than_seconds, "limit": limit})
+
+
+@contextmanager
+def _schema_required() -> Iterator[None]:
+    """A missing table or function means the schema was never migrated: say so."""
+    try:
+        yield
+    except (pg_errors.UndefinedTable, pg_errors.UndefinedFunction) as exc:
+        raise SchemaMissing(str(exc).splitlines()[0]) from None
+
+
+def _dead_where(selection: DeadSelection) -> tuple[str, dict[str, Any]]:
+    """The WHERE text and parameters of a dead-letter selection (fragments from queries.sql)."""
+    where = QUERIES["dead_selection"]
+    params: dict[str, Any] = {"queue": selection.queue}
+    if selection.ids is not None:
+        where += " " + QUERIES["dead_filter_ids"]
+        params["ids"] = list(selection.ids)
+    if selection.error_type is not None:
+        where += " " + QUERIES["dead_filter_error_type"]
+        params["error_type"] = selection.error_type
+    if selection.handler is not None:
+        where += " " + QUERIES["dead_filter_handler"]
+        params["handler"] = selection.handler
+    return where, params
+
+
+def _error_json(error: ErrorInfo | None) -> str | None:
+    """jsonb cannot hold U+0000; an error text carrying one must not sink the whole settle batch,
+    so it becomes U+FFFD (the text is diagnostic; the core already repaired lone surrogates)."""
+    if error is None:
+        return None
+    return storable_json({key: value.replace("\x00", "\ufffd") if isinstance(value, str) else value
+                          for key, value in error.to_dict().items()})
+
+
+def _fence_params(refs: Sequence[ClaimRef]) -> dict[str, list[str]]:
+    return {"task_ids": [ref.task_id for ref in refs], "claim_tokens": [ref.claim_token for ref in refs]}

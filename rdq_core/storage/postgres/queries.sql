@@ -1,0 +1,332 @@
+-- Every statement the PostgreSQL backend sends, one "-- name:" block each (read by
+-- rdq_core.storage.querytext). Values always travel as bind parameters (%(name)s); the only
+-- text spliced in is the dead-letter selection, built from the fixed fragments below.
+--
+-- Rows come back as the model's field names (id, queue, payload, ...), which is what the shared
+-- codec reads. A task's history travels as a jsonb array built by a correlated subquery (served
+-- by the unique (task_id, attempt_no) index), so a task and its attempts cost one round trip.
+--
+-- Fenced batch writes (extend_leases, release, settle) lock their rows up front, in id order,
+-- inside an uncorrelated ARRAY(...) that runs before the update: two batches overlapping in a
+-- different order (a late worker and a reaper, two racing reapers) then queue behind each other
+-- instead of deadlocking. It also lets the update probe the primary key for the batch rather than
+-- hash-joining the whole table (the planner cannot see how many rows unnest() yields).
+--
+-- list_dead, redrive and purge_dead share one selection: dead_selection, followed by the
+-- dead_filter_* fragments a DeadFilter asks for (and dead_after_cursor for a later page),
+-- replaces the {where} in those three statements.
+
+-- name: create_version_table
+CREATE TABLE IF NOT EXISTS rdq_schema_version (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+
+-- name: migration_lock
+-- Keyed by schema so installations in different schemas of one database never wait for each
+-- other. current_schema() is NULL when no search_path schema exists; the CREATE then fails.
+SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(current_schema()))
+
+-- name: applied_versions
+SELECT version FROM rdq_schema_version
+
+-- name: record_version
+INSERT INTO rdq_schema_version (version, name) VALUES (%(version)s, %(name)s)
+
+-- name: now
+SELECT now()
+
+-- name: enqueue
+-- DISTINCT ON keeps the first occurrence of an id repeated inside the batch. The main query's
+-- snapshot predates the INSERT, so the second branch sees only rows that existed before it:
+-- each input row comes back once, either freshly inserted or as the pre-existing task.
+WITH request AS (
+    SELECT *
+    FROM unnest(
+        %(ids)s::text[], %(queues)s::text[], %(handlers)s::text[], %(payloads)s::text[],
+        %(headers)s::text[], %(max_attempts)s::int[], %(backoffs)s::text[],
+        %(delays)s::float8[], %(run_ats)s::timestamptz[]
+    ) WITH ORDINALITY AS r(id, queue, handler, payload, headers, max_attempts, backoff,
+                           delay_seconds, run_at, ord)
+),
+inserted AS (
+    INSERT INTO rdq_tasks (id, queue, handler, payload, headers, status, max_attempts,
+                           backoff, next_attempt_at)
+    SELECT DISTINCT ON (r.id)
+           r.id, r.queue, r.handler, r.payload::jsonb, r.headers::jsonb, 'PENDING',
+           r.max_attempts, r.backoff::jsonb,
+           coalesce(r.run_at, now() + r.delay_seconds * interval '1 second')
+    FROM request AS r
+    ORDER BY r.id, r.ord
+    ON CONFLICT (id) DO NOTHING
+    RETURNING *
+)
+SELECT r.ord, true AS inserted,
+       i.id, i.queue, i.handler, i.payload, i.headers, i.status, i.attempt_count, i.redrive_count,
+       i.max_attempts, i.backoff, i.next_attempt_at, i.lease_expires_at, i.created_at, i.updated_at,
+       i.dead_at, i.result, i.last_error, i.claim_token, i.claimed_at,
+       '[]'::jsonb AS attempts
+FROM request AS r JOIN inserted AS i ON i.id = r.id
+UNION ALL
+SELECT r.ord, false AS inserted,
+       t.id, t.queue, t.handler, t.payload, t.headers, t.status, t.attempt_count, t.redrive_count,
+       t.max_attempts, t.backoff, t.next_attempt_at, t.lease_expires_at, t.created_at, t.updated_at,
+       t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at,
+       (
+        SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'attempt_no', a.attempt_no, 'outcome', a.outcome,
+                   'started_at', a.started_at, 'finished_at', a.finished_at,
+                   'error', a.error) ORDER BY a.attempt_no), '[]'::jsonb)
+        FROM rdq_attempts AS a WHERE a.task_id = t.id
+       ) AS attempts
+FROM request AS r JOIN rdq_tasks AS t ON t.id = r.id
+WHERE t.id = ANY(%(ids)s::text[])
+ORDER BY ord
+
+-- name: tasks_by_ids
+-- enqueue's rare second trip: ids a concurrent transaction inserted while the enqueue ran.
+SELECT t.id, t.queue, t.handler, t.payload, t.headers, t.status, t.attempt_count, t.redrive_count,
+       t.max_attempts, t.backoff, t.next_attempt_at, t.lease_expires_at, t.created_at, t.updated_at,
+       t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at,
+       (
+        SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'attempt_no', a.attempt_no, 'outcome', a.outcome,
+                   'started_at', a.started_at, 'finished_at', a.finished_at,
+                   'error', a.error) ORDER BY a.attempt_no), '[]'::jsonb)
+        FROM rdq_attempts AS a WHERE a.task_id = t.id
+       ) AS attempts
+FROM rdq_tasks AS t WHERE t.id = ANY(%(ids)s::text[])
+
+-- name: claim
+-- The classic "UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n)", with the
+-- locking subquery as an uncorrelated ARRAY(...): it runs exactly once (an IN subquery may be
+-- re-scanned by some plans, and SKIP LOCKED is not repeatable), and "id = ANY(array)" makes the
+-- update probe the primary key per claimed row instead of joining against the whole table.
+WITH claimed AS (
+    UPDATE rdq_tasks
+    SET status = 'IN_FLIGHT',
+        claim_token = gen_random_uuid()::text,
+        claimed_at = now(),
+        lease_expires_at = now() + %(lease_seconds)s * interval '1 second',
+        updated_at = now()
+    WHERE id = ANY (ARRAY(
+        SELECT id
+        FROM rdq_tasks
+        WHERE queue = %(queue)s AND status = 'PENDING' AND next_attempt_at <= now()
+        ORDER BY next_attempt_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING *
+)
+SELECT c.id, c.queue, c.handler, c.payload, c.headers, c.status, c.attempt_count, c.redrive_count,
+       c.max_attempts, c.backoff, c.next_attempt_at, c.lease_expires_at, c.created_at, c.updated_at,
+       c.dead_at, c.result, c.last_error, c.claim_token, c.claimed_at
+FROM claimed AS c
+ORDER BY c.next_attempt_at, c.id
+
+-- name: extend_leases
+-- A ref is honoured only while its token still owns an IN_FLIGHT task (fencing). GREATEST: an
+-- extension never moves an expiry earlier (a short heartbeat must not hand a long-leased task to
+-- the reaper); RETURNING reports the expiry as stored.
+WITH ref AS (
+    SELECT *
+    FROM unnest(%(task_ids)s::text[], %(claim_tokens)s::text[])
+         WITH ORDINALITY AS ref(task_id, claim_token, ord)
+)
+UPDATE rdq_tasks AS t
+SET lease_expires_at = GREATEST(t.lease_expires_at, now() + %(lease_seconds)s * interval '1 second'),
+    updated_at = now()
+FROM ref
+WHERE t.id = ANY (ARRAY(
+        SELECT id FROM rdq_tasks WHERE id = ANY(%(task_ids)s::text[]) ORDER BY id FOR UPDATE
+    ))
+  AND t.id = ref.task_id AND t.claim_token = ref.claim_token AND t.status = 'IN_FLIGHT'
+RETURNING ref.ord, t.id, t.lease_expires_at
+
+-- name: release
+-- Back to PENDING without an attempt: budget and next_attempt_at are left as they were.
+WITH ref AS (
+    SELECT *
+    FROM unnest(%(task_ids)s::text[], %(claim_tokens)s::text[])
+         WITH ORDINALITY AS ref(task_id, claim_token, ord)
+)
+UPDATE rdq_tasks AS t
+SET status = 'PENDING', claim_token = NULL, lease_expires_at = NULL, updated_at = now()
+FROM ref
+WHERE t.id = ANY (ARRAY(
+        SELECT id FROM rdq_tasks WHERE id = ANY(%(task_ids)s::text[]) ORDER BY id FOR UPDATE
+    ))
+  AND t.id = ref.task_id AND t.claim_token = ref.claim_token AND t.status = 'IN_FLIGHT'
+RETURNING ref.ord
+
+-- name: settle
+-- One statement for the whole batch. The row lock serialises racing settles of one task; a
+-- loser re-checks the fence against the committed row, finds the token cleared and matches
+-- nothing. The attempt number is read from the history (MAX + 1) in the same statement --
+-- never from attempt_count, which redrive resets. claimed_at is kept on the task so it can
+-- become the attempt's started_at. dead_at uses clock_timestamp() so tasks dead-lettered by one
+-- statement still get distinct, ordered DLQ positions.
+WITH decision AS (
+    SELECT *
+    FROM unnest(
+        %(task_ids)s::text[], %(claim_tokens)s::text[], %(outcomes)s::text[],
+        %(statuses)s::text[], %(retry_delays)s::float8[], %(errors)s::text[],
+        %(results)s::text[]
+    ) WITH ORDINALITY AS d(task_id, claim_token, outcome, status, retry_delay_seconds,
+                           error, result, ord)
+),
+settled AS (
+    UPDATE rdq_tasks AS t
+    SET status = d.status,
+        attempt_count = t.attempt_count + 1,
+        next_attempt_at = CASE WHEN d.status = 'PENDING'
+                               THEN now() + d.retry_delay_seconds * interval '1 second'
+                               ELSE t.next_attempt_at END,
+        dead_at = CASE WHEN d.status = 'DEAD' THEN clock_timestamp() END,
+        result = CASE WHEN d.status = 'SUCCEEDED' THEN d.result::jsonb ELSE t.result END,
+        last_error = CASE WHEN d.outcome = 'SUCCESS' THEN t.last_error
+                          ELSE coalesce(d.error::jsonb, t.last_error) END,
+        claim_token = NULL,
+        lease_expires_at = NULL,
+        updated_at = now()
+    FROM decision AS d
+    WHERE t.id = ANY (ARRAY(
+        SELECT id FROM rdq_tasks WHERE id = ANY(%(task_ids)s::text[]) ORDER BY id FOR UPDATE
+    ))
+      AND t.id = d.task_id
+      AND t.claim_token = d.claim_token
+      AND t.status = 'IN_FLIGHT'
+      AND (d.outcome <> 'LEASE_EXPIRED' OR t.lease_expires_at <= now())
+    RETURNING d.ord, t.id, d.outcome, d.error, t.claimed_at
+),
+recorded AS (
+    INSERT INTO rdq_attempts (task_id, attempt_no, outcome, started_at, finished_at, error)
+    SELECT s.id,
+           coalesce((SELECT max(a.attempt_no) FROM rdq_attempts AS a WHERE a.task_id = s.id), 0) + 1,
+           s.outcome, s.claimed_at, now(), s.error::jsonb
+    FROM settled AS s
+)
+SELECT ord FROM settled
+
+-- name: find_expired_leases
+SELECT t.id, t.queue, t.handler, t.payload, t.headers, t.status, t.attempt_count, t.redrive_count,
+       t.max_attempts, t.backoff, t.next_attempt_at, t.lease_expires_at, t.created_at, t.updated_at,
+       t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at
+FROM rdq_tasks AS t
+WHERE t.status = 'IN_FLIGHT' AND t.lease_expires_at <= now()
+  AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
+ORDER BY t.lease_expires_at
+LIMIT %(limit)s
+
+-- name: get
+SELECT t.id, t.queue, t.handler, t.payload, t.headers, t.status, t.attempt_count, t.redrive_count,
+       t.max_attempts, t.backoff, t.next_attempt_at, t.lease_expires_at, t.created_at, t.updated_at,
+       t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at,
+       (
+        SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'attempt_no', a.attempt_no, 'outcome', a.outcome,
+                   'started_at', a.started_at, 'finished_at', a.finished_at,
+                   'error', a.error) ORDER BY a.attempt_no), '[]'::jsonb)
+        FROM rdq_attempts AS a WHERE a.task_id = t.id
+       ) AS attempts
+FROM rdq_tasks AS t
+WHERE t.id = %(task_id)s
+
+-- name: cancel
+WITH cancelled AS (
+    UPDATE rdq_tasks
+    SET status = 'CANCELLED', updated_at = now()
+    WHERE id = %(task_id)s AND status = 'PENDING'
+    RETURNING *
+)
+SELECT c.id, c.queue, c.handler, c.payload, c.headers, c.status, c.attempt_count, c.redrive_count,
+       c.max_attempts, c.backoff, c.next_attempt_at, c.lease_expires_at, c.created_at, c.updated_at,
+       c.dead_at, c.result, c.last_error, c.claim_token, c.claimed_at,
+       (
+        SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'attempt_no', a.attempt_no, 'outcome', a.outcome,
+                   'started_at', a.started_at, 'finished_at', a.finished_at,
+                   'error', a.error) ORDER BY a.attempt_no), '[]'::jsonb)
+        FROM rdq_attempts AS a WHERE a.task_id = c.id
+       ) AS attempts
+FROM cancelled AS c
+
+-- name: dead_selection
+t.queue = %(queue)s AND t.status = 'DEAD'
+
+-- name: dead_filter_ids
+AND t.id = ANY(%(ids)s::text[])
+
+-- name: dead_filter_error_type
+AND t.last_error->>'type' = %(error_type)s
+
+-- name: dead_filter_handler
+AND t.handler = %(handler)s
+
+-- name: dead_after_cursor
+AND (t.dead_at, t.id) > (%(after_dead_at)s, %(after_id)s)
+
+-- name: list_dead
+SELECT t.id, t.queue, t.handler, t.payload, t.headers, t.status, t.attempt_count, t.redrive_count,
+       t.max_attempts, t.backoff, t.next_attempt_at, t.lease_expires_at, t.created_at, t.updated_at,
+       t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at,
+       (
+        SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'attempt_no', a.attempt_no, 'outcome', a.outcome,
+                   'started_at', a.started_at, 'finished_at', a.finished_at,
+                   'error', a.error) ORDER BY a.attempt_no), '[]'::jsonb)
+        FROM rdq_attempts AS a WHERE a.task_id = t.id
+       ) AS attempts
+FROM rdq_tasks AS t
+WHERE {where}
+ORDER BY t.dead_at, t.id
+LIMIT %(limit)s
+
+-- name: redrive
+UPDATE rdq_tasks AS t
+SET status = 'PENDING', attempt_count = 0, redrive_count = t.redrive_count + 1,
+    next_attempt_at = now(), dead_at = NULL, updated_at = now()
+WHERE {where}
+
+-- name: purge_dead
+DELETE FROM rdq_tasks AS t WHERE {where}
+
+-- name: stats
+SELECT count(*) FILTER (WHERE status = 'PENDING')   AS pending,
+       count(*) FILTER (WHERE status = 'IN_FLIGHT') AS in_flight,
+       count(*) FILTER (WHERE status = 'DEAD')      AS dead,
+       count(*) FILTER (WHERE status = 'SUCCEEDED') AS succeeded,
+       count(*) FILTER (WHERE status = 'CANCELLED') AS cancelled,
+       coalesce((SELECT extract(epoch FROM now() - min(p.next_attempt_at))::float8
+                 FROM rdq_tasks AS p
+                 WHERE p.queue = %(queue)s AND p.status = 'PENDING'
+                   AND p.next_attempt_at <= now()), 0) AS oldest_pending_age_seconds
+FROM rdq_tasks
+WHERE queue = %(queue)s
+
+-- name: list_queues
+-- A skip scan over the (queue, status) index: one index probe per distinct queue, not a scan
+-- of every task.
+WITH RECURSIVE queues AS (
+    (SELECT queue FROM rdq_tasks ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM rdq_tasks AS t WHERE t.queue > q.queue ORDER BY t.queue LIMIT 1)
+    FROM queues AS q
+    WHERE q.queue IS NOT NULL
+)
+SELECT queue FROM queues WHERE queue IS NOT NULL
+
+-- name: purge_succeeded
+-- Bounded batch; SKIP LOCKED so two retention runs split the work instead of queueing.
+DELETE FROM rdq_tasks
+WHERE id IN (
+    SELECT id
+    FROM rdq_tasks
+    WHERE status IN ('SUCCEEDED', 'CANCELLED')
+      AND updated_at < now() - %(older_than_seconds)s * interval '1 second'
+    ORDER BY updated_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)

@@ -1,0 +1,85 @@
+-- The rdq schema as all of migrations/ leave it, in one file: what to read to know the tables.
+-- `rdq migrate` is what installs and upgrades a store (it applies migrations/ in order and
+-- records them in rdq_schema_version, a table of its own); tests/backends/test_postgres_schema.py
+-- checks that this file and the migrations give the same catalog. A new migration updates this
+-- file in the same change.
+--
+-- Objects are created unqualified so they land in the connection's current schema
+-- (search_path); several rdq installations can share one database in separate schemas.
+-- Ids and queue names use the "C" collation: byte order is what ULIDs sort by, and it keeps
+-- DLQ keyset paging independent of the database's locale.
+
+CREATE TABLE rdq_tasks (
+    id               text COLLATE "C" NOT NULL,
+    queue            text COLLATE "C" NOT NULL,
+    handler          text NOT NULL,
+    payload          jsonb,
+    headers          jsonb NOT NULL DEFAULT '{}'::jsonb,
+    status           text NOT NULL,
+    attempt_count    integer NOT NULL DEFAULT 0,
+    redrive_count    integer NOT NULL DEFAULT 0,
+    max_attempts     integer,
+    backoff          jsonb,
+    next_attempt_at  timestamptz NOT NULL,
+    claim_token      text,
+    claimed_at       timestamptz,           -- when the current (or last) claim was stamped
+    lease_expires_at timestamptz,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    updated_at       timestamptz NOT NULL DEFAULT now(),
+    dead_at          timestamptz,
+    result           jsonb,
+    last_error       jsonb,
+
+    CONSTRAINT rdq_tasks_pkey PRIMARY KEY (id),
+    CONSTRAINT rdq_tasks_status_check
+        CHECK (status IN ('PENDING', 'IN_FLIGHT', 'SUCCEEDED', 'DEAD', 'CANCELLED')),
+    CONSTRAINT rdq_tasks_attempt_count_check CHECK (attempt_count >= 0),
+    CONSTRAINT rdq_tasks_redrive_count_check CHECK (redrive_count >= 0),
+    CONSTRAINT rdq_tasks_max_attempts_check CHECK (max_attempts IS NULL OR max_attempts >= 1),
+    -- A claim exists exactly while the task is in flight: fencing relies on a settled or
+    -- released task holding no token that could still match.
+    CONSTRAINT rdq_tasks_claim_check CHECK (
+        (status = 'IN_FLIGHT' AND claim_token IS NOT NULL AND lease_expires_at IS NOT NULL)
+        OR (status <> 'IN_FLIGHT' AND claim_token IS NULL AND lease_expires_at IS NULL)
+    ),
+    CONSTRAINT rdq_tasks_dead_at_check CHECK ((status = 'DEAD') = (dead_at IS NOT NULL))
+);
+
+CREATE TABLE rdq_attempts (
+    task_id     text COLLATE "C" NOT NULL,
+    attempt_no  integer NOT NULL,
+    outcome     text NOT NULL,
+    started_at  timestamptz,
+    finished_at timestamptz,
+    error       jsonb,
+
+    -- History is unique per task; attempt_no is MAX(attempt_no) + 1, never a counter.
+    CONSTRAINT rdq_attempts_task_attempt_no_key UNIQUE (task_id, attempt_no),
+    CONSTRAINT rdq_attempts_task_fkey
+        FOREIGN KEY (task_id) REFERENCES rdq_tasks (id) ON DELETE CASCADE,
+    CONSTRAINT rdq_attempts_attempt_no_check CHECK (attempt_no >= 1),
+    CONSTRAINT rdq_attempts_outcome_check
+        CHECK (outcome IN ('SUCCESS', 'RETRYABLE_FAILURE', 'PERMANENT_FAILURE', 'LEASE_EXPIRED'))
+);
+
+-- Partial indexes: each hot path scans only the rows in the state it looks for, so its cost
+-- follows the batch size, not the size of the backlog or of the retained history.
+
+-- claim: due PENDING tasks of one queue, oldest first; stats: oldest due age.
+CREATE INDEX rdq_tasks_pending_due_idx ON rdq_tasks (queue, next_attempt_at)
+    WHERE status = 'PENDING';
+
+-- reaper: IN_FLIGHT tasks whose lease expired, oldest expiry first.
+CREATE INDEX rdq_tasks_lease_expiry_idx ON rdq_tasks (lease_expires_at)
+    WHERE status = 'IN_FLIGHT';
+
+-- DLQ keyset paging by (dead_at, id) within a queue.
+CREATE INDEX rdq_tasks_dead_idx ON rdq_tasks (queue, dead_at, id)
+    WHERE status = 'DEAD';
+
+-- retention: finished tasks by age.
+CREATE INDEX rdq_tasks_retention_idx ON rdq_tasks (updated_at)
+    WHERE status IN ('SUCCEEDED', 'CANCELLED');
+
+-- stats counts per status and the list_queues skip scan, both index-only.
+CREATE INDEX rdq_tasks_queue_status_idx ON rdq_tasks (queue, status);
