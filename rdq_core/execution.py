@@ -16,7 +16,7 @@ import queue as queue_module
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from . import outcomes
 from .handlers import HandlerSpec, TaskContext
@@ -137,15 +137,16 @@ class HandlerExecution:
         the handler returns its real outcome is settled. Only once the host has ended the
         process can the lease lapse, so two executions of one task never overlap.
         """
-        state: dict[str, Any] = {"settlement": None, "overran": False}
+        outcome: list[Settlement] = []
+        overran = threading.Event()
         finished = threading.Event()
         lock = threading.Lock()
 
         def job() -> None:
             settlement = run_handler(item, spec, ctx, self.policies)
             with lock:
-                state["settlement"] = settlement
-                late = state["overran"]
+                outcome.append(settlement)
+                late = overran.is_set()
                 finished.set()
             if late:
                 outcomes.log_outcome(item.task, settlement, self.policies, None)
@@ -160,11 +161,11 @@ class HandlerExecution:
 
         self._helper_thread().submit(job)
         if finished.wait(max(0.0, run_until - self.clock())):
-            return state["settlement"]
+            return outcome[0]
         with lock:
             if finished.is_set():  # it made it at the last moment
-                return state["settlement"]
-            state["overran"] = True
+                return outcome[0]
+            overran.set()
             self._handler_threads.current = None  # the next task gets a fresh helper
             with self._lock:
                 self._overruns[item.task.id] = Overrun(item.task.id, spec.name, spec.timeout_seconds, self.clock())

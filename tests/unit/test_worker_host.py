@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 import pytest
 
+from rdq_core.claiming import ClaimLoop
 from rdq_core.compliance.support import wait_until
+from rdq_core.errors import StorageUnavailable
 from rdq_core.handlers import HandlerRegistry
 from rdq_core.model import Backoff, Outcome, TaskStatus
+from rdq_core.outage import StorageHealth
 from rdq_core.reaper import reap_expired_leases
 from rdq_core.retry import PolicyBook, RetryPolicy
 from rdq_core.storage import open_storage
 from rdq_core.client import Client
+from rdq_core.runner import BatchRunner
 from rdq_core.worker import HANDLER_OVERRAN, Worker, WorkerConfig
 
 
@@ -125,3 +130,59 @@ def test_worker_without_queues_serves_every_queue(storage):
     finally:
         worker.stop()
         thread.join(10)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SlowClaims:
+    """The store, with every claim taking ``seconds`` of the fake clock (or raising, first)."""
+
+    def __init__(self, storage, clock: FakeClock, seconds: float, failures: int = 0) -> None:
+        self._storage, self._clock, self._seconds, self._failures = storage, clock, seconds, failures
+
+    def claim(self, queue, limit, lease_seconds):
+        self._clock.now += self._seconds
+        if self._failures:
+            self._failures -= 1
+            raise StorageUnavailable("connection refused")
+        return self._storage.claim(queue, limit, lease_seconds)
+
+    def __getattr__(self, name):
+        return getattr(self._storage, name)
+
+
+def test_the_claim_loop_reads_its_deadline_on_the_clock_it_is_given(storage):
+    # The Lambda shape: a deadline, no idle pause. Time moves only when a claim takes it.
+    clock = FakeClock()
+    registry = HandlerRegistry()
+    registry.register("quick", lambda payload, ctx: "ok", timeout_seconds=0.5)
+    Client(storage).enqueue_many("clocked", [{"handler": "quick"} for _ in range(3)])
+    store = SlowClaims(storage, clock, seconds=1.0)
+    runner = BatchRunner(store, registry=registry, settle_margin=0.1, clock=clock)
+    report = ClaimLoop(store, runner, queues=lambda: ["clocked"], batch_size=1, lease_seconds=lambda: 30,
+                       deadline=clock.now + 2.5, clock=clock).run()
+    # The first claim leaves 1.5 s (enough for 0.6 s), the second 0.5 s: released, and a round
+    # without progress ends the invocation.
+    assert (report.claimed, report.started, report.released) == (2, 1, 1)
+    stats = storage.stats("clocked")
+    assert (stats.succeeded, stats.pending, stats.in_flight) == (1, 2, 0)
+
+
+def test_the_claim_loop_rides_out_an_outage_with_backoff_and_idles_on_the_wait_it_is_given(storage):
+    # The long-running shape: no deadline, a health tracker, an idle pause; nothing really sleeps.
+    clock = FakeClock()
+    pauses: list[float] = []
+    store = SlowClaims(storage, clock, seconds=0.0, failures=3)
+    health = StorageHealth(logging.getLogger("rdq.worker"), clock=clock)
+    loop = ClaimLoop(store, BatchRunner(store, clock=clock), queues=lambda: ["quiet"], batch_size=5,
+                     lease_seconds=lambda: 30, should_stop=lambda: len(pauses) >= 5, idle_pause=1.0,
+                     health=health, clock=clock, wait=pauses.append)
+    assert loop.run().claimed == 0
+    assert pauses == [0.5, 1.0, 2.0, 1.0, 1.0]  # reconnect backoff, then the idle pause
+    assert health.outages == 1 and health.failures_in_outage == 0  # ended by the first good claim
