@@ -1,48 +1,33 @@
-"""The servers the benchmarks use, each scoped so cleanup touches only what we created.
+"""The servers the benchmarks use, from the same provisioning module as the tests
+(``rdq_core.compliance.servers``), each scoped so cleanup touches only what we created.
 
 * PostgreSQL: a database ``rdq_bench_<random>`` created here and dropped here (only that one).
 * Redis: keys under our own prefix, deleted with SCAN + UNLINK (never FLUSHALL).
-* MongoDB wire: an ``nx-27017 --db memory`` process on a free loopback port, with its own pid
-  file and log in a temporary directory, verified to be the server answering on that port (its
-  ``serverStatus`` PID is the child we started), stopped by PID.
+* MongoDB wire: an ``nx-27017 --db memory`` process on a free loopback port, verified to be the
+  server answering there, stopped by PID.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import shutil
-import subprocess
-import tempfile
-import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterator
-from urllib.parse import urlsplit, urlunsplit
 
-from .common import free_port, stop_process
+from rdq_core.compliance import servers
 
 PG_ADMIN_URL = os.environ.get("RDQ_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("RDQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def pg_url(database: str) -> str:
-    return urlunsplit(urlsplit(PG_ADMIN_URL)._replace(path=f"/{database}"))
+    return servers.pg_url_with_database(PG_ADMIN_URL, database)
 
 
 @contextmanager
 def pg_database(tag: str = "") -> Iterator[str]:
-    import psycopg
-    from psycopg import sql
-
-    name = f"rdq_bench_{tag}{secrets.token_hex(4)}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield pg_url(name)
-    finally:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with servers.pg_scratch_database(PG_ADMIN_URL, prefix=f"rdq_bench_{tag}") as url:
+        yield url
 
 
 def redis_client():
@@ -56,77 +41,21 @@ def new_redis_prefix(tag: str = "rdqbench") -> str:
 
 
 def redis_delete_prefix(prefix: str) -> int:
-    """Delete every key starting with ``prefix`` (SCAN + UNLINK; never FLUSHALL)."""
-    client = redis_client()
-    deleted = 0
-    batch: list[bytes] = []
-    for key in client.scan_iter(match=f"{prefix}*", count=5000):
-        batch.append(key)
-        if len(batch) >= 5000:
-            deleted += client.unlink(*batch)
-            batch = []
-    if batch:
-        deleted += client.unlink(*batch)
-    client.close()
-    return deleted
+    """Delete every key starting with ``prefix`` (SCAN + UNLINK; never FLUSHALL); peers' keys
+    need not have a colon after it."""
+    return servers.redis_delete_prefix(REDIS_URL, prefix, match=f"{prefix}*")
 
 
 def redis_storage_url(prefix: str) -> str:
-    sep = "&" if "?" in REDIS_URL else "?"
-    return f"{REDIS_URL}{sep}prefix={prefix}"
-
-
-def _mongo_served_pid(port: int) -> int | None:
-    """The PID the server answering on ``port`` reports, or None if nothing answers."""
-    import pymongo
-
-    client = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}", serverSelectionTimeoutMS=300, connectTimeoutMS=300)
-    try:
-        return int(client.admin.command("serverStatus")["pid"])
-    except Exception:  # noqa: BLE001 - not (yet) answering, or not a server that says its PID
-        return None
-    finally:
-        client.close()
+    return servers.redis_url_with_prefix(REDIS_URL, prefix)
 
 
 @contextmanager
-def mongo_server(attempts: int = 3) -> Iterator[str]:
-    """Start ``nx-27017`` (in-memory) on a free loopback port; stop it by PID afterwards.
-
-    Its own ``--pid-file``: without one nx-27017 uses a fixed default path and refuses to start
-    while that names a live process (any other nx-27017 on the machine). The port was free when
-    chosen but can be taken before the server binds it, so the server answering must report our
-    child's PID; if it does not, ours is stopped and another port tried.
-    """
-    exe = shutil.which("nx-27017")
-    if exe is None:
-        raise RuntimeError("nx-27017 is not installed (pip install nx-27017)")
-    workdir = Path(tempfile.mkdtemp(prefix="rdq-bench-nx27017-"))
-    problems: list[str] = []
+def mongo_server() -> Iterator[str]:
+    """nx-27017 (in memory) on a free loopback port, in a process group of its own (a Ctrl-C to
+    the harness does not stop it before the harness's cleanup); stopped by PID on exit."""
     try:
-        for _ in range(attempts):
-            port = free_port()
-            log_path = workdir / f"nx-{port}.log"
-            with open(log_path, "ab") as log:
-                proc = subprocess.Popen(
-                    [exe, "--host", "127.0.0.1", "-p", str(port), "--db", "memory",
-                     "--pid-file", str(workdir / f"nx-{port}.pid"), "--log-file", str(log_path)],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir,
-                    start_new_session=True,
-                )
-            deadline = time.monotonic() + 20
-            try:
-                while (pid := _mongo_served_pid(port)) is None and proc.poll() is None and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                if pid == proc.pid:
-                    yield f"mongodb://127.0.0.1:{port}"
-                    return
-                if pid is not None:
-                    problems.append(f"port {port} is served by PID {pid}, not by the nx-27017 we started (PID {proc.pid})")
-                else:
-                    problems.append(f"nx-27017 did not start on port {port}: {log_path.read_text(errors='replace')[-1000:]}")
-            finally:
-                stop_process(proc)
-        raise RuntimeError("; ".join(problems))
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        with servers.nx_27017(new_session=True) as server:
+            yield server.url.rstrip("/")
+    except servers.ServerStartError as exc:
+        raise RuntimeError(str(exc)) from exc

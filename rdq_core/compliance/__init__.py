@@ -14,9 +14,13 @@ A backend -- ours or a third party's -- passes the kit with a few lines of pytes
 
 ``open_storage(url)`` must reach the backend: third-party schemes call
 ``rdq_core.storage.register_backend`` in a module listed in ``plugin_modules`` (the chaos test's
-worker subprocesses import them too). Class attributes tune timing for slow stores.
+worker subprocesses import them too). Class attributes tune timing for slow stores, and
+``capabilities = Capabilities(...)`` declares where a backend legitimately differs (round-trip
+budgets, joining a caller's transaction, a URL for an unreachable server). ``servers`` starts,
+owns and stops the servers the tests and the benchmarks use.
 """
 
+from .capabilities import Capabilities, PerTask
 from .suite import StorageCompliance
 
-__all__ = ["StorageCompliance"]
+__all__ = ["Capabilities", "PerTask", "StorageCompliance"]

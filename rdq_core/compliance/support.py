@@ -1,4 +1,4 @@
-"""Helpers the kit's tests share: waiting on conditions, building tasks, dead-lettering."""
+"""Helpers the kit's tests share: waiting on conditions, building tasks and settlements, dead-lettering."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 from typing import Callable, TypeVar
 
 from ..ids import new_task_id
-from ..model import Backoff, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus
+from ..model import Backoff, ClaimedTask, ErrorInfo, NewTask, Outcome, Settlement, Task, TaskStatus
 from ..storage.spi import Storage
 
 T = TypeVar("T")
@@ -55,3 +55,28 @@ def dead_letter(storage: Storage, queue: str, n: int, *, handler: str = "noop", 
         settled += len(claimed)
     assert settled == n, f"could dead-letter only {settled} of {n} tasks"
     return ids
+
+
+#: A claim token no store ever issued.
+NEVER_ISSUED = "never-issued-token"
+
+
+def success(claimed: ClaimedTask, result: object = None) -> Settlement:
+    return Settlement(claimed.task.id, claimed.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED, result=result)
+
+
+def retry(claimed: ClaimedTask, delay: float = 0.0) -> Settlement:
+    return Settlement(
+        claimed.task.id, claimed.claim_token, Outcome.RETRYABLE_FAILURE, TaskStatus.PENDING,
+        retry_delay_seconds=delay, error=ErrorInfo("test.Retry", "try again"),
+    )
+
+
+def fail_permanently(claimed: ClaimedTask, error_type: str = "boom.Error") -> Settlement:
+    return Settlement(claimed.task.id, claimed.claim_token, Outcome.PERMANENT_FAILURE, TaskStatus.DEAD,
+                      error=ErrorInfo(error_type, "failed on purpose"))
+
+
+def state(task: Task) -> tuple:
+    """The parts of a task a refused write must not change."""
+    return (task.status, task.attempt_count, task.lease_expires_at, task.next_attempt_at, len(task.attempts), task.result)

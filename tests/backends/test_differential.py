@@ -11,8 +11,8 @@ SPI leaves open is kept out of it: claims take every due task of the queue (whic
 tasks due at the same instant a backend picks first is unspecified), delays are 0 or an hour,
 and the reaper waits until the store's own clock is past every short lease.
 
-Each backend gets a fresh store from the same fixtures its own test module uses; an unreachable
-server fails under CI and skips elsewhere, as there.
+Each backend gets a fresh store from the suite-wide ``fresh_store_url`` (``tests/conftest.py``); an
+unreachable server fails under CI and skips elsewhere, as everywhere.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from collections import Counter
 from datetime import timedelta
 from typing import Any
 
-import pytest
 
 from rdq_core.compliance.stateful import (
     ERROR_TYPES,
@@ -44,12 +43,6 @@ from rdq_core.retry import PolicyBook, RetryPolicy
 from rdq_core.runner import LEASE_EXPIRED
 from rdq_core.storage import open_storage
 from rdq_core.storage.spi import Storage
-
-# The backends' own fixtures and helpers (importing them registers the fixtures here).
-from tests.backends.test_mongo import fresh_mongo_url, mongo_server_url  # noqa: F401
-from tests.backends.test_postgres import fresh_schema_url, pg_database_url  # noqa: F401
-from tests.backends.test_redis import BASE_URL as REDIS_BASE_URL
-from tests.backends.test_redis import key_prefix, redis_client, url_with_prefix  # noqa: F401
 
 SEED = 20261203
 OPERATIONS = 200
@@ -374,23 +367,6 @@ def _records(store: Storage, names: list[str]) -> dict:
             "list_queues": store.list_queues()}
 
 
-# -- one fresh store per backend -------------------------------------------------------------------
-
-@pytest.fixture
-def sqlite_url(tmp_path):
-    yield f"sqlite:///{tmp_path}/rdq.db"
-
-
-@pytest.fixture
-def postgres_url(pg_database_url):
-    yield fresh_schema_url(pg_database_url)
-
-
-@pytest.fixture
-def redis_url(key_prefix):
-    yield url_with_prefix(REDIS_BASE_URL, key_prefix)
-
-
 def test_scenario_covers_every_operation():
     kinds = Counter(op[0] for op in build_scenario())
     assert set(kinds) == {"enqueue", "claim", "settle", "stale", "extend", "release", "lapse", "reap", "redrive",
@@ -398,13 +374,12 @@ def test_scenario_covers_every_operation():
     assert sum(kinds.values()) >= OPERATIONS and build_scenario() == build_scenario()
 
 
-def test_one_scenario_leaves_the_same_records_on_every_backend(sqlite_url, postgres_url, redis_url, fresh_mongo_url):
+def test_one_scenario_leaves_the_same_records_on_every_backend(fresh_store_url):
     ops = build_scenario()
     transcripts: dict[str, list[tuple]] = {}
     timings = {}
-    for backend, url in (("sqlite", sqlite_url), ("postgres", postgres_url), ("redis", redis_url),
-                         ("mongo", fresh_mongo_url)):
-        store = open_storage(url)
+    for backend, kind in (("sqlite", "sqlite"), ("postgres", "postgresql"), ("redis", "redis"), ("mongo", "mongodb")):
+        store = open_storage(fresh_store_url(kind))
         store.migrate()
         started = time.monotonic()
         try:

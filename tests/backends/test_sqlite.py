@@ -6,11 +6,17 @@ import sqlite3
 
 import pytest
 
-from rdq_core.compliance import StorageCompliance
+from rdq_core.compliance import Capabilities, PerTask, StorageCompliance
 from rdq_core.storage import open_storage
 
 
 class TestSQLiteCompliance(StorageCompliance):
+    # A file, not a server: "round trips" are statements, and extend and release run one each.
+    capabilities = Capabilities(
+        round_trips={"enqueue": 2, "claim": 1, "extend": PerTask(0, 1), "release": PerTask(0, 1), "settle": 2,
+                     "find_expired": 1, "get": 1, "list_dead": 1, "stats": 2, "redrive": 1},
+    )
+
     @pytest.fixture
     def storage_url(self, tmp_path):
         yield f"sqlite:///{tmp_path}/rdq.db"

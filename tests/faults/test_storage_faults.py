@@ -21,10 +21,10 @@ from typing import Callable
 
 import pytest
 
+from rdq_core.compliance.servers import SHARED_REDIS_URL, pg_scratch_database
 from rdq_core.compliance.support import wait_until
 from rdq_core.storage import open_storage
 
-from .conftest import SHARED_REDIS_URL, fresh_pg_database
 from .harness import Executions, RunningHost, audit, enqueue_work, incident_lines, wait_for_drain, with_query
 
 LEASE = 2.0
@@ -174,9 +174,8 @@ class OwnedStore:
 def owned_store(request):
     if request.param == "postgres":
         server = request.getfixturevalue("owned_postgres")
-        url, drop = fresh_pg_database(server.url)
-        yield OwnedStore(url, lambda: server.stop("immediate"), lambda: server.stop("fast"), server.start)
-        drop()
+        with pg_scratch_database(server.url, prefix="rdq_fault_") as url:
+            yield OwnedStore(url, lambda: server.stop("immediate"), lambda: server.stop("fast"), server.start)
     elif request.param == "redis":
         server = request.getfixturevalue("owned_redis")
         yield OwnedStore(with_query(server.url, prefix=f"f{secrets.token_hex(4)}"), server.crash, server.stop, server.start)

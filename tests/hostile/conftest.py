@@ -5,7 +5,7 @@
 * ``api_call``: the API Lambda handler called in-process with a real REST proxy event, for the
   many small request cases that need no socket;
 * ``any_store_url``: one fresh store per backend (SQLite file, PostgreSQL scratch schema, Redis
-  key prefix, MongoDB-wire database), reusing the real-server fixtures of ``tests/backends``.
+  key prefix, MongoDB-wire database), from the suite-wide ``fresh_store_url`` (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -25,11 +25,7 @@ import pytest
 
 # The offline AWS / Powertools environment is set once for the whole suite in tests/conftest.py.
 from rdq_core.compliance.support import wait_until  # noqa: E402
-from tests.loopback import rdq_dev_address  # noqa: E402
-from tests.backends.test_mongo import fresh_mongo_url, mongo_server_url  # noqa: E402,F401 - fixtures
-from tests.backends.test_postgres import fresh_schema_url, pg_database_url  # noqa: E402,F401 - fixtures
-from tests.backends.test_redis import BASE_URL as REDIS_BASE_URL  # noqa: E402
-from tests.backends.test_redis import key_prefix, redis_client, url_with_prefix  # noqa: E402,F401 - fixtures
+from tests.loopback import rdq_dev_address, without_rdq_settings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,14 +34,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("filterwarnings", "ignore:No application metrics to publish")
 TOKEN = "hostile-test-token-9f3b"
 PROBLEM_JSON = "application/problem+json"
-
-_RDQ_ENV = (
-    "RDQ_STORAGE_URL", "RDQ_STORAGE_URL_SECRET", "RDQ_STORAGE_URL_PARAMETER", "RDQ_HANDLERS", "RDQ_QUEUES",
-    "RDQ_WORKER_FUNCTION", "RDQ_WAKE_WORKER", "RDQ_API_TOKEN", "RDQ_MAX_WORKER_CONCURRENCY", "RDQ_BATCH_SIZE",
-    "RDQ_SETTLE_RESERVE_SECONDS", "RDQ_LEASE_GRACE_SECONDS", "RDQ_AUTO_MIGRATE", "RDQ_WAKE_DEBOUNCE_SECONDS",
-    "RDQ_AUTH_MODE", "RDQ_MAX_BODY_BYTES", "RDQ_LOG_PAYLOADS",
-)
-
 
 class DevServer:
     """``python -m rdq_core.cli --storage URL dev --port 0`` as a subprocess this test owns.
@@ -64,7 +52,7 @@ class DevServer:
         self.url = ""
         self.token = token
         self.log_path = workdir / f"rdq-dev-{number}.log"
-        full_env = {k: v for k, v in os.environ.items() if k not in _RDQ_ENV}
+        full_env = without_rdq_settings(os.environ)
         full_env.update({"PYTHONPATH": str(REPO), "POWERTOOLS_LOG_LEVEL": "INFO",
                          "RDQ_DEV_WORKER_EVERY_SECONDS": "0.5", "RDQ_DEV_REAPER_EVERY_SECONDS": "2"})
         full_env.pop("POWERTOOLS_SERVICE_NAME", None)
@@ -143,11 +131,9 @@ def dev_server(dev_server_factory) -> DevServer:
 
 # -- in-process API calls ----------------------------------------------------------------------
 @pytest.fixture
-def api_store(tmp_path, monkeypatch) -> str:
+def api_store(tmp_path, monkeypatch, no_rdq_settings) -> str:
     from rdq_core.lambda_host import connection
 
-    for name in _RDQ_ENV:
-        monkeypatch.delenv(name, raising=False)
     url = f"sqlite:///{tmp_path}/api.db"
     monkeypatch.setenv("RDQ_STORAGE_URL", url)
     monkeypatch.setenv("RDQ_AUTO_MIGRATE", "true")
@@ -199,19 +185,11 @@ BACKENDS = ("sqlite", "postgresql", "redis", "mongodb")
 
 
 @pytest.fixture(params=BACKENDS)
-def any_store_url(request, tmp_path) -> str:
+def any_store_url(request, fresh_store_url) -> str:
     """A fresh, migrated store of each backend in turn."""
     from rdq_core.storage import open_storage
 
-    kind = request.param
-    if kind == "sqlite":
-        url = f"sqlite:///{tmp_path}/hostile.db"
-    elif kind == "postgresql":
-        url = fresh_schema_url(request.getfixturevalue("pg_database_url"))
-    elif kind == "redis":
-        url = url_with_prefix(REDIS_BASE_URL, request.getfixturevalue("key_prefix"))
-    else:
-        url = request.getfixturevalue("fresh_mongo_url")
+    url = fresh_store_url(request.param)
     store = open_storage(url)
     try:
         store.migrate()

@@ -101,16 +101,16 @@ def url_with_query_password(request) -> str:
     """A working store whose URL carries its password as ``?password=`` (PostgreSQL: trust auth
     ignores it; Redis: an ACL user that needs it)."""
     if request.param == "postgresql":
-        from .conftest import fresh_schema_url
+        from rdq_core.compliance.servers import pg_fresh_schema as fresh_schema_url
 
         return _with_query(fresh_schema_url(request.getfixturevalue("pg_database_url")), f"password={PASSWORD}&sslpassword={PASSWORD}")
-    from .conftest import REDIS_BASE_URL, url_with_prefix
+    from rdq_core.compliance.servers import SHARED_REDIS_URL as REDIS_BASE_URL, redis_url_with_prefix as url_with_prefix
 
     client = request.getfixturevalue("redis_client")
     user = f"rdq-redact-{os.getpid()}"
     client.execute_command("ACL", "SETUSER", user, "reset", "on", f">{PASSWORD}", "~*", "&*", "+@all")
     request.addfinalizer(lambda: client.execute_command("ACL", "DELUSER", user))
-    base = url_with_prefix(REDIS_BASE_URL, request.getfixturevalue("key_prefix"))
+    base = url_with_prefix(REDIS_BASE_URL, request.getfixturevalue("redis_prefix"))
     scheme, rest = base.split("://", 1)
     return _with_query(f"{scheme}://{user}@{rest}", f"password={PASSWORD}")
 

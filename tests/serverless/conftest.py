@@ -16,23 +16,15 @@ from rdq_core.lambda_host.local_invoke import LocalLambdaContext  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 EVENTS = REPO / "events"
 
-_RDQ_ENV = (
-    "RDQ_STORAGE_URL", "RDQ_STORAGE_URL_SECRET", "RDQ_STORAGE_URL_PARAMETER", "RDQ_HANDLERS", "RDQ_QUEUES",
-    "RDQ_WORKER_FUNCTION", "RDQ_WAKE_WORKER", "RDQ_API_TOKEN", "RDQ_MAX_WORKER_CONCURRENCY", "RDQ_BATCH_SIZE",
-    "RDQ_SETTLE_RESERVE_SECONDS", "RDQ_LEASE_GRACE_SECONDS", "RDQ_AUTO_MIGRATE", "RDQ_WAKE_DEBOUNCE_SECONDS",
-)
-
-
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sam_build: runs `sam build` for python3.12 (slow; needs python3.12 on PATH or in pyenv)")
     config.addinivalue_line("filterwarnings", "ignore:No application metrics to publish")
 
 
 @pytest.fixture
-def store_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A fresh, migrated SQLite store, configured the way the functions read it."""
-    for name in _RDQ_ENV:
-        monkeypatch.delenv(name, raising=False)
+def store_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_rdq_settings: None) -> str:
+    """A fresh, migrated SQLite store, configured the way the functions read it (and by nothing
+    from the caller's environment: ``no_rdq_settings``)."""
     url = f"sqlite:///{tmp_path}/rdq.db"
     monkeypatch.setenv("RDQ_STORAGE_URL", url)
     monkeypatch.setenv("RDQ_AUTO_MIGRATE", "true")

@@ -1,0 +1,66 @@
+"""The engine on this backend: the runner classifies outcomes end to end and releases what it
+cannot finish before its deadline."""
+
+from __future__ import annotations
+
+import time
+
+from ..handlers import HandlerRegistry
+from ..model import Backoff, Outcome, TaskStatus
+from ..retry import PolicyBook, RetryPolicy
+from ..runner import UNKNOWN_HANDLER, BatchRunner
+from ..storage.spi import Storage
+from .support import enqueue_n, new_task
+
+
+class EngineCompliance:
+    def test_engine_classifies_outcomes_end_to_end(self, storage: Storage) -> None:
+        from ..errors import PermanentError
+
+        registry = HandlerRegistry()
+        registry.register("ok", lambda payload, ctx: {"echo": payload, "attempt": ctx.attempt})
+        registry.register("flaky", lambda payload, ctx: 1 / 0)
+        registry.register("fatal", lambda payload, ctx: (_ for _ in ()).throw(PermanentError("bad input")))
+        registry.register("crash", lambda payload, ctx: (_ for _ in ()).throw(SystemExit(3)))
+        registry.register("weird", lambda payload, ctx: object())
+        names = ["ok", "flaky", "fatal", "crash", "weird", "missing"]
+        results = storage.enqueue([new_task("engine", name, {"i": name}, id=f"engine-{name}") for name in names])
+        runner = BatchRunner(storage, PolicyBook(RetryPolicy(3, Backoff(60, 2, 600, 0))), registry)
+        claimed = storage.claim("engine", 10, 30)
+        report = runner.run(claimed)
+        assert report.started == 6 and report.stale == 0
+        got = {name: storage.get(r.task.id) for name, r in zip(names, results)}
+        assert got["ok"].status is TaskStatus.SUCCEEDED and got["ok"].result == {"echo": {"i": "ok"}, "attempt": 1}
+        assert got["flaky"].status is TaskStatus.PENDING
+        assert got["flaky"].attempts[0].error.type == "ZeroDivisionError" and "1 / 0" in got["flaky"].attempts[0].error.stack
+        assert got["fatal"].status is TaskStatus.DEAD and got["fatal"].attempts[0].outcome is Outcome.PERMANENT_FAILURE
+        assert got["crash"].status is TaskStatus.PENDING and got["crash"].attempts[0].error.type == "SystemExit"
+        assert got["weird"].status is TaskStatus.PENDING and got["weird"].attempts[0].error.type == "rdq.InvalidResult"
+        assert got["missing"].status is TaskStatus.DEAD and got["missing"].last_error.type == UNKNOWN_HANDLER
+
+    def test_engine_releases_what_it_cannot_finish_before_the_deadline(self, storage: Storage) -> None:
+        registry = HandlerRegistry()
+        registry.register("slow", lambda payload, ctx: time.sleep(0.05), timeout_seconds=1.0)
+        enqueue_n(storage, "deadline", 5, handler="slow")
+        runner = BatchRunner(storage, registry=registry, settle_margin=0.1)
+        claimed = storage.claim("deadline", 5, 30)
+        report = runner.run(claimed, deadline=time.monotonic() + 1.15)
+        assert (report.started, report.released) == (1, 4)
+        stats = storage.stats("deadline")
+        assert (stats.succeeded, stats.pending, stats.in_flight) == (1, 4, 0)
+        for c in claimed[1:]:
+            assert storage.get(c.task.id).attempt_count == 0
+
+    def test_engine_skips_only_the_tasks_that_do_not_fit_the_deadline(self, storage: Storage) -> None:
+        registry = HandlerRegistry()
+        registry.register("long", lambda payload, ctx: None, timeout_seconds=60)
+        registry.register("quick", lambda payload, ctx: None, timeout_seconds=0.5)
+        long_id = enqueue_n(storage, "fit", 1, handler="long")[0]
+        time.sleep(0.002)
+        quick_ids = enqueue_n(storage, "fit", 3, handler="quick")
+        runner = BatchRunner(storage, registry=registry, settle_margin=0.1)
+        report = runner.run(storage.claim("fit", 10, 30), deadline=time.monotonic() + 5)
+        assert (report.started, report.released) == (3, 1)
+        assert storage.get(long_id).status is TaskStatus.PENDING and storage.get(long_id).attempt_count == 0
+        assert all(storage.get(i).status is TaskStatus.SUCCEEDED for i in quick_ids)
+
