@@ -538,7 +538,12 @@ def _check_storage_url(url: str) -> None:
     """Configuration errors in the URL itself are usage errors (exit 2), named as such."""
     from .storage import _BACKENDS
 
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsing the port is what finds a malformed one
+    except ValueError as exc:
+        # Not echoed: a URL that does not parse cannot be redacted reliably.
+        raise ConfigurationError(f"the storage URL is malformed ({exc}); check --storage or RDQ_STORAGE_URL") from None
     if parts.scheme.lower() not in _BACKENDS:
         raise InvalidInput(f"unsupported storage URL scheme {parts.scheme!r} in {_redact(url)}; expected one of "
                            f"{', '.join(sorted(_BACKENDS))}", "--storage")

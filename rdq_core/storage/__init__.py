@@ -54,7 +54,11 @@ def redact_url(url: str) -> str:
     """``url`` with every credential replaced by ``***``: the password of its userinfo and the
     value of any credential-bearing query parameter (``?password=``, ``sslpassword``, ``token``,
     ...). For banners, logs and errors: every place that shows a storage URL goes through here."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        # Unparseable (e.g. an unclosed "[" in the host): nothing in it can be shown safely.
+        return f"{url.split(':', 1)[0][:20]}://***" if "://" in url else "***"
     netloc = parts.netloc
     if parts.password is not None:
         netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
