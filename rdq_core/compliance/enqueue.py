@@ -87,12 +87,12 @@ class EnqueueCompliance:
 
     def test_a_callers_connection_is_joined_or_refused(self, storage: Storage) -> None:
         """A store that joins transactions refuses what is not one of its connections; any other
-        store refuses ``connection=`` outright (``UnsupportedOperation``). Neither writes."""
+        store refuses ``connection=`` outright. Either way ``UnsupportedOperation`` (also a
+        ``TypeError``), and nothing is written."""
         declared = getattr(storage, "joins_transactions", self.capabilities.joins_transactions)
         assert declared == self.capabilities.joins_transactions, "the store and its test class disagree"
         item = new_task("joined")
         with pytest.raises(TypeError) as refused:
             storage.enqueue([item], connection=object())
         assert storage.get(item.id) is None and storage.stats("joined").pending == 0
-        if not self.capabilities.joins_transactions:
-            assert isinstance(refused.value, UnsupportedOperation), f"{type(refused.value).__name__} is not UnsupportedOperation"
+        assert isinstance(refused.value, UnsupportedOperation), f"{type(refused.value).__name__} is not UnsupportedOperation"
