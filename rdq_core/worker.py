@@ -16,9 +16,9 @@ The worker also reaps expired leases itself (every ``reap_interval_seconds``, on
 fenced pass), so a crashed worker's tasks come back without a separate ``rdq reaper``.
 
 Storage outages: the claim loop (``rdq_core.claiming``, shared with the Lambda worker) backs
-off (0.5 s doubling to 30 s) and reconnects; the claim
-loop, the heartbeat and the reaper share one ``StorageHealth``, so an outage logs one line when
-it starts and one when the store answers again, however many retries happen in between.
+off (0.5 s doubling to 30 s) and reconnects; the claim loop, the heartbeat and the reaper share
+one ``StorageHealth``, so an outage logs one line when it starts and one when the store answers
+again, however many retries happen in between.
 """
 
 from __future__ import annotations
