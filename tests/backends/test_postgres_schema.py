@@ -8,20 +8,15 @@ left out.
 
 from __future__ import annotations
 
-import os
-import secrets
-from collections.abc import Iterator
 from importlib import resources
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 
 psycopg = pytest.importorskip("psycopg")
-from psycopg import sql
 
+from rdq_core.compliance.servers import pg_fresh_schema  # noqa: E402
 from rdq_core.storage.postgres import PostgresStorage
 
-BASE_URL = os.environ.get("RDQ_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 # Each query runs with search_path set to the schema it describes, so definitions print
 # unqualified and two schemas compare equal when their objects do.
@@ -62,33 +57,10 @@ CATALOG = {
 }
 
 
-def _with_search_path(url: str, schema: str) -> str:
-    parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
-    option = f"-csearch_path={schema}"
-    query["options"] = f"{query['options']} {option}" if "options" in query else option
-    return urlunsplit(parts._replace(query=urlencode(query)))
-
-
 @pytest.fixture
-def two_fresh_schemas() -> Iterator[tuple[str, str]]:
-    """URLs of two new, empty schemas; both dropped afterwards."""
-    try:
-        admin = psycopg.connect(BASE_URL, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        message = f"PostgreSQL is not reachable at {BASE_URL} (set RDQ_TEST_PG_URL): {exc}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    names = [f"schema_check_{secrets.token_hex(6)}" for _ in range(2)]
-    with admin:
-        try:
-            for name in names:
-                admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
-            yield _with_search_path(BASE_URL, names[0]), _with_search_path(BASE_URL, names[1])
-        finally:
-            for name in names:
-                admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+def two_fresh_schemas(pg_database_url: str) -> tuple[str, str]:
+    """URLs of two new, empty schemas in the session's scratch database (gone with it)."""
+    return pg_fresh_schema(pg_database_url, prefix="schema_check_"), pg_fresh_schema(pg_database_url, prefix="schema_check_")
 
 
 def _catalog(url: str) -> dict[str, list[tuple]]:
