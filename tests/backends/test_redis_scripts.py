@@ -6,7 +6,6 @@ has a file; and every script compiles on the server to the SHA the backend sends
 
 from __future__ import annotations
 
-import os
 import re
 from importlib import resources
 from pathlib import Path
@@ -18,7 +17,6 @@ redis = pytest.importorskip("redis")
 from rdq_core.storage.redis import backend, lua  # noqa: E402
 
 SCRIPT_DIR = resources.files("rdq_core.storage.redis").joinpath("scripts")
-REDIS_URL = os.environ.get("RDQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def test_every_script_file_is_loaded_or_included():
@@ -36,17 +34,6 @@ def test_every_script_the_backend_calls_exists():
     assert not unused, f"scripts no code calls: {sorted(unused)}"
 
 
-def test_every_script_compiles_on_the_server_to_its_sha():
-    client = redis.Redis.from_url(REDIS_URL, decode_responses=True, socket_connect_timeout=5)
-    try:
-        client.ping()
-    except redis.exceptions.RedisError as exc:
-        message = f"Redis is not reachable at {REDIS_URL} (set RDQ_TEST_REDIS_URL): {exc}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    try:
-        for script in lua.SCRIPTS.values():
-            assert client.script_load(script.source) == script.sha, script.name
-    finally:
-        client.close()
+def test_every_script_compiles_on_the_server_to_its_sha(redis_client):
+    for script in lua.SCRIPTS.values():
+        assert redis_client.script_load(script.source) == script.sha, script.name
