@@ -44,6 +44,10 @@ class Capabilities:
     #: seconds. None for an embedded store (SQLite) that has no server to be unreachable.
     unreachable_url: str | None = None
     unreachable_within: float = 5.0
+    #: Stored JSON (payloads, results) and text may hold U+0000. PostgreSQL's jsonb and text
+    #: cannot: a payload or result with one is ``InvalidInput`` and the whole call writes nothing,
+    #: and error text is stored with U+FFFD in its place (diagnostics must not sink a settle).
+    holds_nul: bool = True
 
     def __post_init__(self) -> None:
         unknown = set(self.round_trips) - set(OPERATIONS)

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from ..errors import UnsupportedOperation
+from ..errors import InvalidInput, UnsupportedOperation
 from ..model import Backoff, NewTask, TaskStatus
 from ..storage.spi import Storage
 from .capabilities import Capabilities
@@ -39,6 +39,16 @@ class EnqueueCompliance:
             item = new_task("scalars", payload=payload)
             storage.enqueue([item])
             assert storage.get(item.id).payload == payload
+
+    def test_a_payload_with_nul_is_kept_or_refused_as_declared(self, storage: Storage) -> None:
+        items = [new_task("nul", payload={"ok": 1}), new_task("nul", payload={"s": "a\x00b", "a\x00": 1})]
+        if self.capabilities.holds_nul:
+            storage.enqueue(items)
+            assert storage.get(items[1].id).payload == {"s": "a\x00b", "a\x00": 1}
+            return
+        with pytest.raises(InvalidInput):
+            storage.enqueue(items)
+        assert storage.get(items[0].id) is None and storage.get(items[1].id) is None
 
     def test_enqueue_batch_returns_results_in_input_order(self, storage: Storage) -> None:
         items = [new_task("batch", payload=i) for i in range(50)]

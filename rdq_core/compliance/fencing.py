@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ..errors import StaleClaim
+from ..errors import InvalidInput, StaleClaim
 from ..model import ClaimRef, DeadFilter, ErrorInfo, Outcome, Settlement, TaskStatus
 from ..reaper import reap_expired_leases
 from ..retry import PolicyBook, RetryPolicy
@@ -154,6 +154,23 @@ class FencingCompliance:
         assert dead.last_error == error and dead.attempts[0].error == error
         page = storage.list_dead("verbatim", limit=5, filter=DeadFilter(error_type='Weird"Type'))
         assert [t.id for t in page.tasks] == [claimed.task.id]
+
+    def test_nul_in_a_settlement_is_kept_or_handled_as_declared(self, storage: Storage) -> None:
+        enqueue_n(storage, "nul-settle", 3)
+        ok, odd, failing = storage.claim("nul-settle", 3, 30)
+        error = ErrorInfo("Bin\x00", "a\x00b", "s\x00")
+        if self.capabilities.holds_nul:
+            storage.settle([success(odd, "a\x00b"), Settlement(failing.task.id, failing.claim_token, Outcome.RETRYABLE_FAILURE,
+                                                              TaskStatus.PENDING, error=error)])
+            assert storage.get(odd.task.id).result == "a\x00b"
+            assert storage.get(failing.task.id).last_error == error
+            return
+        with pytest.raises(InvalidInput):  # a result it cannot hold: the whole batch is refused
+            storage.settle([success(ok, "fine"), success(odd, "a\x00b")])
+        assert {storage.get(c.task.id).status for c in (ok, odd)} == {TaskStatus.IN_FLIGHT}
+        storage.settle([Settlement(failing.task.id, failing.claim_token, Outcome.RETRYABLE_FAILURE,
+                                   TaskStatus.PENDING, error=error)])
+        assert storage.get(failing.task.id).last_error == ErrorInfo("Bin\ufffd", "a\ufffdb", "s\ufffd")
 
     def test_settle_stores_lone_surrogates_as_replacement_characters(self, storage: Storage) -> None:
         """Text no store can encode (a file name from os.fsdecode) is stored with U+FFFD in

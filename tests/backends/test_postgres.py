@@ -1,5 +1,5 @@
 """PostgreSQL backend: what is about PostgreSQL itself -- schema, constraints, query plans, joining
-a caller's transaction, jsonb's limits, the pool, session timeouts and the watchdog -- plus the
+a caller's transaction, the pool, session timeouts and the watchdog -- plus the
 compliance kit, which holds every promise all backends share.
 
 Needs a PostgreSQL 13+ server (``RDQ_TEST_PG_URL``, default the local trust-auth one). The
@@ -19,8 +19,8 @@ from psycopg import errors as pg_errors  # noqa: E402
 
 from rdq_core.compliance import Capabilities, StorageCompliance  # noqa: E402
 from rdq_core.compliance.servers import pg_url_with_search_path  # noqa: E402
-from rdq_core.errors import InvalidInput, StorageUnavailable  # noqa: E402
-from rdq_core.model import ErrorInfo, NewTask, Outcome, Settlement, TaskStatus  # noqa: E402
+from rdq_core.errors import StorageUnavailable  # noqa: E402
+from rdq_core.model import NewTask, Outcome, Settlement, TaskStatus  # noqa: E402
 from rdq_core.storage import open_storage  # noqa: E402
 from rdq_core.storage.postgres import CLAIM_SQL, FIND_EXPIRED_LEASES_SQL, PostgresStorage  # noqa: E402
 
@@ -51,6 +51,7 @@ class TestPostgresCompliance(StorageCompliance):
         round_trips={"enqueue": 1, "claim": 1, "extend": 1, "release": 1, "settle": 1, "find_expired": 1,
                      "get": 1, "list_dead": 1, "stats": 1, "redrive": 1},
         joins_transactions=True,
+        holds_nul=False,
         unreachable_url="postgresql://postgres@127.0.0.1:{port}/nowhere?connect_timeout=2",
     )
 
@@ -151,30 +152,6 @@ def test_claim_plan_uses_the_pending_index_over_a_backlog(storage, sql_conn):
     )
     assert "rdq_tasks_lease_expiry_idx" in reap_plan, reap_plan
     assert len(storage.claim("hot", 100, 30)) == 100
-
-
-# -- what jsonb and text columns cannot hold (NUL) -----------------------------------------------
-
-def test_error_text_with_nul_does_not_sink_the_settle(storage):
-    storage.enqueue(new_tasks(1))
-    (c,) = storage.claim("q", 1, 60)
-    settle_one(storage, c, Outcome.RETRYABLE_FAILURE, TaskStatus.PENDING, error=ErrorInfo("Bin", "a\x00b", "s\x00"))
-    assert storage.get(c.task.id).last_error == ErrorInfo("Bin", "a\ufffdb", "s\ufffd")
-
-
-def test_a_result_jsonb_cannot_hold_is_invalid_input_and_writes_nothing(storage):
-    storage.enqueue(new_tasks(2))
-    a, b = storage.claim("q", 2, 60)
-    with pytest.raises(InvalidInput):
-        storage.settle([Settlement(a.task.id, a.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED, result="ok"),
-                        Settlement(b.task.id, b.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED, result="a\x00b")])
-    assert {storage.get(c.task.id).status for c in (a, b)} == {TaskStatus.IN_FLIGHT}
-
-
-def test_enqueue_of_a_value_jsonb_cannot_hold_is_invalid_input(storage):
-    with pytest.raises(InvalidInput):
-        storage.enqueue([NewTask(id="nul", queue="q", handler="h", payload={"s": "a\x00b"})])
-    assert storage.get("nul") is None
 
 
 # -- joining the caller's transaction ----------------------------------------------------------
