@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 
-from ..errors import TaskConflict, TaskNotFound
-from ..model import TaskStatus
+from ..errors import InvalidInput, TaskConflict, TaskNotFound
+from ..model import ClaimRef, DeadFilter, Outcome, Settlement, TaskStatus
 from ..storage.spi import Storage
 from .support import dead_letter, enqueue_n, success
 
@@ -16,6 +16,25 @@ from .support import dead_letter, enqueue_n, success
 class OperatorCompliance:
     def test_get_of_an_unknown_task_is_none(self, storage: Storage) -> None:
         assert storage.get("no-such-task") is None
+
+    def test_ids_that_are_not_strings_are_invalid_input_and_touch_nothing(self, storage: Storage) -> None:
+        """Operator-shaped values (``{"$gt": ""}``) where an id or token belongs never reach a
+        query: refused as ``InvalidInput`` before anything is read or written."""
+        (task_id,) = enqueue_n(storage, "shaped", 1)
+        shaped = {"$ne": None}
+        calls = {
+            "get": lambda: storage.get(shaped),
+            "cancel": lambda: storage.cancel(shaped),
+            "settle": lambda: storage.settle([Settlement(shaped, shaped, Outcome.SUCCESS, TaskStatus.SUCCEEDED)]),
+            "extend": lambda: storage.extend_leases([ClaimRef(task_id, shaped)], 30),
+            "release": lambda: storage.release([ClaimRef(shaped, "token")]),
+            "redrive": lambda: storage.redrive("shaped", DeadFilter(ids=({"$exists": True},))),
+            "purge_dead": lambda: storage.purge_dead("shaped", DeadFilter(ids=(shaped,))),
+        }
+        for name, call in calls.items():
+            with pytest.raises(InvalidInput):
+                call()
+        assert storage.get(task_id).status is TaskStatus.PENDING and storage.stats("shaped").pending == 1
 
     def test_cancel_only_pending_tasks(self, storage: Storage) -> None:
         running, pending = enqueue_n(storage, "cancel", 1) + enqueue_n(storage, "cancel", 1)

@@ -1,6 +1,6 @@
 """MongoDB backend over a real wire connection: what is about MongoDB itself -- collections and
 indexes, the attempt rows a task carries until they are recorded (crash points between writes),
-operator-shaped input, its per-document costs, URL timeouts -- plus the compliance kit, which
+its per-document costs, URL timeouts -- plus the compliance kit, which
 holds every promise all backends share.
 
 Server: ``$RDQ_TEST_MONGO_URL`` if set (point it at a real MongoDB to run the same tests there),
@@ -22,7 +22,7 @@ pymongo = pytest.importorskip("pymongo")
 from rdq_core.compliance import Capabilities, PerTask, StorageCompliance  # noqa: E402
 from rdq_core.compliance.servers import mongo_url_with_database  # noqa: E402
 from rdq_core.compliance.support import wait_until  # noqa: E402
-from rdq_core.errors import InvalidInput, StorageUnavailable  # noqa: E402
+from rdq_core.errors import StorageUnavailable  # noqa: E402
 from rdq_core.model import DeadFilter, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus  # noqa: E402
 from rdq_core.storage import open_storage  # noqa: E402
 from rdq_core.storage.mongo import MongoStorage  # noqa: E402
@@ -290,18 +290,6 @@ def test_schema_1_documents_with_last_attempt_are_read_and_healed(storage):
     doc = storage._tasks.find_one({"_id": task_id})
     assert "last_attempt" not in doc and [r["attempt_no"] for r in doc["pending_attempts"]] == [2]
     assert [a.attempt_no for a in storage.get(task_id).attempts] == [1, 2]
-
-
-# -- payloads and input -------------------------------------------------------------------------
-
-def test_operator_shaped_ids_are_rejected(storage):
-    _enqueue(storage, 1)
-    with pytest.raises(InvalidInput):
-        storage.get({"$gt": ""})
-    with pytest.raises(InvalidInput):
-        storage.settle([Settlement({"$ne": None}, {"$ne": None}, Outcome.SUCCESS, TaskStatus.SUCCEEDED)])
-    with pytest.raises(InvalidInput):
-        storage.redrive("q", DeadFilter(ids=({"$exists": True},)))
 
 
 # -- per-document costs ---------------------------------------------------------------------------
