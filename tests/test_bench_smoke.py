@@ -21,28 +21,21 @@ pytest.importorskip("psycopg")
 pytest.importorskip("redis")
 pytest.importorskip("pymongo")
 
+from rdq_core.compliance import servers  # noqa: E402
 
-def _servers_reachable() -> str | None:
-    import psycopg
-    import redis
 
-    try:
-        psycopg.connect(os.environ.get("RDQ_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
-                        connect_timeout=3).close()
-        redis.Redis.from_url(os.environ.get("RDQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
-                             socket_connect_timeout=3).ping()
-    except Exception as exc:  # noqa: BLE001 - reported as the skip reason
-        return str(exc)
-    return None
+def _servers_unreachable() -> str | None:
+    """Why the benchmark's PostgreSQL or Redis does not answer (it reads RDQ_BENCH_*), or None."""
+    from bench.servers import PG_ADMIN_URL, REDIS_URL
+
+    return servers.pg_reachable(PG_ADMIN_URL) or servers.redis_reachable(REDIS_URL)
 
 
 @pytest.mark.timeout(120)
 def test_smoke_run_writes_json_and_markdown(tmp_path):
-    problem = _servers_reachable()
+    problem = _servers_unreachable()
     if problem:
-        if os.environ.get("CI"):
-            pytest.fail(f"benchmark servers unreachable: {problem}")
-        pytest.skip(f"benchmark servers unreachable: {problem}")
+        servers.fail_or_skip(f"benchmark servers unreachable: {problem}")
     parts = "roundtrips,e2e,ceiling,backlog"
     extra: list[str] = []
     if importlib.util.find_spec("pgqueuer") and importlib.util.find_spec("asyncpg"):
