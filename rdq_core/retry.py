@@ -12,7 +12,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .model import Backoff, ErrorInfo, Outcome, Settlement, Task
+from .errors import ConfigurationError
+from .model import Backoff, Task
 
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_BACKOFF = Backoff()
@@ -66,19 +67,6 @@ class PolicyBook:
             return None
         return policy.delay_after(used, rng)
 
-    def settle_failure(
-        self,
-        task: Task,
-        claim_token: str,
-        outcome: Outcome,
-        error: ErrorInfo,
-        rng: random.Random | None = None,
-    ) -> Settlement:
-        """``outcomes.failed_attempt`` with this book, the spelling the compliance kit uses."""
-        from .outcomes import failed_attempt  # noqa: PLC0415 - outcomes builds on this module
-
-        return failed_attempt(self, task, claim_token, outcome, error, rng)
-
 
 def policy_book_from_config(config: Mapping[str, object] | None) -> PolicyBook:
     """Build a PolicyBook from JSON-shaped config, e.g. ``RDQ_QUEUE_POLICIES``::
@@ -90,7 +78,7 @@ def policy_book_from_config(config: Mapping[str, object] | None) -> PolicyBook:
     queues: dict[str, RetryPolicy] = {}
     for queue, raw in config.items():
         if not isinstance(raw, Mapping):
-            raise ValueError(f"policy for queue {queue!r} must be an object")
+            raise ConfigurationError(f"policy for queue {queue!r} must be an object")
         backoff = DEFAULT_BACKOFF
         if raw.get("backoff") is not None:
             backoff = Backoff(**{**DEFAULT_BACKOFF.to_dict(), **dict(raw["backoff"])})  # type: ignore[arg-type]

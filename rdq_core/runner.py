@@ -25,9 +25,6 @@ from . import outcomes
 from .execution import HandlerExecution, Overrun
 from .handlers import HandlerRegistry, HandlerSpec, registry as default_registry
 from .model import ClaimedTask, ClaimRef, Settlement
-# Still imported from here by the compliance kit (suite.py, stateful.py), which this change
-# does not edit; everything else imports them from outcomes.
-from .outcomes import LEASE_EXPIRED, UNKNOWN_HANDLER  # noqa: F401
 from .retry import PolicyBook
 from .settling import BatchCursor, BatchReport, ClaimLedger, OutcomeBuffer, Settler
 from .storage.spi import Storage

@@ -8,7 +8,8 @@ import time
 from ..handlers import HandlerRegistry
 from ..model import Backoff, Outcome, TaskStatus
 from ..retry import PolicyBook, RetryPolicy
-from ..runner import UNKNOWN_HANDLER, BatchRunner
+from ..outcomes import UNKNOWN_HANDLER
+from ..runner import BatchRunner
 from ..storage.spi import Storage
 from .support import enqueue_n, new_task
 

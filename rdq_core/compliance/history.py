@@ -4,6 +4,7 @@ exactly the next attempt number (``MAX(attempt_no) + 1``, never derived from the
 from __future__ import annotations
 
 from ..model import Backoff, DeadFilter, ErrorInfo, Outcome, TaskStatus
+from ..outcomes import failed_attempt
 from ..reaper import reap_expired_leases
 from ..retry import PolicyBook, RetryPolicy
 from ..storage.spi import Storage
@@ -19,7 +20,7 @@ class HistoryCompliance:
         (task_id,) = enqueue_n(storage, "seed", 1)
         for _ in range(2):
             (claimed,) = wait_until(lambda: storage.claim("seed", 1, 30), what="the task to come due")
-            storage.settle([policies.settle_failure(claimed.task, claimed.claim_token, Outcome.RETRYABLE_FAILURE,
+            storage.settle([failed_attempt(policies, claimed.task, claimed.claim_token, Outcome.RETRYABLE_FAILURE,
                                                     ErrorInfo("test.Flaky", "flaky"))])
         assert storage.get(task_id).status is TaskStatus.DEAD
         assert storage.redrive("seed", DeadFilter(ids=(task_id,))) == 1
@@ -51,7 +52,7 @@ class HistoryCompliance:
             return claimed
 
         def fail(claimed) -> None:
-            storage.settle([policies.settle_failure(claimed.task, claimed.claim_token, Outcome.RETRYABLE_FAILURE,
+            storage.settle([failed_attempt(policies, claimed.task, claimed.claim_token, Outcome.RETRYABLE_FAILURE,
                                                     ErrorInfo("test.Flaky", "flaky"))])
             expected.append(Outcome.RETRYABLE_FAILURE)
 

@@ -63,7 +63,7 @@ from ..model import (
 )
 from ..reaper import reap_expired_leases
 from ..retry import PolicyBook, RetryPolicy
-from ..runner import LEASE_EXPIRED
+from ..outcomes import LEASE_EXPIRED, failed_attempt
 from ..storage import open_storage
 from ..storage.spi import Storage
 from .support import wait_until
@@ -464,7 +464,7 @@ class StorageMachine(RuleBasedStateMachine):
                     (Outcome.SUCCESS, TaskStatus.SUCCEEDED, 0.0, None, result))
         if kind.startswith("policy-"):
             outcome = Outcome.RETRYABLE_FAILURE if kind == "policy-retryable" else Outcome.PERMANENT_FAILURE
-            settlement = self.model.policies.settle_failure(self.claims[task_id].task, token, outcome, error)
+            settlement = failed_attempt(self.model.policies, self.claims[task_id].task, token, outcome, error)
             status, delay = self.model.failure_decision(task_id, outcome)
             assert (settlement.status, settlement.retry_delay_seconds) == (status, delay), (
                 f"engine policy decided {settlement.status.value}/{settlement.retry_delay_seconds}s for {task_id},"

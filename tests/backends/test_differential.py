@@ -40,7 +40,7 @@ from rdq_core.errors import StaleClaim, TaskConflict, TaskNotFound
 from rdq_core.model import ClaimRef, DeadFilter, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus
 from rdq_core.reaper import reap_expired_leases
 from rdq_core.retry import PolicyBook, RetryPolicy
-from rdq_core.runner import LEASE_EXPIRED
+from rdq_core.outcomes import LEASE_EXPIRED, failed_attempt
 from rdq_core.storage import open_storage
 from rdq_core.storage.spi import Storage
 
@@ -274,7 +274,7 @@ def replay(store: Storage, ops: list[tuple]) -> list[tuple]:
                     if task is None:  # this store never made that claim: send something it must refuse
                         batch.append(Settlement(task_id, NEVER_ISSUED, outcome, TaskStatus.DEAD, error=error))
                     else:
-                        batch.append(policies.settle_failure(task, token(sym), outcome, error))
+                        batch.append(failed_attempt(policies, task, token(sym), outcome, error))
                 else:
                     outcome, status, delay = DIRECT_FAILURES[settle_kind]
                     batch.append(Settlement(task_id, token(sym), outcome, status, retry_delay_seconds=delay, error=error))
