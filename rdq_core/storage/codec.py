@@ -30,6 +30,8 @@ def instant(value: datetime | str | None) -> datetime | None:
         return None
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
+    elif value.tzinfo is timezone.utc:
+        return value  # the common case: a driver session in UTC
     if value.tzinfo is None:
         return value.replace(tzinfo=timezone.utc)
     return value.astimezone(timezone.utc)
@@ -63,6 +65,14 @@ def decoded(value: Any) -> Any:
     return value
 
 
+_FIELDS = (
+    "id", "queue", "handler", "payload", "status", "headers", "attempt_count", "redrive_count",
+    "max_attempts", "backoff", "next_attempt_at", "lease_expires_at", "created_at", "updated_at",
+    "dead_at", "result", "last_error", "attempts", "claim_token", "claimed_at",
+    "attempt_no", "outcome", "started_at", "finished_at", "error",
+)
+
+
 @dataclass(frozen=True)
 class RecordCodec:
     """Reads one store's records. ``time`` and ``document`` say how the store keeps instants and
@@ -72,62 +82,64 @@ class RecordCodec:
     document: Callable[[Any], Any] = json_text
     keys: Mapping[str, str] = field(default_factory=dict)
 
-    def _get(self, record: Record, name: str, default: Any = None) -> Any:
-        value = record.get(self.keys.get(name, name), default)
-        return default if value is None else value
-
-    def _count(self, record: Record, name: str) -> int:
-        return int(self._get(record, name, 0))
-
-    def _json(self, record: Record, name: str) -> Any:
-        value = self._get(record, name)
-        return None if value is None else self.document(value)
+    def __post_init__(self) -> None:
+        # Resolved once: mapping a record is on every claim's path (tens of thousands a second).
+        object.__setattr__(self, "_key", {name: self.keys.get(name, name) for name in _FIELDS})
 
     def attempt(self, record: Record) -> Attempt:
+        key, get, time = self._key, record.get, self.time
+        error = get(key["error"])
         return Attempt(
-            attempt_no=int(self._get(record, "attempt_no")),
-            outcome=Outcome(self._get(record, "outcome")),
-            started_at=self.time(self._get(record, "started_at")),
-            finished_at=self.time(self._get(record, "finished_at")),
-            error=ErrorInfo.from_dict(self._json(record, "error")),
+            attempt_no=int(get(key["attempt_no"])),
+            outcome=Outcome(get(key["outcome"])),
+            started_at=time(get(key["started_at"])),
+            finished_at=time(get(key["finished_at"])),
+            error=None if error is None else ErrorInfo.from_dict(self.document(error)),
         )
 
     def attempts(self, records: Iterable[Record] | None) -> tuple[Attempt, ...]:
         """The history in attempt order, whatever order the store returned it in."""
+        if not records:
+            return ()
         return tuple(sorted((self.attempt(r) for r in records or ()), key=lambda a: a.attempt_no))
 
     def task(self, record: Record, attempts: Iterable[Record] | None = None) -> Task:
         """``attempts`` defaults to the record's own ``attempts`` (empty on claim paths)."""
-        max_attempts = self._get(record, "max_attempts")
+        key, get, time, document = self._key, record.get, self.time, self.document
+        # Inline rather than helper calls: this runs once per claimed task.
+        payload, headers, backoff = get(key["payload"]), get(key["headers"]), get(key["backoff"])
+        result, last_error = get(key["result"]), get(key["last_error"])
+        max_attempts = get(key["max_attempts"])
         return Task(
-            id=self._get(record, "id"),
-            queue=self._get(record, "queue"),
-            handler=self._get(record, "handler"),
-            payload=self._json(record, "payload"),
-            status=TaskStatus(self._get(record, "status")),
-            headers=dict(self._json(record, "headers") or {}),
-            attempt_count=self._count(record, "attempt_count"),
-            redrive_count=self._count(record, "redrive_count"),
+            id=get(key["id"]),
+            queue=get(key["queue"]),
+            handler=get(key["handler"]),
+            payload=None if payload is None else document(payload),
+            status=TaskStatus(get(key["status"])),
+            headers=dict(document(headers) or {}) if headers is not None else {},
+            attempt_count=int(get(key["attempt_count"]) or 0),
+            redrive_count=int(get(key["redrive_count"]) or 0),
             max_attempts=None if max_attempts in (None, "") else int(max_attempts),
-            backoff=Backoff.from_dict(self._json(record, "backoff")),
-            next_attempt_at=self.time(self._get(record, "next_attempt_at")),
-            lease_expires_at=self.time(self._get(record, "lease_expires_at")),
-            created_at=self.time(self._get(record, "created_at")),
-            updated_at=self.time(self._get(record, "updated_at")),
-            dead_at=self.time(self._get(record, "dead_at")),
-            result=self._json(record, "result"),
-            last_error=ErrorInfo.from_dict(self._json(record, "last_error")),
-            attempts=self.attempts(self._get(record, "attempts") if attempts is None else attempts),
+            backoff=None if backoff is None else Backoff.from_dict(document(backoff)),
+            next_attempt_at=time(get(key["next_attempt_at"])),
+            lease_expires_at=time(get(key["lease_expires_at"])),
+            created_at=time(get(key["created_at"])),
+            updated_at=time(get(key["updated_at"])),
+            dead_at=time(get(key["dead_at"])),
+            result=None if result is None else document(result),
+            last_error=None if last_error is None else ErrorInfo.from_dict(document(last_error)),
+            attempts=self.attempts(get(key["attempts"]) if attempts is None else attempts),
         )
 
     def claimed(self, record: Record) -> ClaimedTask:
         """A task as a claim (or the expired-lease scan) hands it out: with its claim, no history."""
-        lease = self.time(self._get(record, "lease_expires_at"))
-        claimed_at = self.time(self._get(record, "claimed_at"))
+        key, get = self._key, record.get
+        lease = self.time(get(key["lease_expires_at"]))
+        claimed_at = self.time(get(key["claimed_at"]))
         assert lease is not None and claimed_at is not None, "a claimed record carries its lease"
         return ClaimedTask(
             task=self.task(record, attempts=()),
-            claim_token=self._get(record, "claim_token"),
+            claim_token=get(key["claim_token"]),
             claimed_at=claimed_at,
             lease_expires_at=lease,
         )
