@@ -33,8 +33,14 @@ Contract (held by the compliance kit, ``rdq_core.compliance``):
 * **Idempotent enqueue.** An id that exists on the same queue is a no-op that returns the
   existing task (``created=False``) and changes nothing; on another queue it is a conflict.
 
+* **Guards.** Empty batches touch nothing. ``claim``, ``find_expired_leases`` and
+  ``purge_succeeded`` with ``limit <= 0`` return nothing; ``list_dead`` with ``limit < 1`` raises
+  ``InvalidInput``; a request value that is not a string where one is expected is
+  ``InvalidInput``; ``connection=`` on a store that cannot join it is ``UnsupportedOperation``.
+
 The engine decides (policy, backoff, error classification); the backend applies. Backends
-never compute retry policy and never trust input they did not get from the engine's validation.
+never compute retry policy. The built-in backends implement this contract through
+``core.StorageCore``, which owns the shared behaviour, writing only store primitives.
 """
 
 from __future__ import annotations
