@@ -116,7 +116,7 @@ class ClaimLoop:
                 self.health.failed("claim loop", exc)
                 self.wait(backoff.next())
                 continue
-            except Exception:  # noqa: BLE001 - a bug must not silently end a long-running claim loop
+            except Exception:  # a bug must not silently end a long-running claim loop
                 if self.health is None:
                     raise
                 self.telemetry.count("claim_loop_errors")

@@ -22,12 +22,14 @@ from typing import Any, Callable, Sequence, TextIO
 from urllib.parse import urlsplit
 
 from .client import Client, build_new_task
-from .errors import ConfigurationError, InvalidInput, RdqError, StorageUnavailable, TaskConflict, TaskNotFound, UnsupportedOperation
+from .errors import (
+    ConfigurationError, InvalidInput, RdqError, StorageUnavailable, TaskConflict, TaskNotFound, UnsupportedOperation,
+)
 from .handlers import registry
 from .logs import configure_logging
 from .reaper import reap_expired_leases, reap_forever
 from .model import TaskStatus
-from .retry import policy_book_from_config
+from .retry import PolicyBook, policy_book_from_config
 from .storage import default_storage_url, open_storage, redact_url as _redact
 from .storage.spi import Storage
 from .text import printable
@@ -42,7 +44,8 @@ CREATES_STORES = {"migrate", "dev"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rdq", description="rdq: retries, a dead-letter queue and redrive on your own datastore.")
+    parser = argparse.ArgumentParser(
+        prog="rdq", description="rdq: retries, a dead-letter queue and redrive on your own datastore.")
     parser.add_argument("--storage", metavar="URL", help="storage URL (default: $RDQ_STORAGE_URL, else sqlite:///rdq.db)")
     parser.add_argument("--log-format", choices=("auto", "text", "json"), default=os.environ.get("RDQ_LOG_FORMAT", "auto"),
                         help="log lines as text (default on a terminal) or JSON (default otherwise); $RDQ_LOG_FORMAT")
@@ -56,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--handlers", metavar="MODULE[,MODULE]", help="handler modules (default: $RDQ_HANDLERS, else the examples)")
 
     worker = commands.add_parser("worker", help="a long-running worker (container hosts)")
-    worker.add_argument("--handlers", metavar="MODULE[,MODULE]", default=os.environ.get("RDQ_HANDLERS"), required="RDQ_HANDLERS" not in os.environ)
+    worker.add_argument("--handlers", metavar="MODULE[,MODULE]", default=os.environ.get("RDQ_HANDLERS"),
+                        required="RDQ_HANDLERS" not in os.environ)
     worker.add_argument("--queues", metavar="Q[,Q]", type=_queue_list, help="queues to serve (default: every queue in the store)")
     worker.add_argument("--batch", type=_positive_int, default=10, help="tasks per claim (default 10)")
     worker.add_argument("--lease", type=_positive_float, default=30.0, help="lease seconds, renewed by a heartbeat (default 30)")
@@ -125,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     invoke.add_argument("function", choices=("api", "worker", "reaper"))
     invoke.add_argument("event", metavar="EVENT.json", help="e.g. events/api-enqueue.json; - reads standard input")
     invoke.add_argument("--timeout", type=_positive_float, help="the function timeout to emulate (default: the template's)")
-    invoke.add_argument("--handlers", metavar="MODULE[,MODULE]", help="handler modules (default: $RDQ_HANDLERS, else the examples)")
+    invoke.add_argument("--handlers", metavar="MODULE[,MODULE]",
+                        help="handler modules (default: $RDQ_HANDLERS, else the examples)")
     return parser
 
 
@@ -152,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         return EXIT_STOPPED_AT_ONCE
-    except Exception as exc:  # noqa: BLE001 - one clear line for the operator, not a traceback
+    except Exception as exc:  # one clear line for the operator, not a traceback
         log.debug("unexpected failure", exc_info=True)
         return _fail(f"unexpected {type(exc).__name__}: {exc} (RDQ_LOG_LEVEL=DEBUG shows the traceback)", EXIT_FAILURE)
 
@@ -204,7 +209,8 @@ def cmd_worker(args: argparse.Namespace, url: str) -> int:
                 overrunning = {o.task_id for o in worker.overruns()}
                 running = {t: name for t, name in worker.running().items() if t not in overrunning}
                 waits = (f"waiting for {len(running)} running task(s) to finish: "
-                         + ", ".join(f"{task_id} ({name})" for task_id, name in running.items())) if running else "no task is running"
+                         + ", ".join(f"{task_id} ({name})" for task_id, name in running.items())
+                         ) if running else "no task is running"
                 if overrunning:
                     waits += (f"; {len(overrunning)} handler(s) past their timeout are not waited for (their tasks "
                               f"are retried once their lease expires): {', '.join(sorted(overrunning))}")
@@ -332,7 +338,7 @@ def cmd_invoke(args: argparse.Namespace, url: str) -> int:
     """One local invocation of a Lambda function with a sample event (``sam local invoke``
     without Docker): the real handler, a context whose remaining time counts down."""
     try:
-        import aws_lambda_powertools  # noqa: F401
+        import aws_lambda_powertools  # noqa: F401 - imported only to check the aws extra is installed
     except ImportError:
         raise RdqError("rdq invoke runs the Lambda handlers and needs the aws extra: python -m pip install -e '.[aws]'") from None
     event = _read_json_argument(args.event, "EVENT.json")
@@ -374,7 +380,7 @@ class _NotFound(TaskNotFound):
         RdqError.__init__(self, message)
 
 
-_FINISHED = (TaskStatus.SUCCEEDED, TaskStatus.DEAD, TaskStatus.CANCELLED)
+_FINISHED: tuple[TaskStatus, ...] = (TaskStatus.SUCCEEDED, TaskStatus.DEAD, TaskStatus.CANCELLED)
 
 
 def _wait_for(client: Client, task_id: str, wanted: str, timeout: float) -> Any:
@@ -509,7 +515,7 @@ def _print_dead_table(tasks: Sequence[Any]) -> None:
     header = ("ID", "HANDLER", "ERROR", "ATTEMPTS", "DEAD AT")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
-        _say("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        _say("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -615,7 +621,7 @@ def _queue_list(text: str) -> list[str]:
     return queues
 
 
-def _policies():
+def _policies() -> PolicyBook:
     raw = os.environ.get("RDQ_QUEUE_POLICIES")
     try:
         return policy_book_from_config(json.loads(raw) if raw else None)

@@ -197,7 +197,8 @@ def dead_filter(*, ids: Iterable[str] | None = None, error_type: str | None = No
 
 
 #: The keyset instant of a cursor must be one every backend can hold (datetime's own range).
-_CURSOR_MICROS = (to_micros(datetime(1, 1, 1, tzinfo=timezone.utc)), to_micros(datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc)))
+_CURSOR_MICROS = (to_micros(datetime(1, 1, 1, tzinfo=timezone.utc)),
+                  to_micros(datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc)))
 
 
 def _check_cursor(queue: str, cursor: Any) -> None:

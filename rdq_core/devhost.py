@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 from .errors import ConfigurationError
 from .problems import PROBLEM_JSON, problem_json
-from .storage import redact_url  # noqa: F401 - re-exported: banners and tests use it from here
+from .storage import redact_url  # re-exported: banners and tests use it from here
 from .text import printable
 
 DEFAULT_PORT = 8787
@@ -97,7 +97,9 @@ class LocalAsyncInvoker:
         self._run_worker = run_worker
         self._slots = threading.BoundedSemaphore(limit)
 
-    def invoke(self, *, FunctionName: str, InvocationType: str = "RequestResponse", Payload: bytes = b"{}", **_: Any) -> dict[str, Any]:
+    def invoke(
+        self, *, FunctionName: str, InvocationType: str = "RequestResponse", Payload: bytes = b"{}", **_: Any
+    ) -> dict[str, Any]:
         if not self._slots.acquire(blocking=False):
             return {"StatusCode": 429}
         event = json.loads(Payload or b"{}")
@@ -117,7 +119,7 @@ class DevHost:
                  handler_modules: list[str] | None = None) -> None:
         _check_host(host)
         _configure_environment(storage_url, handler_modules)
-        from .lambda_host import api, connection, invoker, reaper, worker  # noqa: PLC0415 - after env
+        from .lambda_host import api, connection, invoker, reaper, worker  # after env
         from .lambda_host.local_invoke import LocalLambdaContext, scheduled_event
         from .lambda_host.settings import Settings
 
@@ -141,7 +143,7 @@ class DevHost:
     @property
     def url(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     # -- Lambda invocations ------------------------------------------------------------------
     def api_unauthorized(self, event: dict[str, Any]) -> dict[str, Any] | None:
@@ -150,18 +152,19 @@ class DevHost:
 
     def call_api(self, event: dict[str, Any]) -> dict[str, Any]:
         with self._api_lock:
-            return self._api.lambda_handler(event, self._context("rdq-dev-api", 29))
+            answer: dict[str, Any] = self._api.lambda_handler(event, self._context("rdq-dev-api", 29))
+            return answer
 
     def _invoke_worker(self, event: dict[str, Any]) -> None:
         try:
             self._worker.lambda_handler(event, self._context("rdq-dev-worker", self.worker_timeout))
-        except Exception as exc:  # noqa: BLE001 - a failed invocation must not stop the dev host
+        except Exception as exc:  # a failed invocation must not stop the dev host
             log.error("worker invocation failed: %s: %s", type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
 
     def _invoke_reaper(self) -> None:
         try:
             self._reaper.lambda_handler(self._scheduled_event("rdq-dev-reaper-schedule"), self._context("rdq-dev-reaper", 60))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.error("reaper invocation failed: %s: %s", type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
 
     def _schedule(self, every: float, invoke: Callable[[], None]) -> None:
@@ -174,8 +177,12 @@ class DevHost:
     def start(self) -> None:
         self._threads = [
             threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, name="rdq-dev-http", daemon=True),
-            threading.Thread(target=self._schedule, args=(self.worker_every, lambda: self._invoke_worker(self._scheduled_event("rdq-dev-worker-schedule"))), name="rdq-dev-worker-schedule", daemon=True),
-            threading.Thread(target=self._schedule, args=(self.reaper_every, self._invoke_reaper), name="rdq-dev-reaper-schedule", daemon=True),
+            threading.Thread(
+                target=self._schedule,
+                args=(self.worker_every, lambda: self._invoke_worker(self._scheduled_event("rdq-dev-worker-schedule"))),
+                name="rdq-dev-worker-schedule", daemon=True),
+            threading.Thread(target=self._schedule, args=(self.reaper_every, self._invoke_reaper),
+                             name="rdq-dev-reaper-schedule", daemon=True),
         ]
         for thread in self._threads:
             thread.start()
@@ -193,15 +200,20 @@ class DevHost:
         auth = ' -H "Authorization: Bearer $RDQ_API_TOKEN"' if self.settings.api_token else ""
         base = self.url
         return "\n".join([
-            f"rdq dev: API on {base}  (store: {redact_url(os.environ['RDQ_STORAGE_URL'])}, handlers: {os.environ['RDQ_HANDLERS']})",
+            f"rdq dev: API on {base}  (store: {redact_url(os.environ['RDQ_STORAGE_URL'])},"
+            f" handlers: {os.environ['RDQ_HANDLERS']})",
             f"  worker every {self.worker_every:g}s, reaper every {self.reaper_every:g}s; Ctrl-C to stop",
             "try:",
-            f"  curl -s{auth} -X POST {base}/v1/queues/demo/tasks -H 'Content-Type: application/json' -d '{{\"handler\": \"greet\", \"payload\": {{\"name\": \"Ada\"}}}}'",
-            f"  curl -s{auth} -X POST {base}/v1/queues/demo/tasks -H 'Content-Type: application/json' -d '{{\"handler\": \"flaky\", \"payload\": {{\"failures\": 2}}}}'",
-            f"  curl -s{auth} -X POST {base}/v1/queues/demo/tasks -H 'Content-Type: application/json' -d '{{\"handler\": \"fail_until_redrive\", \"max_attempts\": 3}}'",
+            f"  curl -s{auth} -X POST {base}/v1/queues/demo/tasks -H 'Content-Type: application/json'"
+            " -d '{\"handler\": \"greet\", \"payload\": {\"name\": \"Ada\"}}'",
+            f"  curl -s{auth} -X POST {base}/v1/queues/demo/tasks -H 'Content-Type: application/json'"
+            " -d '{\"handler\": \"flaky\", \"payload\": {\"failures\": 2}}'",
+            f"  curl -s{auth} -X POST {base}/v1/queues/demo/tasks -H 'Content-Type: application/json'"
+            " -d '{\"handler\": \"fail_until_redrive\", \"max_attempts\": 3}'",
             f"  curl -s{auth} {base}/v1/queues/demo/stats",
             f"  curl -s{auth} {base}/v1/queues/demo/dlq",
-            f"  curl -s{auth} -X POST {base}/v1/queues/demo/dlq:redrive -H 'Content-Type: application/json' -d '{{\"all\": true}}'",
+            f"  curl -s{auth} -X POST {base}/v1/queues/demo/dlq:redrive -H 'Content-Type: application/json'"
+            " -d '{\"all\": true}'",
             f"  curl -s{auth} {base}/v1/tasks/<id>",
         ])
 
@@ -319,6 +331,7 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
     from .lambda_host.local_invoke import api_proxy_event, proxy_result_body, proxy_result_headers
 
     class ProxyRequestHandler(BaseHTTPRequestHandler):
+        server: BoundedHTTPServer  # the server that made this handler (socketserver sets it)
         server_version = "rdq-dev"
         protocol_version = "HTTP/1.1"
         timeout = IDLE_TIMEOUT_SECONDS  # applied to the socket: every read and write
@@ -348,11 +361,11 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
                 pass
 
         def handle_one_request(self) -> None:
-            self.server.watch(self.connection)  # type: ignore[attr-defined]
+            self.server.watch(self.connection)
             try:
                 super().handle_one_request()
             finally:
-                self.server.unwatch(self.connection)  # type: ignore[attr-defined]
+                self.server.unwatch(self.connection)
 
         def _handle(self) -> None:
             # Everything that can be decided from the headers is, before a byte of body is read.
@@ -381,11 +394,11 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
                 return self._refuse(400, "Content-Length is not a number")
             if length < 0 or length > MAX_REQUEST_BYTES:
                 return self._refuse(413, f"the request exceeds {MAX_REQUEST_BYTES} bytes")
-            if not self.server.reserve_body(length):  # type: ignore[attr-defined]
+            if not self.server.reserve_body(length):
                 return self._refuse(503, "too many request bodies in progress; retry later", {"Retry-After": "5"})
             try:
                 body = self._read_body(length)
-                self.server.unwatch(self.connection)  # type: ignore[attr-defined] - it has arrived
+                self.server.unwatch(self.connection)  # it has arrived
                 if body is None:
                     self.close_connection = True  # the client stopped sending: nothing to answer
                     return None
@@ -393,7 +406,7 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
                 del body
                 self._send_result(host.call_api(event))
             finally:
-                self.server.release_body(length)  # type: ignore[attr-defined]
+                self.server.release_body(length)
             return None
 
         def _read_body(self, length: int) -> bytes | None:
@@ -453,7 +466,7 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
             self.log_error("code %d, message %s", code, message)
             self._refuse(int(code), message or HTTPStatus(code).phrase)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        def log_message(self, format: str, *args: Any) -> None:  # stdlib signature
             # The request line is the client's text: escape it, as the stdlib's own log_message
             # does, so it cannot drive the operator's terminal or forge a log line.
             http_log.info("%s %s", self.address_string(), printable(format % args))

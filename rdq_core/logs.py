@@ -78,7 +78,7 @@ def configure_logging(fmt: str = "auto", level: str | int = "INFO", stream: Text
     handler = logging.StreamHandler(stream)
     handler.setFormatter(TextFormatter() if chosen == "text" else JsonFormatter())
     handler.addFilter(_TaskKeysFilter())
-    handler.rdq_format = chosen  # type: ignore[attr-defined]
+    handler.rdq_format = chosen  # type: ignore[attr-defined]  # marks the handler as ours
     root = logging.getLogger()
     for existing in list(root.handlers):
         if getattr(existing, "rdq_format", None) or _is_plain_std_stream_handler(existing):
@@ -91,7 +91,7 @@ def configure_logging(fmt: str = "auto", level: str | int = "INFO", stream: Text
 def configured_format() -> str | None:
     """``text`` or ``json`` if ``configure_logging`` has set up this process, else None."""
     for existing in logging.getLogger().handlers:
-        chosen = getattr(existing, "rdq_format", None)
+        chosen: str | None = getattr(existing, "rdq_format", None)
         if chosen:
             return chosen
     return None
@@ -120,7 +120,7 @@ def current_task_keys() -> dict[str, Any]:
 class _TaskKeysFilter(logging.Filter):
     """Stamps the thread's task keys on the record while still on the thread that logged it."""
 
-    def filter(self, record: logging.LogRecord) -> bool:  # noqa: A003 - stdlib name
+    def filter(self, record: logging.LogRecord) -> bool:  # stdlib name
         if not hasattr(record, "rdq_keys"):
             record.rdq_keys = current_task_keys()
         return True

@@ -113,11 +113,11 @@ def error_from_exception(exc: BaseException) -> ErrorInfo:
     # the worker down with it.
     try:
         message = str(exc)
-    except Exception as describe_error:  # noqa: BLE001
+    except Exception as describe_error:  # noqa: BLE001 - a poison exception, see above
         message = f"<str() of the exception failed: {type(describe_error).__name__}>"
     try:
         stack = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
-    except Exception as describe_error:  # noqa: BLE001
+    except Exception as describe_error:  # noqa: BLE001 - a poison exception, see above
         stack = f"<the traceback could not be formatted: {type(describe_error).__name__}>"
     return truncated_error(name, message, stack)
 
@@ -143,7 +143,7 @@ def result_problem(result: object) -> str | None:
         return str(exc)[: Limits.error_message_chars]
     # RecursionError: nesting too deep to encode; any other error: a poison value (e.g. a dict
     # subclass whose items() raises). Either way a failed attempt, never a dead claim loop.
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - see above
         return f"handler result is not JSON-serialisable: {type(exc).__name__}: {exc}"[: Limits.error_message_chars]
     return None
 

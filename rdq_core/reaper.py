@@ -90,7 +90,7 @@ def reap_forever(
     interval: float = 5.0,
     batch_size: int = 100,
     should_stop: Callable[[], bool] = lambda: False,
-    between_passes: Callable[[], None] = lambda: None,
+    between_passes: Callable[[], object] = lambda: None,
     telemetry: Telemetry | None = None,
     max_backoff: float = 30.0,
     clock: Callable[[], float] = time.monotonic,

@@ -81,8 +81,8 @@ def policy_book_from_config(config: Mapping[str, object] | None) -> PolicyBook:
             raise ConfigurationError(f"policy for queue {queue!r} must be an object")
         backoff = DEFAULT_BACKOFF
         if raw.get("backoff") is not None:
-            backoff = Backoff(**{**DEFAULT_BACKOFF.to_dict(), **dict(raw["backoff"])})  # type: ignore[arg-type]
+            backoff = Backoff(**{**DEFAULT_BACKOFF.to_dict(), **dict(raw["backoff"])})
         queues[str(queue)] = RetryPolicy(
-            max_attempts=int(raw.get("max_attempts", DEFAULT_MAX_ATTEMPTS)), backoff=backoff  # type: ignore[arg-type]
+            max_attempts=int(raw.get("max_attempts", DEFAULT_MAX_ATTEMPTS)), backoff=backoff
         )
     return PolicyBook(queues=queues)

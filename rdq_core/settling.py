@@ -134,7 +134,7 @@ class Settler:
         except StorageUnavailable:
             log.error("could not settle %d task(s): storage unavailable; their leases will expire", len(settlements))
             failed = {s.task_id for s in settlements}
-        except Exception:  # noqa: BLE001 - an unclassified store error must not lose the batch
+        except Exception:  # an unclassified store error must not lose the batch
             log.exception("the store refused a settle of %d task(s) with an unexpected error; settling them one by one",
                           len(settlements))
             refused, failed = self._settle_one_by_one(settlements)
@@ -166,7 +166,7 @@ class Settler:
         except StorageUnavailable:
             log.error("could not release %d task(s): storage unavailable; their leases will expire", len(refs))
             report.failed_writes += len(refs)
-        except Exception:  # noqa: BLE001 - stop renewing them either way (finally), so they are reaped
+        except Exception:  # stop renewing them either way (finally), so they are reaped
             log.exception("could not release %d task(s): unexpected store error; their leases will expire", len(refs))
             report.failed_writes += len(refs)
         finally:
@@ -184,7 +184,7 @@ class Settler:
                 self.storage.settle([settlement])
             except StaleClaim:
                 refused.add(settlement.task_id)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 failed.add(settlement.task_id)
                 log.exception("could not settle task %s; its lease will expire", settlement.task_id)
         return refused, failed

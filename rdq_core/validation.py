@@ -205,7 +205,8 @@ def backoff(value: Any) -> Backoff | None:
         return value
     if not isinstance(value, Mapping):
         raise InvalidInput("backoff must be an object", "backoff")
-    allowed = {"initial_seconds": (0.0, 86_400.0), "factor": (1.0, 10.0), "max_seconds": (0.0, 7 * 86_400.0), "jitter": (0.0, 1.0)}
+    allowed = {"initial_seconds": (0.0, 86_400.0), "factor": (1.0, 10.0), "max_seconds": (0.0, 7 * 86_400.0),
+               "jitter": (0.0, 1.0)}
     unknown = set(value) - set(allowed)
     if unknown:
         raise InvalidInput(f"unknown backoff fields: {', '.join(sorted(map(str, unknown)))}", "backoff")

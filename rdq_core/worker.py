@@ -90,7 +90,7 @@ class HeartbeatLedger(ClaimLedger):
         except StorageUnavailable as exc:
             self.health.failed("heartbeat", exc)  # retried next beat
             return
-        except Exception:  # noqa: BLE001 - a beat that fails oddly is retried, never the end of the heartbeat
+        except Exception:  # a beat that fails oddly is retried, never the end of the heartbeat
             log.exception("unexpected error renewing %d lease(s); retrying next beat", len(refs))
             return
         self.health.ok()
@@ -230,7 +230,7 @@ class Worker:
         """Recover crashed workers' tasks: one bounded pass per interval. Fenced settles make
         any number of workers reaping at once record exactly one LEASE_EXPIRED per lost lease."""
         interval = self._reap_interval()
-        queues = list(self.config.queues) or [None]
+        queues: list[str | None] = [*self.config.queues] or [None]
         while not self.stop_event.wait(interval):
             try:
                 for queue in queues:
@@ -239,7 +239,7 @@ class Worker:
                                         telemetry=self.telemetry, clock=self.clock)
             except (StorageUnavailable, SchemaMissing) as exc:
                 self.health.failed("reaper", exc)
-            except Exception:  # noqa: BLE001 - reaping is retried next pass
+            except Exception:  # reaping is retried next pass
                 log.exception("unexpected error reaping expired leases; retrying in %gs", interval)
 
     def _heartbeat_loop(self) -> None:

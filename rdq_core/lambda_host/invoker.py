@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Literal, Protocol, Sequence
 
 log = logging.getLogger("rdq.lambda_host.invoker")
 
@@ -27,11 +27,13 @@ WAKE_SOURCE = "rdq.api"
 
 
 class LambdaInvokeClient(Protocol):
-    def invoke(self, **kwargs: Any) -> Any: ...
+    """The one call made on boto3's Lambda client (the dev host stands in for it locally)."""
+
+    def invoke(self, *, FunctionName: str, InvocationType: Literal["Event"], Payload: bytes) -> Any: ...
 
 
 class WorkerInvoker:
-    def __init__(self, client: LambdaInvokeClient | None = None, clock=time.monotonic) -> None:
+    def __init__(self, client: LambdaInvokeClient | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._client = client
         self._clock = clock
         self._last_wake = -math.inf

@@ -66,7 +66,7 @@ def metrics_enabled() -> bool:
     return not _truthy(os.environ.get("POWERTOOLS_DEV"))
 
 
-def add_metric(name: str, unit: str, value: float) -> None:
+def add_metric(name: str, unit: MetricUnit, value: float) -> None:
     """``metrics.add_metric`` unless metrics are disabled."""
     if metrics_enabled():
         metrics.add_metric(name=name, unit=unit, value=value)
@@ -134,11 +134,13 @@ class MetricsTelemetry(Telemetry):
         add_metric(metric, unit, value_ms)
 
 
-def publish_queue_gauge(queue: str, name: str, value: float, unit: str = MetricUnit.Count) -> None:
+def publish_queue_gauge(queue: str, name: str, value: float, unit: MetricUnit = MetricUnit.Count) -> None:
     """A per-queue gauge (dimension ``queue``), flushed at once as its own EMF blob."""
     if not metrics_enabled():
         return  # single_metric does not honour the switch that Metrics does
-    with single_metric(name=name, unit=unit, value=value, namespace=NAMESPACE, default_dimensions=metrics.default_dimensions) as metric:
+    with single_metric(
+        name=name, unit=unit, value=value, namespace=NAMESPACE, default_dimensions=metrics.default_dimensions
+    ) as metric:
         metric.add_dimension(name="service", value=SERVICE)
         metric.add_dimension(name="queue", value=queue)
 
@@ -160,7 +162,8 @@ class LoggedRegistry(HandlerRegistry):
         if spec is None:
             return None
         cached = self._wrapped.get(name)
-        if cached is None or cached.timeout_seconds != spec.timeout_seconds or getattr(cached.func, "__wrapped__", None) is not spec.func:
+        if (cached is None or cached.timeout_seconds != spec.timeout_seconds
+                or getattr(cached.func, "__wrapped__", None) is not spec.func):
             cached = HandlerSpec(spec.name, _with_task_keys(spec.func), spec.timeout_seconds)
             self._wrapped[name] = cached
         return cached
@@ -183,5 +186,5 @@ def _with_task_keys(func: Any) -> Any:
         finally:
             logger.thread_safe_remove_keys(list(keys))
 
-    run.__wrapped__ = func  # type: ignore[attr-defined]
+    run.__wrapped__ = func  # type: ignore[attr-defined]  # the marker _wrapped compares against
     return run

@@ -49,7 +49,8 @@ _QUERY_PARAMS = {
     "cursor": {"name": "cursor", "in": "query", "description": "opaque: the next_cursor of the previous page of this queue; "
                "any other value is 400; empty means the first page",
                "schema": {"type": "string", "maxLength": 1024, "pattern": "^[A-Za-z0-9_-]*$"}},
-    "limit": {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": Limits.page_size, "default": 50}},
+    "limit": {"name": "limit", "in": "query",
+              "schema": {"type": "integer", "minimum": 1, "maximum": Limits.page_size, "default": 50}},
     "error_type": {"name": "error_type", "in": "query", "description": "exact error type; empty means no filter",
                    "schema": {"type": "string", "maxLength": 256, "pattern": _NO_NUL}},
     "handler": {"name": "handler", "in": "query", "description": "exact handler name; empty means no filter",
@@ -104,7 +105,8 @@ def _schemas() -> dict[str, Any]:
                 "headers": {"type": ["object", "null"], "maxProperties": Limits.headers_count,
                             "propertyNames": {"minLength": 1, "maxLength": Limits.header_key_chars, "pattern": _NO_NUL,
                                               "not": {"pattern": "^rdq\\."}, "description": "the rdq. prefix is reserved"},
-                            "additionalProperties": {"type": "string", "maxLength": Limits.header_value_chars, "pattern": _NO_NUL}},
+                            "additionalProperties": {"type": "string", "maxLength": Limits.header_value_chars,
+                                                     "pattern": _NO_NUL}},
             },
         },
         "BatchRequest": {
@@ -117,7 +119,8 @@ def _schemas() -> dict[str, Any]:
             "type": "object", "required": ["results", "created", "existing", "conflict"],
             "properties": {
                 "results": {"type": "array", "items": {"oneOf": [
-                    {"type": "object", "required": ["id", "queue", "result", "status"], "additionalProperties": False, "properties": {
+                    {"type": "object", "required": ["id", "queue", "result", "status"], "additionalProperties": False,
+                     "properties": {
                         "id": {"type": "string"}, "queue": {"type": "string"},
                         "result": {"type": "string", "enum": ["created", "existing"]},
                         "status": {"$ref": "#/components/schemas/Status"}}},
@@ -142,7 +145,8 @@ def _schemas() -> dict[str, Any]:
             "required": ["id", "queue", "handler", "status", "attempt_count", "redrive_count", "attempts"],
             "properties": {
                 "id": {"type": "string"}, "queue": {"type": "string"}, "handler": {"type": "string"},
-                "created": {"type": "boolean", "description": "enqueue only: false when the id already existed on this queue and nothing was enqueued"},
+                "created": {"type": "boolean", "description": "enqueue only: false when the id already existed on this queue"
+                                                              " and nothing was enqueued"},
                 "payload": {}, "headers": {"type": "object", "additionalProperties": {"type": "string"}},
                 "status": {"$ref": "#/components/schemas/Status"},
                 "attempt_count": {"type": "integer"}, "redrive_count": {"type": "integer"},
@@ -211,7 +215,9 @@ def openapi_paths(routes: Iterable[Route]) -> dict[str, Any]:
     return paths
 
 
-def openapi_document(routes: Iterable[Route], server_url: str = "/", auth_mode: str = "iam", bearer: bool = False) -> dict[str, Any]:
+def openapi_document(
+    routes: Iterable[Route], server_url: str = "/", auth_mode: str = "iam", bearer: bool = False
+) -> dict[str, Any]:
     """The whole document for ``routes`` (``routes.ROUTES``), as served at ``server_url``."""
     paths = openapi_paths(routes)
     security_schemes: dict[str, Any] = {}
@@ -228,12 +234,16 @@ def openapi_document(routes: Iterable[Route], server_url: str = "/", auth_mode: 
         security.append({"sigv4": []})
     document: dict[str, Any] = {
         "openapi": "3.1.0",
-        "info": {"title": "rdq", "version": "1", "description": "Retry-and-dead-letter task queue. Errors are application/problem+json."},
+        "info": {"title": "rdq", "version": "1",
+                 "description": "Retry-and-dead-letter task queue. Errors are application/problem+json."},
         "servers": [{"url": server_url}],
         "paths": paths,
         "components": {
             "schemas": _schemas(),
-            "responses": {"Problem": {"description": "an RFC 9457 problem", "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}},
+            "responses": {"Problem": {
+                "description": "an RFC 9457 problem",
+                "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
+            }},
             "securitySchemes": security_schemes,
         },
     }

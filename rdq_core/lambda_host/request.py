@@ -80,7 +80,8 @@ class ApiRequest:
         if len(raw) > limit:
             raise ApiProblem(413, f"the request body exceeds {limit} bytes")
         content_type = (self.header("content-type") or "").split(";")[0].strip().lower()
-        if content_type != "application/json" and not (content_type.startswith("application/") and content_type.endswith("+json")):
+        if content_type != "application/json" and not (
+                content_type.startswith("application/") and content_type.endswith("+json")):
             raise ApiProblem(415, "send the body as application/json", headers={"Accept-Post": "application/json"})
         if not raw.strip():
             raise ApiProblem(400, "the request body is empty; a JSON object is required")

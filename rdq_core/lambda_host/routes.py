@@ -105,7 +105,7 @@ def _due_now(task: NewTask) -> bool:
 
 
 def _wake_worker(request: ApiRequest, queue: str, new_tasks: list[NewTask], results: list[EnqueueResult]) -> None:
-    if any(r.created and _due_now(t) for t, r in zip(new_tasks, results)):
+    if any(r.created and _due_now(t) for t, r in zip(new_tasks, results, strict=True)):
         _wake_worker_for(request, queue)
 
 
@@ -205,7 +205,8 @@ def _selection(request: ApiRequest) -> dict[str, Any]:
     for name in ("error_type", "handler"):
         if name in body and not isinstance(body[name], str):
             raise InvalidInput(f"{name} must be a string", name)
-    return {"ids": body.get("ids"), "error_type": body.get("error_type"), "handler": body.get("handler"), "all": bool(body.get("all", False))}
+    return {"ids": body.get("ids"), "error_type": body.get("error_type"), "handler": body.get("handler"),
+            "all": bool(body.get("all", False))}
 
 
 def redrive_dead(request: ApiRequest, queue: str) -> Reply:

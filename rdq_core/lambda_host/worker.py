@@ -65,7 +65,8 @@ def run_worker_invocation(
     telemetry = MetricsTelemetry()
 
     queues = settings.queues or _requested_queues(event) or tuple(storage.list_queues())
-    summary: dict[str, Any] = {"queues": list(queues), "claimed": 0, "started": 0, "released": 0, "too_long": 0, "outcomes": {}, "fanned_out": 0}
+    summary: dict[str, Any] = {"queues": list(queues), "claimed": 0, "started": 0, "released": 0, "too_long": 0,
+                               "outcomes": {}, "fanned_out": 0}
     if not queues:
         return summary
 

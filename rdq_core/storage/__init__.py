@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from typing import Callable
 from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from ..errors import InvalidInput
@@ -86,7 +87,7 @@ def open_storage(url: str | None = None) -> Storage:
     if target is None:
         raise InvalidInput(f"unsupported storage URL scheme {scheme!r}; expected one of {sorted(_BACKENDS)}", "storage_url")
     module_name, class_name = target.split(":")
-    backend = getattr(importlib.import_module(module_name), class_name)
+    backend: Callable[[str], Storage] = getattr(importlib.import_module(module_name), class_name)
     return backend(url)
 
 

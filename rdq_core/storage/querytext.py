@@ -29,7 +29,7 @@ def named_queries(package: str, filename: str) -> dict[str, str]:
 def parse_named(text: str, origin: str = "<text>") -> dict[str, str]:
     markers = list(_NAME_MARKER.finditer(text))
     queries: dict[str, str] = {}
-    for marker, following in zip(markers, markers[1:] + [None]):
+    for marker, following in zip(markers, [*markers[1:], None], strict=True):
         name = marker.group(1)
         if name in queries:
             raise RuntimeError(f"{origin}: query {name!r} is defined twice")

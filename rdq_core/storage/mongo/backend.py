@@ -8,7 +8,7 @@ import logging
 import threading
 import uuid
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeGuard
 from urllib.parse import parse_qsl, urlsplit
 
 import pymongo
@@ -109,7 +109,7 @@ class MongoStorage(StorageCore):
             if name.lower() not in in_url:  # keyword arguments would override the URL
                 options[name] = value
         try:
-            self._client: pymongo.MongoClient = pymongo.MongoClient(url, **options)
+            self._client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(url, **options)
         except (InvalidURI, ValueError) as exc:
             raise ConfigurationError(f"malformed MongoDB URL: {exc}") from exc
         except ConnectionFailure as exc:  # mongodb+srv may resolve DNS while constructing
@@ -244,7 +244,7 @@ class MongoStorage(StorageCore):
             if claimed_docs:
                 try:
                     self._release([ClaimRef(d["_id"], d["claim_token"]) for d in claimed_docs])
-                except Exception:
+                except Exception:  # noqa: BLE001 - best effort; the claim's own error is re-raised below
                     pass
             raise
         return claimed_docs
@@ -366,7 +366,7 @@ class MongoStorage(StorageCore):
                     "$unset": _CLAIM_FIELDS,
                 },
             )
-            for ref, write_id in zip(refs, write_ids)
+            for ref, write_id in zip(refs, write_ids, strict=True)
         ]
         matched = self._tasks.bulk_write(operations, ordered=False).matched_count
         if matched == len(refs):
@@ -375,7 +375,7 @@ class MongoStorage(StorageCore):
             d.get("release_write_id")
             for d in self._tasks.find({"_id": {"$in": [r.task_id for r in refs]}}, {"release_write_id": 1})
         }
-        return {r.task_id for r, write_id in zip(refs, write_ids) if write_id in released}
+        return {r.task_id for r, write_id in zip(refs, write_ids, strict=True) if write_id in released}
 
     def _expired(self, limit: int, queue: str | None) -> list[Mapping[str, Any]]:
         now_ms = _epoch_ms(self._server_now())
@@ -467,7 +467,7 @@ class MongoStorage(StorageCore):
         return self._purge(docs, {"status": {"$in": _RETAINED_STATUSES}}, "purge_succeeded")
 
     # -- history and purges ----------------------------------------------------------------
-    def _purge(self, docs: list[Mapping[str, Any]], still: dict[str, Any], name: str) -> int:
+    def _purge(self, docs: Sequence[Mapping[str, Any]], still: dict[str, Any], name: str) -> int:
         """Delete the tasks ``docs`` (those still matching ``still``), then the attempt rows of
         the ones really gone.
 
@@ -489,7 +489,7 @@ class MongoStorage(StorageCore):
             self._attempts.delete_many({"task_id": {"$in": sorted(gone)}, "incarnation": {"$in": incarnations}})
         return deleted
 
-    def _with_histories(self, docs: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    def _with_histories(self, docs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         """``docs`` as records carrying their ``attempts``: the attempts collection merged with
         the rows each task still carries, in at most one find. Tasks whose every attempt is on
         the task (never had one, or only unrecorded ones) cost no query."""
@@ -506,7 +506,7 @@ class MongoStorage(StorageCore):
                 rows_by_task.setdefault(row["task_id"], []).append(row)
         return [{**d, "attempts": _merged_history(d, rows_by_task.get(d["_id"], []))} for d in docs]
 
-    def _recorded(self, rows: list[Mapping[str, Any]]) -> set[str]:
+    def _recorded(self, rows: Sequence[Mapping[str, Any]]) -> set[str]:
         """write_ids of ``rows`` that are in the attempts collection (one find, by the unique
         index; none when there is nothing to look for)."""
         if not rows:
@@ -669,7 +669,7 @@ def _held_by(ref: ClaimRef) -> dict[str, Any]:
     return {"_id": ref.task_id, "status": TaskStatus.IN_FLIGHT.value, "claim_token": ref.claim_token}
 
 
-def _holds(doc: Mapping[str, Any] | None, claim_token: str) -> bool:
+def _holds(doc: Mapping[str, Any] | None, claim_token: str) -> TypeGuard[Mapping[str, Any]]:
     return (
         doc is not None
         and doc.get("status") == TaskStatus.IN_FLIGHT.value

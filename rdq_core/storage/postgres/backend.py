@@ -97,7 +97,8 @@ class PostgresStorage(StorageCore):
 
     # -- primitives -------------------------------------------------------------------------
     def _now(self) -> datetime:
-        return self._fetch_all(QUERIES["now"])[0]["now"]
+        now: datetime = self._fetch_all(QUERIES["now"])[0]["now"]
+        return now
 
     def _insert(self, tasks: Sequence[NewTask], connection: Any) -> list[InsertedRecord]:
         if connection is not None and not isinstance(connection, psycopg.Connection):

@@ -135,7 +135,7 @@ class RedisStorage(StorageCore):
                 pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
             replies = self._send(pipe.execute, False)  # raise_on_error=False: NOSCRIPT replies come back
             missing = []
-            for i, reply in zip(pending, replies):
+            for i, reply in zip(pending, replies, strict=True):
                 if isinstance(reply, NoScriptError) and attempt == 0:
                     missing.append(i)
                 elif isinstance(reply, Exception):
@@ -191,7 +191,7 @@ class RedisStorage(StorageCore):
         results: list[InsertedRecord | None] = [None] * len(tasks)
         accepted: dict[str, list[int]] = {}
         conflicting: dict[str, list[int]] = {}
-        for i, (task, owner) in enumerate(zip(tasks, owners)):
+        for i, (task, owner) in enumerate(zip(tasks, owners, strict=True)):
             if owner == task.queue:
                 accepted.setdefault(task.queue, []).append(i)
             else:
@@ -207,14 +207,14 @@ class RedisStorage(StorageCore):
             calls.append(self._queue_call("read_tasks", owner, *[tasks[i].id for i in indexes]))
         replies = iter(self._run_pipeline(calls))
 
-        for queue, indexes in accepted.items():
+        for indexes in accepted.values():
             created = next(replies)
             next(replies)
-            for i, (flag, reply) in zip(indexes, created):
+            for i, (flag, reply) in zip(indexes, created, strict=True):
                 results[i] = InsertedRecord(_record(reply), inserted=flag == 1)
         dangling: list[tuple[int, str]] = []
         for owner, indexes in conflicting.items():
-            for i, reply in zip(indexes, next(replies)):
+            for i, reply in zip(indexes, next(replies), strict=True):
                 if reply:
                     results[i] = InsertedRecord(_record(reply), inserted=False)
                 else:
@@ -229,11 +229,11 @@ class RedisStorage(StorageCore):
         the same, then enqueue again. Costs two more round trips, only in that case."""
         args = [v for i, owner in dangling for v in (tasks[i].id, owner, tasks[i].queue)]
         owners = self._run(self._global_call("take_over_ids", *args))
-        retry = [i for (i, _), owner in zip(dangling, owners) if owner == tasks[i].queue]
-        lost = [tasks[i].id for (i, _), owner in zip(dangling, owners) if owner != tasks[i].queue]
+        retry = [i for (i, _), owner in zip(dangling, owners, strict=True) if owner == tasks[i].queue]
+        lost = [tasks[i].id for (i, _), owner in zip(dangling, owners, strict=True) if owner != tasks[i].queue]
         if lost:
             raise TaskConflict(f"task id(s) {', '.join(lost)} are being enqueued on another queue concurrently")
-        for i, result in zip(retry, self._insert([tasks[i] for i in retry], None)):
+        for i, result in zip(retry, self._insert([tasks[i] for i in retry], None), strict=True):
             results[i] = result
 
     # -- worker side ---------------------------------------------------------------------------
@@ -252,7 +252,7 @@ class RedisStorage(StorageCore):
         extended: dict[str, str] = {}
         for expiries, _refused in self._run_batch(calls):
             # The script reports each task's expiry as stored: never earlier than it was.
-            extended.update(zip(expiries[::2], expiries[1::2]))
+            extended.update(zip(expiries[::2], expiries[1::2], strict=True))
         return extended
 
     def _settle(self, settlements: Sequence[Settlement]) -> set[str]:
@@ -266,7 +266,7 @@ class RedisStorage(StorageCore):
         by_queue = _group_by_token_queue(items)
         calls = [self._queue_call(script, queue, *[a for item in group for a in args(item)]) for queue, group in by_queue.items()]
         applied: set[str] = set()
-        for group, refused in zip(by_queue.values(), self._run_batch(calls)):
+        for group, refused in zip(by_queue.values(), self._run_batch(calls), strict=True):
             applied |= {item.task_id for item in group} - set(refused)
         return applied
 
@@ -354,7 +354,8 @@ class RedisStorage(StorageCore):
 
     # -- the global index and registry ---------------------------------------------------------
     def _queue_of(self, task_id: str) -> str | None:
-        return self._send(self._client.hget, self._global_keys[0], task_id)
+        queue: str | None = self._send(self._client.hget, self._global_keys[0], task_id)
+        return queue
 
     def _forget_ids(self, queue: str, deleted_ids: list[str], queue_emptied: bool) -> None:
         """Drop the index entries of deleted tasks (and the registry entry of an emptied queue).
@@ -444,6 +445,6 @@ def _group_by_token_queue(refs: Sequence[Any]) -> dict[str, list[Any]]:
 def _record(reply: Sequence[Any]) -> Mapping[str, Any]:
     """A script's task reply ``{task hash, attempts hash}`` (both flat) as a codec record."""
     fields, history = reply
-    record: dict[str, Any] = dict(zip(fields[::2], fields[1::2]))
-    record["attempts"] = [{"attempt_no": no, **json.loads(raw)} for no, raw in zip(history[::2], history[1::2])]
+    record: dict[str, Any] = dict(zip(fields[::2], fields[1::2], strict=True))
+    record["attempts"] = [{"attempt_no": no, **json.loads(raw)} for no, raw in zip(history[::2], history[1::2], strict=True)]
     return record

@@ -317,7 +317,7 @@ def _records(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
     if not rows:
         return []
     names = [column[0] for column in cursor.description]
-    return [dict(zip(names, row)) for row in rows]
+    return [dict(zip(names, row, strict=True)) for row in rows]
 
 
 def _tasks_by_id(conn: sqlite3.Connection, ids: Sequence[str]) -> list[dict[str, Any]]:
