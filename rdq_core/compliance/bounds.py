@@ -47,8 +47,8 @@ def _prepare(storage: Storage, operation: str, n: int, queue: str, short_lease: 
     if operation == "get":  # one task whose history holds n attempts
         (task_id,) = enqueue_n(storage, queue, 1)
         for _ in range(n):
-            (claimed,) = storage.claim(queue, 1, 30)
-            storage.settle([retry(claimed)])
+            (one,) = storage.claim(queue, 1, 30)
+            storage.settle([retry(one)])
         return lambda: storage.get(task_id)
     if operation == "find_expired":
         enqueue_n(storage, queue, n)
@@ -128,7 +128,7 @@ class BoundsCompliance:
                     # refused without asking the server: an answer, in bounded time.
                     if name not in ("extend", "settle", "release"):
                         wrong[name] = "raised StaleClaim"
-                except Exception as exc:  # reported below, with every other miss
+                except Exception as exc:  # noqa: BLE001 - reported below, with every other miss
                     wrong[name] = f"raised {type(exc).__name__}: {exc}"[:200]
                 took = time.monotonic() - started
                 if took > self.capabilities.unreachable_within:

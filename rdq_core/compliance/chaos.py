@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -218,7 +218,7 @@ class _StoreLoop:
         try:
             while not self._stop.wait(self.interval):
                 self.step(storage)
-        except BaseException as exc:  # surfaced after the run
+        except BaseException as exc:  # noqa: BLE001 - surfaced after the run
             self.failed(exc)
         finally:
             storage.close()
@@ -262,7 +262,7 @@ class Killer:
         self.pause = pause
         self.kills: list[ChaosProcess] = []
         self.missed: Counter[str] = Counter()
-        self.waited: Counter[str] = Counter()
+        self.waited: defaultdict[str, float] = defaultdict(float)  # seconds spent waiting, per aim
         self._aim: str | None = None
         self._aimed_at = 0.0
         self._next_at = time.monotonic() + rng.uniform(*pause)

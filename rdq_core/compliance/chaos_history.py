@@ -29,7 +29,9 @@ and write times, last lease extensions, how its process died) and the task's ful
 
 from __future__ import annotations
 
+import itertools
 import os
+import subprocess
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -37,7 +39,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ..model import Outcome, Task, TaskStatus
+from ..model import Attempt, Outcome, Task, TaskStatus
 from ..storage.spi import Storage, to_micros
 
 LE = Outcome.LEASE_EXPIRED.value
@@ -250,7 +252,7 @@ class ChaosProcess:
     name: str
     pid: int
     journal: ProcessJournal
-    popen: object = None
+    popen: subprocess.Popen[bytes] | None = None
     killed_at: float | None = None
     intent: str | None = None
     landed: set[str] = field(default_factory=set)
@@ -369,7 +371,7 @@ def audit(
         )
 
     figures: Counter[str] = Counter()
-    unmatched: list[tuple[str, object]] = []  # (task_id, attempt)
+    unmatched: list[tuple[str, Attempt]] = []  # (task_id, attempt)
     for task_id in task_ids:
         task = tasks[task_id]
         if task is None:
@@ -388,7 +390,7 @@ def audit(
         figures["attempts"] += len(task.attempts)
         figures["lease_expired_attempts"] += outcomes[LE]
 
-        attempts_by_key: dict[int, list] = defaultdict(list)
+        attempts_by_key: dict[int, list[Attempt]] = defaultdict(list)
         for attempt in task.attempts:
             attempts_by_key[to_micros(attempt.started_at)].append(attempt)
         keys = {claim.claimed_at for claim in claims_by_task[task_id]} | set(attempts_by_key)
@@ -474,7 +476,7 @@ def audit(
         if not spans and tasks.get(task_id) is not None:
             flag("never-ran", task_id, "no process ever ran it")
         spans.sort(key=lambda s: s[0])
-        for (s1, e1, c1), (s2, e2, c2) in zip(spans, spans[1:]):
+        for (_, e1, c1), (s2, _, c2) in itertools.pairwise(spans):
             if s2 < e1:
                 flag("overlap", task_id, f"two executions overlapped by {e1 - s2:.3f}s: {claim_text(c1)} and {claim_text(c2)}")
 

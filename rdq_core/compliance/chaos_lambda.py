@@ -26,7 +26,7 @@ import random
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from ..storage import open_storage, register_backend
 from .chaos_worker import JournalingStorage, chaos_handler, chaos_process_arguments, stamp, wait_for_go
@@ -74,7 +74,7 @@ class _LazyHandler:
     """The storage is opened inside the first invocation; handlers journal through it."""
 
     def __init__(self) -> None:
-        self._handle = None
+        self._handle: Callable[[Any, Any], dict[str, Any]] | None = None
 
     def __call__(self, payload: Any, ctx: Any) -> Any:
         if self._handle is None:

@@ -174,11 +174,11 @@ class JournalingStorage:
         # apart, they are not this process's own outcomes.
         reaping = bool(settlements) and all(s.outcome is Outcome.LEASE_EXPIRED for s in settlements)
         items = [(s.task_id, s.claim_token, s.outcome.value) for s in settlements]
-        return self._journaled("reap" if reaping else "settle", "-", items, lambda: self._inner.settle(settlements))
+        self._journaled("reap" if reaping else "settle", "-", items, lambda: self._inner.settle(settlements))
 
     def release(self, refs: Sequence[ClaimRef]) -> None:
         items = [(r.task_id, r.claim_token, "-") for r in refs]
-        return self._journaled("release", "-", items, lambda: self._inner.release(refs))
+        self._journaled("release", "-", items, lambda: self._inner.release(refs))
 
     def extend_leases(self, refs: Sequence[ClaimRef], lease_seconds: float):
         who = "ctx" if getattr(self._local, "from_handler", False) else "hb"
@@ -188,7 +188,7 @@ class JournalingStorage:
         )
 
 
-def chaos_handler(storage: JournalingStorage) -> Callable[[Any, Any], dict]:
+def chaos_handler(storage: JournalingStorage) -> Callable[[Any, Any], dict[str, Any]]:
     """The handler every chaos host runs; the payload says what it does::
 
         {"ms": 80}                                   sleep 80 ms
@@ -199,7 +199,7 @@ def chaos_handler(storage: JournalingStorage) -> Callable[[Any, Any], dict]:
                                                      attempt 1 sleeps 60 s (past any deadline)
     """
 
-    def handle(payload: Any, ctx: Any) -> dict:
+    def handle(payload: Any, ctx: Any) -> dict[str, Any]:
         duration = payload["ms"]
         if ctx.attempt <= payload.get("overrun_attempts", 0):
             duration = payload["overrun_ms"]
@@ -266,7 +266,7 @@ def main() -> None:
     wait_for_go(args.go_file)
     config = WorkerConfig(queues=[args.queue], batch_size=args.batch, lease_seconds=args.lease, idle_poll_seconds=0.05)
     policies = PolicyBook(RetryPolicy(max_attempts=50, backoff=Backoff(0.05, 2.0, 0.2, 0.0)))
-    Worker(storage, config, policies=policies, registry=registry).run_forever()  # type: ignore[arg-type]
+    Worker(storage, config, policies=policies, registry=registry).run_forever()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from .support import enqueue_n, success
 class ClaimCompliance:
     def test_claim_takes_oldest_due_first_up_to_the_limit(self, storage: Storage) -> None:
         ids = []
-        for i in range(5):
+        for _ in range(5):
             ids += enqueue_n(storage, "order", 1)
             time.sleep(0.002)
         first = storage.claim("order", 3, 30)
@@ -80,7 +80,7 @@ class ClaimCompliance:
                     seen[index] += [c.task.id for c in claimed]
                     tokens[index] += [c.claim_token for c in claimed]
                     store.settle([success(c) for c in claimed])
-            except BaseException as exc:  # surfaced below
+            except BaseException as exc:  # noqa: BLE001 - surfaced below
                 errors.append(exc)
 
         workers = [threading.Thread(target=claimer, args=(i,)) for i in range(threads)]

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from ..errors import InvalidCursor, InvalidInput
-from ..model import DeadFilter, ErrorInfo, Outcome, Settlement, TaskStatus
+from ..model import DeadFilter, ErrorInfo, Outcome, Settlement, Task, TaskStatus
 from ..storage.spi import Storage
 from .support import dead_letter, enqueue_n, new_task
 
@@ -55,7 +55,8 @@ class DeadLetterCompliance:
         claimed = storage.claim("ties", 25, 60)
         storage.settle([Settlement(c.task.id, c.claim_token, Outcome.PERMANENT_FAILURE, TaskStatus.DEAD,
                                    error=ErrorInfo("Boom")) for c in claimed])
-        walked, cursor = [], None
+        walked: list[Task] = []
+        cursor = None
         while True:
             page = storage.list_dead("ties", limit=4, cursor=cursor)
             walked += page.tasks

@@ -30,7 +30,7 @@ class EngineCompliance:
         claimed = storage.claim("engine", 10, 30)
         report = runner.run(claimed)
         assert report.started == 6 and report.stale == 0
-        got = {name: storage.get(r.task.id) for name, r in zip(names, results)}
+        got = {name: storage.get(r.task.id) for name, r in zip(names, results, strict=True)}
         assert got["ok"].status is TaskStatus.SUCCEEDED and got["ok"].result == {"echo": {"i": "ok"}, "attempt": 1}
         assert got["flaky"].status is TaskStatus.PENDING
         assert got["flaky"].attempts[0].error.type == "ZeroDivisionError" and "1 / 0" in got["flaky"].attempts[0].error.stack

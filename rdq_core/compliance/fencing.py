@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
+from typing import Callable
 
 import pytest
 
@@ -13,10 +15,12 @@ from ..model import ClaimRef, DeadFilter, ErrorInfo, Outcome, Settlement, TaskSt
 from ..reaper import reap_expired_leases
 from ..retry import PolicyBook, RetryPolicy
 from ..storage.spi import Storage
+from .capabilities import Capabilities
 from .support import FAST_BACKOFF, NEVER_ISSUED, enqueue_n, retry, state, success, wait_until
 
 
 class FencingCompliance:
+    capabilities: Capabilities  # declared by the suite class this is mixed into
     short_lease: float
 
     def test_fencing_rejects_never_issued_and_stale_tokens_on_every_write(self, storage: Storage) -> None:
@@ -29,12 +33,14 @@ class FencingCompliance:
         task_id = first.task.id
         for token in (NEVER_ISSUED, first.claim_token):
             before = storage.get(task_id)
-            writes = {
-                "settle": lambda: storage.settle([Settlement(task_id, token, Outcome.SUCCESS, TaskStatus.SUCCEEDED)]),
-                "retry": lambda: storage.settle([Settlement(task_id, token, Outcome.RETRYABLE_FAILURE, TaskStatus.PENDING, error=ErrorInfo("x"))]),
-                "dead": lambda: storage.settle([Settlement(task_id, token, Outcome.PERMANENT_FAILURE, TaskStatus.DEAD, error=ErrorInfo("x"))]),
-                "extend": lambda: storage.extend_leases([ClaimRef(task_id, token)], 600),
-                "release": lambda: storage.release([ClaimRef(task_id, token)]),
+            writes: dict[str, Callable[[], object]] = {
+                "settle": partial(storage.settle, [Settlement(task_id, token, Outcome.SUCCESS, TaskStatus.SUCCEEDED)]),
+                "retry": partial(storage.settle, [Settlement(task_id, token, Outcome.RETRYABLE_FAILURE, TaskStatus.PENDING,
+                                                             error=ErrorInfo("x"))]),
+                "dead": partial(storage.settle, [Settlement(task_id, token, Outcome.PERMANENT_FAILURE, TaskStatus.DEAD,
+                                                            error=ErrorInfo("x"))]),
+                "extend": partial(storage.extend_leases, [ClaimRef(task_id, token)], 600),
+                "release": partial(storage.release, [ClaimRef(task_id, token)]),
             }
             for name, write in writes.items():
                 with pytest.raises(StaleClaim) as refused:
@@ -100,7 +106,7 @@ class FencingCompliance:
                 applied.append(len(batch))
             except StaleClaim as stale:
                 applied.append(len(batch) - len(stale.task_ids))
-            except BaseException as exc:  # surfaced below
+            except BaseException as exc:  # noqa: BLE001 - surfaced below
                 errors.append(exc)
 
         threads = [threading.Thread(target=settle_batch, args=(order,)) for order in orders]

@@ -28,7 +28,7 @@ class LifecycleCompliance:
             barrier.wait()
             try:
                 store.migrate()
-            except BaseException as exc:  # surfaced below
+            except BaseException as exc:  # noqa: BLE001 - surfaced below
                 errors.append(exc)
 
         threads = [threading.Thread(target=run, args=(s,)) for s in stores]

@@ -31,7 +31,7 @@ class OperatorCompliance:
             "redrive": lambda: storage.redrive("shaped", DeadFilter(ids=({"$exists": True},))),
             "purge_dead": lambda: storage.purge_dead("shaped", DeadFilter(ids=(shaped,))),
         }
-        for name, call in calls.items():
+        for call in calls.values():
             with pytest.raises(InvalidInput):
                 call()
         assert storage.get(task_id).status is TaskStatus.PENDING and storage.stats("shaped").pending == 1

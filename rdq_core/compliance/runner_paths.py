@@ -14,8 +14,8 @@ import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
-from datetime import timedelta
-from typing import Any, Iterator, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Callable, Iterator, Sequence
 
 from ..client import Client
 from ..handlers import HandlerRegistry
@@ -89,10 +89,14 @@ def enqueue_in_order(storage: Storage, queue: str, handlers: Sequence[str]) -> l
     for handler in handlers:
         if ids:
             previous = storage.get(ids[-1]).next_attempt_at
-            wait_until(lambda: storage.now() > previous + timedelta(milliseconds=2), timeout=5, interval=0.001,
+            wait_until(_clock_passes(storage, previous + timedelta(milliseconds=2)), timeout=5, interval=0.001,
                        what="the store clock to move on")
         ids.append(client.enqueue(queue, handler).id)
     return ids
+
+
+def _clock_passes(storage: Storage, instant: datetime) -> Callable[[], bool]:
+    return lambda: storage.now() > instant
 
 
 def in_order(claimed: Sequence[Any], ids: Sequence[str]) -> list[Any]:
@@ -271,9 +275,9 @@ class RunnerPathsCompliance:
         unstarted = client.enqueue("odd-store", "never-fits").id
         for method in ("settle", "release"):
             odd = RaisingOnce(storage, method)
-            ledger = HeartbeatLedger(odd, 60)  # type: ignore[arg-type]
+            ledger = HeartbeatLedger(odd, 60)
             claimed = odd.claim("odd-store", 4, 60)
-            BatchRunner(odd, POLICIES, registry, lease_seconds=60, settle_batch=1).run(  # type: ignore[arg-type]
+            BatchRunner(odd, POLICIES, registry, lease_seconds=60, settle_batch=1).run(
                 claimed, deadline=time.monotonic() + 30, ledger=ledger)
             assert odd.raised == 1
             assert ledger.held() == [], f"{method}: claims left renewed by the heartbeat"

@@ -24,7 +24,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Self
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .support import wait_until
@@ -52,7 +52,8 @@ def free_loopback_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def port_refuses(port: int) -> bool:
@@ -66,13 +67,13 @@ class ServerStartError(RuntimeError):
 
 
 def start_owned_server(
-    start: Callable[[int], subprocess.Popen],
+    start: Callable[[int], subprocess.Popen[bytes]],
     served_pid: Callable[[int], int | None],
     what: str,
     log_tail: Callable[[], str] = lambda: "",
     attempts: int = 3,
     timeout: float = SERVER_START_DEADLINE_S,
-) -> tuple[subprocess.Popen, int]:
+) -> tuple[subprocess.Popen[bytes], int]:
     """Start a server on a free loopback port and make sure the one answering there is *ours*.
 
     ``start(port)`` launches the server; ``served_pid(port)`` asks whoever answers on ``port``
@@ -103,7 +104,7 @@ def start_owned_server(
     raise ServerStartError("; ".join(problems))
 
 
-def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
     """Stop a process we started, by its PID (its own process group if it leads one): SIGTERM,
     then SIGKILL."""
     if process.poll() is not None:
@@ -119,7 +120,7 @@ def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
         pass
 
 
-def _leads_own_group(process: subprocess.Popen) -> bool:
+def _leads_own_group(process: subprocess.Popen[bytes]) -> bool:
     try:
         return os.getpgid(process.pid) == process.pid
     except ProcessLookupError:
@@ -130,7 +131,8 @@ def mongo_served_pid(port: int) -> int | None:
     """The PID the MongoDB wire server on ``port`` reports (``serverStatus``), or None."""
     import pymongo
 
-    client = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", serverSelectionTimeoutMS=250, connectTimeoutMS=250)
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
+        f"mongodb://127.0.0.1:{port}/", serverSelectionTimeoutMS=250, connectTimeoutMS=250)
     try:
         return int(client.admin.command("serverStatus")["pid"])
     except (pymongo.errors.PyMongoError, KeyError, TypeError, ValueError):
@@ -166,7 +168,7 @@ class OwnedProcessServer:
     def __init__(self, prefix: str, new_session: bool = False) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix=prefix))
         self.port = 0
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.new_session = new_session  # its own process group: a Ctrl-C to ours does not reach it
 
     def argv(self, port: int) -> list[str]:
@@ -182,12 +184,12 @@ class OwnedProcessServer:
     def _log_tail(self) -> str:
         return (self.workdir / "server.log").read_text(errors="replace")
 
-    def _spawn(self, port: int) -> subprocess.Popen:
+    def _spawn(self, port: int) -> subprocess.Popen[bytes]:
         with open(self.workdir / "server.log", "ab") as log:
             return subprocess.Popen(self.argv(port), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     cwd=self.workdir, start_new_session=self.new_session)
 
-    def start(self) -> "OwnedProcessServer":
+    def start(self) -> Self:
         if not self.port:
             self.process, self.port = start_owned_server(self._spawn, self.served_pid, self.what, self._log_tail)
             return self
@@ -196,7 +198,8 @@ class OwnedProcessServer:
         def ours() -> bool:
             pid = self.served_pid(self.port)
             if pid is not None and pid != self.process.pid:
-                raise ServerStartError(f"port {self.port} is served by PID {pid}, not by our {self.what} (PID {self.process.pid})")
+                raise ServerStartError(
+                    f"port {self.port} is served by PID {pid}, not by our {self.what} (PID {self.process.pid})")
             if pid is None and self.process.poll() is not None:
                 raise ServerStartError(f"{self.what} exited with {self.process.returncode}: {self._log_tail()[-1500:]}")
             return pid is not None
@@ -315,7 +318,7 @@ class OwnedPostgres:
         pid = self.postmaster_pid
         try:
             self.stop("immediate")
-        except Exception:  # fall back to the PID the cluster wrote
+        except Exception:  # noqa: BLE001 - fall back to the PID the cluster wrote
             if pid and _pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -459,7 +462,8 @@ def mongo_url_with_database(server_url: str, database: str) -> str:
 def mongo_answers(url: str, timeout_ms: int = 500) -> bool:
     import pymongo
 
-    client = pymongo.MongoClient(url, serverSelectionTimeoutMS=timeout_ms, connectTimeoutMS=timeout_ms)
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
+        url, serverSelectionTimeoutMS=timeout_ms, connectTimeoutMS=timeout_ms)
     try:
         client.admin.command("ping")
         return True
@@ -478,7 +482,7 @@ def mongo_fresh_database(server_url: str, prefix: str = "rdq_test_") -> Iterator
     try:
         yield mongo_url_with_database(server_url, database)
     finally:
-        client = pymongo.MongoClient(server_url, serverSelectionTimeoutMS=5000)
+        client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(server_url, serverSelectionTimeoutMS=5000)
         try:
             client.drop_database(database)
         finally:

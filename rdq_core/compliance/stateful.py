@@ -271,11 +271,11 @@ class _Tally:
     examples: int = 0
     steps: int = 0
     runs: int = 0
-    rules: Counter = field(default_factory=Counter)
+    rules: Counter[str] = field(default_factory=Counter)
     tokens: set[str] = field(default_factory=set)  # every token the store handed out, all examples
 
 
-def _watched(fn: Callable) -> Callable:
+def _watched(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Counts steps and remembers failures (so teardown leaves the evidence in place)."""
 
     @functools.wraps(fn)
@@ -319,7 +319,7 @@ class StorageMachine(RuleBasedStateMachine):
         self.snapshot: dict[str, Task] = {}      # backend state after the last step
         self.serial = 0
         self.steps = 0
-        self.ran: Counter = Counter()  # rules run in this example (some are rationed)
+        self.ran: Counter[str] = Counter()  # rules run in this example (some are rationed)
         self.failed = False
 
     def _next(self) -> int:
@@ -342,15 +342,16 @@ class StorageMachine(RuleBasedStateMachine):
         held = sorted(t.id for t in self.model.held())
         return data.draw(st.lists(st.sampled_from(held), min_size=1, max_size=max_size, unique=True), label="held")
 
-    def _stale_candidates(self, exclude: Sequence[str] = ()) -> list[tuple[str, str]]:
+    def _stale_candidates(self, exclude: Sequence[str] = ()) -> list[tuple[str, str | None]]:
         """(task id, token) pairs no store may accept: spent tokens, never-issued ones, and a
         live token presented for another task."""
         everything = {**self.model.purged, **self.model.tasks}
-        pairs = [(task_id, token) for task_id, task in sorted(everything.items()) for token in task.spent_tokens]
+        pairs: list[tuple[str, str | None]] = [
+            (task_id, token) for task_id, task in sorted(everything.items()) for token in task.spent_tokens]
         pairs += [(task_id, NEVER_ISSUED) for task_id in sorted(everything)]
         pairs.append((f"t{self.tag}-unknown", NEVER_ISSUED))
         held = sorted(self.model.held(), key=lambda t: t.id)
-        pairs += [(a.id, b.token) for a, b in zip(held, held[1:] + held[:1]) if a.id != b.id]
+        pairs += [(a.id, b.token) for a, b in zip(held, held[1:] + held[:1], strict=True) if a.id != b.id]
         return [(task_id, token) for task_id, token in pairs if task_id not in exclude]
 
     @initialize(max_attempts=st.integers(2, 4), far_backoff=st.booleans())
@@ -405,7 +406,7 @@ class StorageMachine(RuleBasedStateMachine):
         expected = self.model.enqueue(items)
         assert [r.task.id for r in results] == [i.id for i in items], "enqueue results out of input order"
         assert [(r.created, r.conflict) for r in results] == expected, "enqueue (created, conflict) flags"
-        for result, item in zip(results, items):
+        for result, item in zip(results, items, strict=True):
             old = before[item.id]
             if old is not None:  # an idempotent repeat returns the existing task untouched
                 got = result.task
@@ -452,7 +453,7 @@ class StorageMachine(RuleBasedStateMachine):
             self.snapshot[task_id] = task
         return self.snapshot[task_id]
 
-    def _settlement(self, data: st.DataObject, task_id: str) -> tuple[Settlement, tuple]:
+    def _settlement(self, data: st.DataObject, task_id: str) -> tuple[Settlement, tuple[Any, ...]]:
         """One settlement for a held task and what the model expects it to do."""
         token = self.model.tasks[task_id].token
         assert token is not None
@@ -500,7 +501,7 @@ class StorageMachine(RuleBasedStateMachine):
         assert list(refused) == ([stale_id] if stale_id else []), f"settle refused {refused}"
         if stale_id:
             assert self.store.get(stale_id) == stale_before, f"a refused settle changed {stale_id}"
-        for task_id, (_, (outcome, status, delay, error_type, result)) in zip(chosen, planned):
+        for task_id, (_, (outcome, status, delay, error_type, result)) in zip(chosen, planned, strict=True):
             self.model.settled(task_id, outcome, status, delay, error_type, result)
             del self.claims[task_id]
 
@@ -708,7 +709,8 @@ class StorageMachine(RuleBasedStateMachine):
         # The backend's next_attempt_at must follow the order in which the model made tasks due.
         stamps = [self.snapshot[t.id].next_attempt_at for t in due]
         assert stamps == sorted(stamps), f"next_attempt_at out of event order on {queue}"
-        pages, dead, cursor = 0, [], None
+        pages, cursor = 0, None
+        dead: list[Task] = []
         while True:
             page = self.store.list_dead(queue, limit=DLQ_PAGE, cursor=cursor)
             assert len(page.tasks) <= DLQ_PAGE

@@ -27,7 +27,7 @@ def wait_until(condition: Callable[[], T], timeout: float = 10.0, interval: floa
 
 
 def new_task(queue: str, handler: str = "noop", payload: object = None, **fields: object) -> NewTask:
-    return NewTask(id=fields.pop("id", None) or new_task_id(), queue=queue, handler=handler, payload=payload, **fields)  # type: ignore[arg-type]
+    return NewTask(id=fields.pop("id", None) or new_task_id(), queue=queue, handler=handler, payload=payload, **fields)
 
 
 def enqueue_n(storage: Storage, queue: str, n: int, **fields: object) -> list[str]:
@@ -77,6 +77,6 @@ def fail_permanently(claimed: ClaimedTask, error_type: str = "boom.Error") -> Se
                       error=ErrorInfo(error_type, "failed on purpose"))
 
 
-def state(task: Task) -> tuple:
+def state(task: Task) -> tuple[object, ...]:
     """The parts of a task a refused write must not change."""
     return (task.status, task.attempt_count, task.lease_expires_at, task.next_attempt_at, len(task.attempts), task.result)

@@ -17,8 +17,10 @@ unreachable server fails under CI and skips elsewhere, as everywhere.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
+from functools import partial
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -77,7 +79,7 @@ def build_scenario(seed: int = SEED, operations: int = OPERATIONS) -> list[tuple
         pairs = [(i, tok) for i, t in sorted(everything.items()) for tok in t.spent_tokens]
         pairs += [(i, "never") for i in sorted(everything)][:3]
         held = sorted(model.held(), key=lambda t: t.id)
-        pairs += [(a.id, b.token) for a, b in zip(held, held[1:]) if a.id != b.id]
+        pairs += [(a.id, b.token) for a, b in itertools.pairwise(held) if a.id != b.id]
         return [p for p in pairs if p[0] not in exclude]
 
     def dead_filter() -> tuple:
@@ -280,18 +282,18 @@ def replay(store: Storage, ops: list[tuple]) -> list[tuple]:
                     batch.append(Settlement(task_id, token(sym), outcome, status, retry_delay_seconds=delay, error=error))
             if stale:
                 batch.insert(position, Settlement(stale[0], token(stale[1]), Outcome.SUCCESS, TaskStatus.SUCCEEDED))
-            answer = fenced(lambda: store.settle(batch))
+            answer = fenced(partial(store.settle, batch))
         elif kind == "stale":
             _, task_id, sym, write = op
             ref, error = ClaimRef(task_id, token(sym)), ErrorInfo("e.Stale", "late")
             answer = fenced({
-                "success": lambda: store.settle([Settlement(task_id, ref.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED)]),
-                "retry": lambda: store.settle([Settlement(task_id, ref.claim_token, Outcome.RETRYABLE_FAILURE,
-                                                          TaskStatus.PENDING, error=error)]),
-                "dead": lambda: store.settle([Settlement(task_id, ref.claim_token, Outcome.PERMANENT_FAILURE,
-                                                         TaskStatus.DEAD, error=error)]),
-                "extend": lambda: store.extend_leases([ref], LONG_LEASE),
-                "release": lambda: store.release([ref]),
+                "success": partial(store.settle, [Settlement(task_id, ref.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED)]),
+                "retry": partial(store.settle, [Settlement(task_id, ref.claim_token, Outcome.RETRYABLE_FAILURE,
+                                                           TaskStatus.PENDING, error=error)]),
+                "dead": partial(store.settle, [Settlement(task_id, ref.claim_token, Outcome.PERMANENT_FAILURE,
+                                                          TaskStatus.DEAD, error=error)]),
+                "extend": partial(store.extend_leases, [ref], LONG_LEASE),
+                "release": partial(store.release, [ref]),
             }[write])
         elif kind == "extend":
             _, refs, lease = op
@@ -299,13 +301,13 @@ def replay(store: Storage, ops: list[tuple]) -> list[tuple]:
             extended: dict = {}
 
             def extend() -> None:
-                extended.update(store.extend_leases([ClaimRef(i, token(sym)) for i, sym in refs], seconds))
+                extended.update(store.extend_leases([ClaimRef(i, token(sym)) for i, sym in refs], seconds))  # noqa: B023 - run at once
 
             refused = fenced(extend)
             expiries.extend(extended.values())
             answer = (sorted(extended), refused)
         elif kind == "release":
-            answer = fenced(lambda: store.release([ClaimRef(i, token(sym)) for i, sym in op[1]]))
+            answer = fenced(partial(store.release, [ClaimRef(i, token(sym)) for i, sym in op[1]]))
         elif kind == "lapse":
             lapse()
             answer = None
@@ -326,7 +328,7 @@ def replay(store: Storage, ops: list[tuple]) -> list[tuple]:
         elif kind == "purge_succeeded":
             # "Older than 0 s" must cover the last update: let the store's clock move past it first.
             start = store.now()
-            wait_until(lambda: store.now() > start, timeout=2.0, interval=0.002, what="the clock to tick")
+            wait_until(lambda start=start: store.now() > start, timeout=2.0, interval=0.002, what="the clock to tick")
             answer = store.purge_succeeded(older_than_seconds=0, limit=1000)
         elif kind == "check":
             answer = _records(store, sorted(names))
@@ -391,7 +393,7 @@ def test_one_scenario_leaves_the_same_records_on_every_backend(fresh_store_url):
     reference = transcripts["sqlite"]
     for backend, transcript in transcripts.items():
         assert len(transcript) == len(reference)
-        for mine, theirs in zip(reference, transcript):
+        for mine, theirs in zip(reference, transcript, strict=True):
             where = _first_difference(mine[2], theirs[2])
             assert where is None, (
                 f"{backend} differs from sqlite at operation {mine[0]} {ops[mine[0]]}:\n"
@@ -407,7 +409,7 @@ def _first_difference(a: Any, b: Any, path: str = "answer") -> tuple | None:
                 return found
         return None
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
-        for index, (x, y) in enumerate(zip(a, b)):
+        for index, (x, y) in enumerate(zip(a, b, strict=True)):
             found = _first_difference(x, y, f"{path}[{index}]")
             if found:
                 return found

@@ -19,13 +19,13 @@ import pytest
 
 pymongo = pytest.importorskip("pymongo")
 
-from rdq_core.compliance import Capabilities, PerTask, StorageCompliance  # noqa: E402
-from rdq_core.compliance.servers import mongo_url_with_database  # noqa: E402
-from rdq_core.compliance.support import wait_until  # noqa: E402
-from rdq_core.errors import StorageUnavailable  # noqa: E402
-from rdq_core.model import DeadFilter, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus  # noqa: E402
-from rdq_core.storage import open_storage  # noqa: E402
-from rdq_core.storage.mongo import MongoStorage  # noqa: E402
+from rdq_core.compliance import Capabilities, PerTask, StorageCompliance  # noqa: E402 - after importorskip
+from rdq_core.compliance.servers import mongo_url_with_database  # noqa: E402 - after importorskip
+from rdq_core.compliance.support import wait_until  # noqa: E402 - after importorskip
+from rdq_core.errors import StorageUnavailable  # noqa: E402 - after importorskip
+from rdq_core.model import DeadFilter, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus  # noqa: E402 - after importorskip
+from rdq_core.storage import open_storage  # noqa: E402 - after importorskip
+from rdq_core.storage.mongo import MongoStorage  # noqa: E402 - after importorskip
 
 
 class TestMongoCompliance(StorageCompliance):

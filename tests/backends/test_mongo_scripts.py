@@ -12,8 +12,8 @@ import pytest
 
 pymongo = pytest.importorskip("pymongo")
 
-from rdq_core.storage.mongo import MongoStorage  # noqa: E402
-from rdq_core.storage.querytext import migrations  # noqa: E402
+from rdq_core.storage.mongo import MongoStorage  # noqa: E402 - after importorskip
+from rdq_core.storage.querytext import migrations  # noqa: E402 - after importorskip
 
 PACKAGE = "rdq_core.storage.mongo"
 

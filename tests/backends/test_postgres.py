@@ -15,14 +15,14 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 import pytest
 
 psycopg = pytest.importorskip("psycopg")
-from psycopg import errors as pg_errors  # noqa: E402
+from psycopg import errors as pg_errors  # noqa: E402 - after importorskip
 
-from rdq_core.compliance import Capabilities, StorageCompliance  # noqa: E402
-from rdq_core.compliance.servers import pg_url_with_search_path  # noqa: E402
-from rdq_core.errors import StorageUnavailable  # noqa: E402
-from rdq_core.model import NewTask, Outcome, Settlement, TaskStatus  # noqa: E402
-from rdq_core.storage import open_storage  # noqa: E402
-from rdq_core.storage.postgres import CLAIM_SQL, FIND_EXPIRED_LEASES_SQL, PostgresStorage  # noqa: E402
+from rdq_core.compliance import Capabilities, StorageCompliance  # noqa: E402 - after importorskip
+from rdq_core.compliance.servers import pg_url_with_search_path  # noqa: E402 - after importorskip
+from rdq_core.errors import StorageUnavailable  # noqa: E402 - after importorskip
+from rdq_core.model import NewTask, Outcome, Settlement, TaskStatus  # noqa: E402 - after importorskip
+from rdq_core.storage import open_storage  # noqa: E402 - after importorskip
+from rdq_core.storage.postgres import CLAIM_SQL, FIND_EXPIRED_LEASES_SQL, PostgresStorage  # noqa: E402 - after importorskip
 
 
 @pytest.fixture
@@ -229,7 +229,8 @@ def test_session_timeouts_and_tcp_settings_default_and_yield_to_the_url(storage_
         with store._connection() as conn:
             params = conn.info.get_parameters()
         assert (params["keepalives"], params["keepalives_idle"], params["connect_timeout"]) == ("1", "30", "10")
-        assert store._fetch_all("SHOW search_path")[0]["search_path"] == dict(parse_qsl(urlsplit(storage_url).query))["options"].split("=", 1)[1]
+        options = dict(parse_qsl(urlsplit(storage_url).query))["options"]
+        assert store._fetch_all("SHOW search_path")[0]["search_path"] == options.split("=", 1)[1]
     finally:
         store.close()
     custom = pg_url_with_search_path(storage_url, "public").replace("options=", "options=-c%20statement_timeout%3D2s%20", 1)

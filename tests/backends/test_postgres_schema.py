@@ -14,8 +14,8 @@ import pytest
 
 psycopg = pytest.importorskip("psycopg")
 
-from rdq_core.compliance.servers import pg_fresh_schema  # noqa: E402
-from rdq_core.storage.postgres import PostgresStorage
+from rdq_core.compliance.servers import pg_fresh_schema  # noqa: E402 - after importorskip
+from rdq_core.storage.postgres import PostgresStorage  # noqa: E402 - after importorskip
 
 
 # Each query runs with search_path set to the schema it describes, so definitions print

@@ -16,12 +16,12 @@ import pytest
 
 redis = pytest.importorskip("redis")
 
-from rdq_core.compliance import Capabilities, StorageCompliance  # noqa: E402
-from rdq_core.errors import StaleClaim, StorageUnavailable  # noqa: E402
-from rdq_core.model import ClaimRef, DeadFilter, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus  # noqa: E402
-from rdq_core.storage import open_storage  # noqa: E402
-from rdq_core.storage.redis import RedisStorage  # noqa: E402
-from rdq_core.storage.spi import to_micros  # noqa: E402
+from rdq_core.compliance import Capabilities, StorageCompliance  # noqa: E402 - after importorskip
+from rdq_core.errors import StaleClaim, StorageUnavailable  # noqa: E402 - after importorskip
+from rdq_core.model import ClaimRef, DeadFilter, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus  # noqa: E402 - see above
+from rdq_core.storage import open_storage  # noqa: E402 - after importorskip
+from rdq_core.storage.redis import RedisStorage  # noqa: E402 - after importorskip
+from rdq_core.storage.spi import to_micros  # noqa: E402 - after importorskip
 
 
 def keys_under(client, prefix: str) -> list[str]:

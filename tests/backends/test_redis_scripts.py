@@ -14,7 +14,7 @@ import pytest
 
 redis = pytest.importorskip("redis")
 
-from rdq_core.storage.redis import backend, lua  # noqa: E402
+from rdq_core.storage.redis import backend, lua  # noqa: E402 - after importorskip
 
 SCRIPT_DIR = resources.files("rdq_core.storage.redis").joinpath("scripts")
 
