@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
                         row = round_trips_per_task(session, backend, batch, args.rt_n)
                         rec.section("round_trips").append(row)
                         log(f"round trips {backend} batch {batch}: claim+settle {row['claim_settle']:.3f}/task")
-                    except Exception as exc:
+                    except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
                         rec.error(f"roundtrips {backend} b{batch}", exc)
             rec.save()
 
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
                                 rec.section("e2e").append(row)
                                 log(f"e2e {backend} W={w} b={batch}: {row['process_tasks_per_s']:.0f}/s "
                                     f"(enqueue {row['enqueue_tasks_per_s']:.0f}/s)")
-                            except Exception as exc:
+                            except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
                                 rec.error(f"e2e {backend} W{w} b{batch}", exc)
                 rec.save()
 
@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
                                 row.update(rep=rep, system="rdq")
                                 rec.section("head_to_head").append(row)
                                 log(f"h2h rdq {backend} W={w} b={peer_batch}: {row['process_tasks_per_s']:.0f}/s")
-                            except Exception as exc:
+                            except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
                                 rec.error(f"h2h rdq {backend} W{w}", exc)
                         for peer in peers:
                             try:
@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
                                 rec.section("head_to_head").append(row)
                                 log(f"h2h {peer} W={w}: {row['process_tasks_per_s']:.0f}/s "
                                     f"(enqueue {row['enqueue_tasks_per_s']:.0f}/s)")
-                            except Exception as exc:
+                            except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
                                 rec.error(f"peer {peer} W{w}", exc)
                 if "ceiling" in parts:
                     for clients in workers:
@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
                             row["rep"] = rep
                             rec.section("ceiling").append(row)
                             log(f"ceiling clients={clients}: {row['rows_per_s']:.0f} rows/s")
-                        except Exception as exc:
+                        except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
                             rec.error(f"ceiling c{clients}", exc)
                 rec.save()
 
@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
                         rec.section("backlog").append(row)
                         log(f"backlog {backend} {size}: claim p50 {row['claim_p50_ms']:.2f} ms "
                             f"p99 {row['claim_p99_ms']:.2f} ms, reap {row.get('reap_tasks_per_s', 0):.0f}/s")
-                    except Exception as exc:
+                    except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
                         rec.error(f"backlog {backend} {size}", exc)
                     rec.save()
 
@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             rec.data["imports"] = cold_imports(args.import_runs)
             log("import times measured")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
             rec.error("imports", exc)
     if "artifacts" in parts:
         from .serverless import artifact_sizes
@@ -225,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             rec.data["artifacts"] = artifact_sizes()
             log("artifact sizes measured")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
             rec.error("artifacts", exc)
     rec.note_load("end")
     rec.data["elapsed_seconds"] = time.monotonic() - began

@@ -157,12 +157,12 @@ def read_counters(directory: str) -> dict[str, Any]:
             continue
         if len(data) < _COUNTER.size:
             continue
-        c, f, l, r = _COUNTER.unpack(data)
+        c, f, last_at, r = _COUNTER.unpack(data)
         if c <= 0:
             continue
         count += c
         first = f if first is None else min(first, f)
-        last = l if last is None else max(last, l)
+        last = last_at if last is None else max(last, last_at)
         rss = max(rss, r)
     return {"count": count, "first": first, "last": last, "peak_rss_mb": rss}
 

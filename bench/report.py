@@ -72,7 +72,8 @@ def render(data: dict) -> str:
              ("yes" if r["claim_settle"] <= 0.05 else "**no**") if r["batch"] == 100 else ""]
             for r in data["round_trips"]
         ]
-        out += [_table(["backend", "batch", "enqueue", "claim", "settle", "claim+settle", "total", "≤ 0.05 at batch 100"], rows), ""]
+        out += [_table(["backend", "batch", "enqueue", "claim", "settle", "claim+settle", "total", "≤ 0.05 at batch 100"], rows),
+                ""]
 
     if data.get("e2e"):
         out += ["## End-to-end throughput (median of runs)", ""]
@@ -101,10 +102,12 @@ def render(data: dict) -> str:
         out += [_table(["system", "backend", "W", "N", "runs", "enqueue tasks/s", "process tasks/s", "peak RSS MiB"], rows), ""]
         rows = [[r["backend"], str(r["workers"]), _f(r["rdq"]), f"{r['best_peer']} {_f(r['best_peer_tasks_per_s'])}",
                  _f(r["ratio"], 2) + "×" if r["ratio"] else "–",
-                 _f(r["ceiling"]), _f(r["ceiling_fraction"] * 100 if r["ceiling_fraction"] else None, 0) + ("%" if r["ceiling_fraction"] else "")]
+                 _f(r["ceiling"]),
+                 _f(r["ceiling_fraction"] * 100 if r["ceiling_fraction"] else None, 0) + ("%" if r["ceiling_fraction"] else "")]
                 for r in summary["ratios"]]
         out += ["### rdq against the best peer and the SKIP LOCKED ceiling", "",
-                _table(["backend", "W", "rdq tasks/s", "best peer tasks/s", "rdq / best peer", "ceiling rows/s", "rdq / ceiling"], rows), ""]
+                _table(["backend", "W", "rdq tasks/s", "best peer tasks/s", "rdq / best peer", "ceiling rows/s", "rdq / ceiling"],
+                       rows), ""]
 
     if data.get("backlog"):
         out += ["## Cost against backlog (claim batch 100; reaper over the expired leases)", ""]
@@ -121,7 +124,8 @@ def render(data: dict) -> str:
 
     if data.get("imports"):
         out += ["## Cold import time per Lambda entry point (median of fresh interpreters)", ""]
-        rows = [[r["function"], r["backend"], r["measured"], _f(r.get("median_ms"), 0) if "error" not in r else "error: " + r["error"][-120:]]
+        rows = [[r["function"], r["backend"], r["measured"],
+                 _f(r.get("median_ms"), 0) if "error" not in r else "error: " + r["error"][-120:]]
                 for r in data["imports"]]
         out += [_table(["function", "backend", "measured", "import ms"], rows), ""]
 

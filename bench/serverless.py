@@ -75,7 +75,7 @@ def cold_imports(runs: int = 5) -> list[dict[str, Any]]:
             try:
                 result = import_time_ms(modules, run_env, cwd, runs)
                 rows.append({"function": function, "backend": backend, "measured": measured, **result})
-            except Exception as exc:  # a handler module that cannot import yet is reported, not fatal
+            except Exception as exc:  # noqa: BLE001 - a handler module that cannot import yet is reported, not fatal
                 rows.append({"function": function, "backend": backend, "measured": measured, "error": str(exc)[-500:]})
     return rows
 

@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("pymongo")
 
-from rdq_core.compliance import servers  # noqa: E402
-from rdq_core.compliance.servers import ServerStartError, mongo_served_pid, start_owned_server, stop_process  # noqa: E402
+from rdq_core.compliance import servers
+from rdq_core.compliance.servers import ServerStartError, mongo_served_pid, start_owned_server, stop_process
 
 needs_nx = pytest.mark.skipif(shutil.which("nx-27017") is None, reason="nx-27017 is not installed (pip install nx-27017)")
 

@@ -21,7 +21,7 @@ def _owned(factory: Callable[[], object], needs: str) -> Iterator:
     try:
         server = factory()
         server.start()
-    except Exception as exc:  # reported as the failure or skip reason
+    except Exception as exc:  # noqa: BLE001 - reported as the failure or skip reason
         if server is not None:
             server.destroy()
         servers.fail_or_skip(f"could not start an owned {getattr(factory, '__name__', factory)}: {exc}")

@@ -3,6 +3,7 @@ handler that records its executions, and the audit run after each fault."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -112,8 +113,9 @@ def wait_for_drain(storage, queue: str, count: int, timeout: float, what: str) -
         wait_until(drained, timeout=timeout, interval=0.05, what=what)
     except AssertionError as exc:
         stuck = [t for t in (storage.get(i) for i in _ids_of(storage, queue)) if t.status is not TaskStatus.SUCCEEDED]
-        raise AssertionError(f"{exc}; stats {storage.stats(queue)}; not succeeded: "
-                             f"{[(t.id, t.status.value, t.next_attempt_at, t.lease_expires_at, [a.outcome.value for a in t.attempts]) for t in stuck[:5]]}") from None
+        shown = [(t.id, t.status.value, t.next_attempt_at, t.lease_expires_at, [a.outcome.value for a in t.attempts])
+                 for t in stuck[:5]]
+        raise AssertionError(f"{exc}; stats {storage.stats(queue)}; not succeeded: {shown}") from None
 
 
 _ENQUEUED: dict[str, list[str]] = {}
@@ -148,7 +150,7 @@ def audit(storage, task_ids: list[str], executions: Executions) -> dict[str, int
         # never started), so the rows never outnumber the runs by more than the lost claims.
         assert len(task.attempts) >= 1 and len(runs) <= len(task.attempts), (
             f"task {task_id}: {len(runs)} runs but only {len(task.attempts)} attempt rows")
-        for (_, end), (start, _) in zip(runs, runs[1:]):
+        for (_, end), (start, _) in itertools.pairwise(runs):
             assert start >= end, f"task {task_id}: two executions overlapped"
         for attempt in task.attempts:
             outcomes[attempt.outcome.value] += 1

@@ -78,7 +78,7 @@ class SupervisedWorker:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(5)
-            raise AssertionError("the worker ignored SIGTERM for 10 s")
+            raise AssertionError("the worker ignored SIGTERM for 10 s") from None
 
     def logs(self) -> str:
         return "".join(p.read_text(errors="replace") for p in sorted(self.workdir.glob("worker-*.log")))

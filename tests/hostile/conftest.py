@@ -24,8 +24,8 @@ from typing import Any, Callable
 import pytest
 
 # The offline AWS / Powertools environment is set once for the whole suite in tests/conftest.py.
-from rdq_core.compliance.support import wait_until  # noqa: E402
-from tests.loopback import rdq_dev_address, without_rdq_settings  # noqa: E402
+from rdq_core.compliance.support import wait_until
+from tests.loopback import rdq_dev_address, without_rdq_settings
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -102,7 +102,8 @@ def test_every_method_of_every_path_requires_auth(deployed):
     samples = [(route.method, re.sub(r"\{\w+\}", "x", route.path)) for route in ROUTES] + [("PUT", "/no/such/route")]
     assert len(samples) == len(ROUTES) + 1 >= 10
     for http_method, path in samples:
-        assert any(_template_path_matches(p, path) and _template_method_matches(m, http_method) for p, m in seen), (http_method, path)
+        assert any(_template_path_matches(p, path) and _template_method_matches(m, http_method) for p, m in seen), (
+            http_method, path)
     # No method defined outside the OpenAPI body (where it could carry AuthorizationType NONE).
     methods = [r for r in resources.values() if r["Type"] == "AWS::ApiGateway::Method"]
     assert all(m["Properties"].get("AuthorizationType") not in (None, "NONE") or m["Properties"].get("ApiKeyRequired")
@@ -119,7 +120,8 @@ def test_no_other_way_in(deployed):
         if permission["FunctionName"] == {"Ref": "ApiFunction"}:
             assert permission["Principal"] == "apigateway.amazonaws.com"
             assert "${RdqApi}" in permission["SourceArn"]["Fn::Sub"], "only this API may invoke the function"
-    usage = {name for name, r in resources.items() if r["Type"].startswith("AWS::ApiGateway::UsagePlan") or r["Type"] == "AWS::ApiGateway::ApiKey"}
+    usage = {name for name, r in resources.items()
+             if r["Type"].startswith("AWS::ApiGateway::UsagePlan") or r["Type"] == "AWS::ApiGateway::ApiKey"}
     if mode == "API_KEY":
         assert usage == {"ApiKey", "UsagePlan", "UsagePlanKey"}
         assert resources["UsagePlan"]["Properties"]["Throttle"]["RateLimit"] > 0
@@ -170,7 +172,7 @@ def test_rdq_dev_token_is_required_on_every_route(dev_server):
 
 def _listening_addresses(port: int) -> set[str]:
     found = set()
-    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             lines = open(table).read().splitlines()[1:]
         except OSError:

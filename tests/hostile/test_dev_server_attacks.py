@@ -95,7 +95,8 @@ def test_a_rebound_host_name_is_refused_without_a_token(dev_server_factory):
         request = _post("/v1/queues/rebind/tasks", f"127.0.0.1:{port}", {"handler": "greet"}, extra=f"Origin: {origin}\r\n")
         assert _exchange(server, request)[0] == 403, origin
     # Nothing was done.
-    assert _stats(server, "rebind")["pending"] == 0 and sum(v for v in _stats(server, "rebind").values() if isinstance(v, int)) == 0
+    assert _stats(server, "rebind")["pending"] == 0
+    assert sum(v for v in _stats(server, "rebind").values() if isinstance(v, int)) == 0
     # The names of this machine are served, with or without the port, in any case.
     for local in ("127.0.0.1", f"127.0.0.1:{port}", "localhost", f"localhost:{port}", f"LocalHost:{port}",
                   "[::1]", f"[::1]:{port}"):

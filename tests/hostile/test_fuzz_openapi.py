@@ -24,9 +24,9 @@ import time
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
-from schemathesis import GenerationMode  # noqa: E402
-from schemathesis.checks import (  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402 - after importorskip
+from schemathesis import GenerationMode  # noqa: E402 - after importorskip
+from schemathesis.checks import (  # noqa: E402 - after importorskip
     content_type_conformance,
     negative_data_rejection,
     not_a_server_error,
@@ -35,7 +35,7 @@ from schemathesis.checks import (  # noqa: E402
     status_code_conformance,
 )
 
-from .conftest import PROBLEM_JSON, TOKEN  # noqa: E402
+from .conftest import PROBLEM_JSON, TOKEN  # noqa: E402 - after importorskip
 
 EXAMPLES = int(os.environ.get("RDQ_FUZZ_EXAMPLES", "40"))
 BUDGET_SECONDS = float(os.environ.get("RDQ_FUZZ_BUDGET_SECONDS", "60"))
@@ -106,9 +106,10 @@ def test_fuzz_every_operation_of_the_served_openapi_document(dev_server):
                 if time.monotonic() > deadline:
                     return
                 response = case.call(base_url=dev_server.url, headers=auth, timeout=15)
-                counts[operation.label] = counts.get(operation.label, 0) + 1
-                _check_response(case, response, mode)
-                negative = mode is GenerationMode.NEGATIVE and not _violation_not_sent(schema, case)
+                label = operation.label  # noqa: B023 - run() is called below, within this iteration
+                counts[label] = counts.get(label, 0) + 1
+                _check_response(case, response, mode)  # noqa: B023 - as above
+                negative = mode is GenerationMode.NEGATIVE and not _violation_not_sent(schema, case)  # noqa: B023 - as above
                 mode_checks = checks + ([negative_data_rejection] if negative else [])
                 case.validate_response(response, checks=mode_checks, headers=auth)
 

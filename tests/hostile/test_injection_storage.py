@@ -30,7 +30,8 @@ HOSTILE_NAMES = [
     "", "a" * 121,
 ]
 #: Strings that are valid *values* (an error type filter) and must match only themselves.
-HOSTILE_FILTER_VALUES = [SQL, '{"$gt": ""}', "$gt", "*", "Boom*", "B?om", "[B]oom", "a:b", "{x}", ".*", "%", "Boom' OR '1'='1", "ｂoom"]
+HOSTILE_FILTER_VALUES = [SQL, '{"$gt": ""}', "$gt", "*", "Boom*", "B?om", "[B]oom", "a:b", "{x}", ".*", "%", "Boom' OR '1'='1",
+                         "ｂoom"]
 #: Non-string values that would become operators if passed through to a query.
 OPERATOR_OBJECTS = [{"$gt": ""}, {"$ne": None}, {"$regex": ".*"}, ["Boom"], 1, True]
 
@@ -48,7 +49,8 @@ def _snapshot(client: Client, ids: list[str]) -> dict:
     tasks = {}
     for task_id in ids:
         task = client.get(task_id)
-        tasks[task_id] = (task.queue, task.handler, task.status, task.attempt_count, task.payload, dict(task.headers), len(task.attempts))
+        tasks[task_id] = (task.queue, task.handler, task.status, task.attempt_count, task.payload, dict(task.headers),
+                          len(task.attempts))
     dead = [t.id for t in client.list_dead("victim", limit=500).tasks]
     stats = client.stats("victim").to_dict()
     stats.pop("oldest_pending_age_seconds", None)
@@ -78,40 +80,40 @@ def _invalid(call, field_prefix: str) -> InvalidInput:
 def test_hostile_names_are_refused_and_change_nothing(seeded):
     client, ids, before = seeded
     for name in HOSTILE_NAMES:
-        _invalid(lambda: client.enqueue(name, "work", {}), "queue")
-        _invalid(lambda: client.enqueue("victim", name, {}), "handler")
-        _invalid(lambda: client.enqueue_many(name, [{"handler": "work"}]), "queue")
-        _invalid(lambda: client.stats(name), "queue")
-        _invalid(lambda: client.list_dead(name), "queue")
-        _invalid(lambda: client.list_dead("victim", handler=name), "handler")
-        _invalid(lambda: client.redrive(name, all=True), "queue")
-        _invalid(lambda: client.purge_dead(name, all=True), "queue")
-        _invalid(lambda: client.redrive("victim", handler=name), "handler")
-        _invalid(lambda: client.purge_dead("victim", handler=name), "handler")
+        _invalid(lambda name=name: client.enqueue(name, "work", {}), "queue")
+        _invalid(lambda name=name: client.enqueue("victim", name, {}), "handler")
+        _invalid(lambda name=name: client.enqueue_many(name, [{"handler": "work"}]), "queue")
+        _invalid(lambda name=name: client.stats(name), "queue")
+        _invalid(lambda name=name: client.list_dead(name), "queue")
+        _invalid(lambda name=name: client.list_dead("victim", handler=name), "handler")
+        _invalid(lambda name=name: client.redrive(name, all=True), "queue")
+        _invalid(lambda name=name: client.purge_dead(name, all=True), "queue")
+        _invalid(lambda name=name: client.redrive("victim", handler=name), "handler")
+        _invalid(lambda name=name: client.purge_dead("victim", handler=name), "handler")
         if name not in ("Q",) and not name.startswith("a" * 10):  # "Q" and long names are fine ids... but not these
-            _invalid(lambda: client.get(name), "id")
-            _invalid(lambda: client.cancel(name), "id")
-            _invalid(lambda: client.enqueue("victim", "work", {}, id=name), "id")
-            _invalid(lambda: client.redrive("victim", ids=[name]), "ids")
-            _invalid(lambda: client.purge_dead("victim", ids=[name]), "ids")
+            _invalid(lambda name=name: client.get(name), "id")
+            _invalid(lambda name=name: client.cancel(name), "id")
+            _invalid(lambda name=name: client.enqueue("victim", "work", {}, id=name), "id")
+            _invalid(lambda name=name: client.redrive("victim", ids=[name]), "ids")
+            _invalid(lambda name=name: client.purge_dead("victim", ids=[name]), "ids")
     assert _snapshot(client, ids) == before
 
 
 def test_operator_objects_are_refused_where_a_string_is_expected(seeded):
     client, ids, before = seeded
     for value in OPERATOR_OBJECTS:
-        _invalid(lambda: client.get(value), "id")
-        _invalid(lambda: client.cancel(value), "id")
-        _invalid(lambda: client.enqueue("victim", "work", {}, id=value), "id")
-        _invalid(lambda: client.enqueue(value, "work", {}), "queue")
-        _invalid(lambda: client.enqueue("victim", value, {}), "handler")
-        _invalid(lambda: client.list_dead("victim", error_type=value), "error_type")
-        _invalid(lambda: client.list_dead("victim", handler=value), "handler")
-        _invalid(lambda: client.redrive("victim", error_type=value), "error_type")
-        _invalid(lambda: client.purge_dead("victim", error_type=value), "error_type")
-        _invalid(lambda: client.redrive("victim", ids=[value]), "ids")
-        _invalid(lambda: client.purge_dead("victim", ids=[value]), "ids")
-        _invalid(lambda: client.list_dead("victim", cursor=value), "cursor")
+        _invalid(lambda value=value: client.get(value), "id")
+        _invalid(lambda value=value: client.cancel(value), "id")
+        _invalid(lambda value=value: client.enqueue("victim", "work", {}, id=value), "id")
+        _invalid(lambda value=value: client.enqueue(value, "work", {}), "queue")
+        _invalid(lambda value=value: client.enqueue("victim", value, {}), "handler")
+        _invalid(lambda value=value: client.list_dead("victim", error_type=value), "error_type")
+        _invalid(lambda value=value: client.list_dead("victim", handler=value), "handler")
+        _invalid(lambda value=value: client.redrive("victim", error_type=value), "error_type")
+        _invalid(lambda value=value: client.purge_dead("victim", error_type=value), "error_type")
+        _invalid(lambda value=value: client.redrive("victim", ids=[value]), "ids")
+        _invalid(lambda value=value: client.purge_dead("victim", ids=[value]), "ids")
+        _invalid(lambda value=value: client.list_dead("victim", cursor=value), "cursor")
     assert _snapshot(client, ids) == before
 
 
@@ -124,8 +126,8 @@ def test_hostile_filter_values_match_only_themselves(seeded):
         assert client.purge_dead("victim", error_type=value) == 0, value
     # Unicode that cannot be stored as text is refused, not sent to the store.
     for value in ("Boom\u0000", "Boom\ud800"):
-        _invalid(lambda: client.list_dead("victim", error_type=value), "error_type")
-        _invalid(lambda: client.purge_dead("victim", error_type=value), "error_type")
+        _invalid(lambda value=value: client.list_dead("victim", error_type=value), "error_type")
+        _invalid(lambda value=value: client.purge_dead("victim", error_type=value), "error_type")
     # Ids that look like patterns but are valid ids name nothing.
     assert client.purge_dead("victim", ids=["victim-9", "victim-1.", "victim-~"]) == 0
     with pytest.raises(TaskNotFound):
@@ -177,9 +179,9 @@ def test_hostile_payload_and_headers_are_stored_as_literal_data(seeded):
     assert client.stats("literal").pending == 1
     # Values the stores cannot hold as text are refused up front on every backend (not a 5xx in one).
     for bad in ({"a": "\u0000"}, {"\u0000": "a"}, {"a": "\ud800"}, {"\udfff": "a"}):
-        _invalid(lambda: client.enqueue("literal", "work", {}, headers=bad), "headers")
+        _invalid(lambda bad=bad: client.enqueue("literal", "work", {}, headers=bad), "headers")
     for bad in ("\u0000", {"k\u0000": 1}, "\ud800", ["ok", {"k": "\udc00"}]):
-        _invalid(lambda: client.enqueue("literal", "work", bad), "payload")
+        _invalid(lambda bad=bad: client.enqueue("literal", "work", bad), "payload")
     assert client.stats("literal").pending == 1
     assert _snapshot(client, ids) == before
 

@@ -41,7 +41,8 @@ def test_payload_size(api_call):
     multibyte = "é" * ((Limits.payload_bytes - 2) // 2 + 1)  # counted in UTF-8 bytes, not characters
     for payload in (_payload_of(Limits.payload_bytes + 1), multibyte):
         _refused(api_call("POST", "/v1/queues/q/tasks", {"handler": "greet", "payload": payload}), 413, TOO_LARGE, "payload")
-        _refused(api_call("POST", "/v1/queues/q/tasks:batch", {"tasks": [{"handler": "greet"}, {"handler": "greet", "payload": payload}]}),
+        _refused(api_call("POST", "/v1/queues/q/tasks:batch",
+                          {"tasks": [{"handler": "greet"}, {"handler": "greet", "payload": payload}]}),
                  413, TOO_LARGE, "tasks[1].payload")
     with _client(api_call) as client:
         with pytest.raises(InvalidInput) as caught:
@@ -63,7 +64,8 @@ def test_request_body_size(api_call, monkeypatch):
     at_limit = b'{"handler": "greet", "payload": null}' + b" " * (limit - 37)
     assert api_call("POST", "/v1/queues/q/tasks", raw=at_limit)[0] == 201
     monkeypatch.setenv("RDQ_MAX_BODY_BYTES", "100")
-    _refused(api_call("POST", "/v1/queues/q/tasks", raw=b'{"handler": "greet", "payload": "' + b"x" * 80 + b'"}'), 413, TOO_LARGE, None)
+    _refused(api_call("POST", "/v1/queues/q/tasks", raw=b'{"handler": "greet", "payload": "' + b"x" * 80 + b'"}'),
+             413, TOO_LARGE, None)
 
 
 def test_batch_size(api_call):
@@ -157,7 +159,8 @@ def test_handler_result_size_fails_the_attempt(tmp_path):
 def test_docs_list_every_limit_with_its_error():
     doc = (REPO / "docs" / "limits.md").read_text()
     for value in (Limits.payload_bytes, Limits.result_bytes, Limits.batch_items, Limits.page_size, Limits.headers_count,
-                  Limits.header_key_chars, Limits.header_value_chars, Limits.max_attempts, Limits.delay_seconds, Limits.json_depth):
+                  Limits.header_key_chars, Limits.header_value_chars, Limits.max_attempts, Limits.delay_seconds,
+                  Limits.json_depth):
         assert f"{value:,}".replace(",", " ") in doc or str(value) in doc, value
     for needle in ("413", "422", "400", "415", "431", UNPROCESSABLE, TOO_LARGE, "RDQ_MAX_BODY_BYTES", "10 240"):
         assert needle in doc, needle

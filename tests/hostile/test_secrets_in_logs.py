@@ -90,11 +90,12 @@ def test_rdq_dev_on_postgres_with_a_password_logs_neither(dev_server_factory, pg
     assert PASSWORD in url
     env = {"RDQ_LOG_PAYLOADS": "true"} if log_payloads else {}
     server = dev_server_factory(storage_url=url, env=env)
-    status, _, raw = server.request("POST", "/v1/queues/demo/tasks", {"handler": "greet", "payload": {"name": PAYLOAD_MARKER}, "id": "secret-1"})
+    status, _, raw = server.request("POST", "/v1/queues/demo/tasks",
+                                    {"handler": "greet", "payload": {"name": PAYLOAD_MARKER}, "id": "secret-1"})
     assert status == 201, raw
     server.request("POST", "/v1/queues/demo/tasks:batch", {"tasks": [{"handler": "greet", "payload": {"name": PAYLOAD_MARKER}}]})
-    server.request("POST", "/v1/queues/demo/tasks", {"handler": "flaky", "payload": {"failures": 1, "m": PAYLOAD_MARKER}, "id": "secret-2",
-                                                     "backoff": {"initial_seconds": 0.2, "jitter": 0}})
+    server.request("POST", "/v1/queues/demo/tasks", {"handler": "flaky", "payload": {"failures": 1, "m": PAYLOAD_MARKER},
+                                                     "id": "secret-2", "backoff": {"initial_seconds": 0.2, "jitter": 0}})
     for bad in ({"handler": "BAD!", "payload": PAYLOAD_MARKER}, {"handler": "greet", "payload": PAYLOAD_MARKER, "nope": 1}):
         status, _, raw = server.request("POST", "/v1/queues/demo/tasks", bad)
         assert status == 422 and PASSWORD not in raw.decode() and PAYLOAD_MARKER not in raw.decode()

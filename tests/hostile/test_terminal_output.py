@@ -9,7 +9,6 @@ import os
 import shutil
 import socket
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -103,7 +102,8 @@ def url_with_query_password(request) -> str:
     if request.param == "postgresql":
         from rdq_core.compliance.servers import pg_fresh_schema as fresh_schema_url
 
-        return _with_query(fresh_schema_url(request.getfixturevalue("pg_database_url")), f"password={PASSWORD}&sslpassword={PASSWORD}")
+        return _with_query(fresh_schema_url(request.getfixturevalue("pg_database_url")),
+                           f"password={PASSWORD}&sslpassword={PASSWORD}")
     from rdq_core.compliance.servers import SHARED_REDIS_URL as REDIS_BASE_URL, redis_url_with_prefix as url_with_prefix
 
     client = request.getfixturevalue("redis_client")
@@ -140,7 +140,8 @@ def test_a_password_in_the_url_query_is_never_printed(url_with_query_password, d
         with open(log_path, "wb") as log:
             process = subprocess.Popen([_rdq(), "--storage", url, *command], stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            wait_until(lambda: " on " in log_path.read_text() or None, 30, what=f"rdq {command[0]} to log its start line")
+            wait_until(lambda log_path=log_path: " on " in log_path.read_text() or None, 30,
+                       what=f"rdq {command[0]} to log its start line")
         finally:
             process.terminate()
             process.wait(30)

@@ -10,8 +10,8 @@ from typing import Any, Callable
 import pytest
 
 # The offline AWS / Powertools environment is set once for the whole suite in tests/conftest.py.
-from rdq_core.lambda_host import connection  # noqa: E402
-from rdq_core.lambda_host.local_invoke import LocalLambdaContext  # noqa: E402
+from rdq_core.lambda_host import connection
+from rdq_core.lambda_host.local_invoke import LocalLambdaContext
 
 REPO = Path(__file__).resolve().parents[2]
 EVENTS = REPO / "events"

@@ -148,7 +148,8 @@ def test_the_route_table_is_what_the_api_serves_and_documents(store_url, lambda_
         # Each route reaches its own function: whatever it answers, it is not "no route" or 405.
         body = {"handler": "quick"} if route.operation_id == "enqueueTask" else {"all": True} if route.request_schema else None
         status, _, answer = call(request(route.method, path, body), lambda_context)
-        assert status != 405 and not (status == 404 and answer["detail"].startswith("no route")), (route.operation_id, status, answer)
+        assert status != 405 and not (status == 404 and answer["detail"].startswith("no route")), (
+            route.operation_id, status, answer)
         # Another method on the same path is a 405 whose Allow lists the table's methods for it.
         result = api.lambda_handler(request("PATCH", path, {}), lambda_context("rdq-api", 29))
         allow = ", ".join(dict.fromkeys(r.method for r in ROUTES if r.pattern.match(path)))
@@ -170,19 +171,24 @@ _BAD_REQUESTS = [
     ("empty body", request("POST", "/v1/queues/emails/tasks", raw=b""), 400),
     ("body over 1 MiB", request("POST", "/v1/queues/emails/tasks", {"handler": "quick", "payload": "y" * (1024 * 1024)}), 413),
     ("payload over 256 KiB", request("POST", "/v1/queues/emails/tasks", {"handler": "quick", "payload": _BIG_PAYLOAD}), 413),
-    ("batch item payload over 256 KiB", request("POST", "/v1/queues/emails/tasks:batch", {"tasks": [{"handler": "quick", "payload": _BIG_PAYLOAD}]}), 413),
+    ("batch item payload over 256 KiB",
+     request("POST", "/v1/queues/emails/tasks:batch", {"tasks": [{"handler": "quick", "payload": _BIG_PAYLOAD}]}), 413),
     ("text/plain", request("POST", "/v1/queues/emails/tasks", {"handler": "quick"}, content_type="text/plain"), 415),
-    ("form encoded", request("POST", "/v1/queues/emails/dlq:redrive", {"all": True}, content_type="application/x-www-form-urlencoded"), 415),
+    ("form encoded",
+     request("POST", "/v1/queues/emails/dlq:redrive", {"all": True}, content_type="application/x-www-form-urlencoded"), 415),
     ("JSON array body", request("POST", "/v1/queues/emails/tasks", [1, 2]), 422),
     ("missing handler", request("POST", "/v1/queues/emails/tasks", {"payload": 1}), 422),
     ("unknown field", request("POST", "/v1/queues/emails/tasks", {"handler": "quick", "priority": 1}), 422),
     ("bad queue name", request("POST", "/v1/queues/Not_OK!/tasks", {"handler": "quick"}), 422),
     ("bad task id", request("POST", "/v1/queues/emails/tasks", {"handler": "quick", "id": "../x"}), 422),
     ("negative delay", request("POST", "/v1/queues/emails/tasks", {"handler": "quick", "delay_seconds": -1}), 422),
-    ("delay and run_at", request("POST", "/v1/queues/emails/tasks", {"handler": "quick", "delay_seconds": 1, "run_at": "2030-01-01T00:00:00Z"}), 422),
+    ("delay and run_at",
+     request("POST", "/v1/queues/emails/tasks", {"handler": "quick", "delay_seconds": 1, "run_at": "2030-01-01T00:00:00Z"}), 422),
     ("batch of 501", request("POST", "/v1/queues/emails/tasks:batch", {"tasks": [{"handler": "quick"}] * 501}), 422),
     ("batch not a list", request("POST", "/v1/queues/emails/tasks:batch", {"tasks": {"handler": "quick"}}), 422),
-    ("duplicate ids in batch", request("POST", "/v1/queues/emails/tasks:batch", {"tasks": [{"handler": "quick", "id": "a"}, {"handler": "quick", "id": "a"}]}), 422),
+    ("duplicate ids in batch",
+     request("POST", "/v1/queues/emails/tasks:batch",
+             {"tasks": [{"handler": "quick", "id": "a"}, {"handler": "quick", "id": "a"}]}), 422),
     ("empty redrive selection", request("POST", "/v1/queues/emails/dlq:redrive", {}), 422),
     ("all is not a boolean", request("POST", "/v1/queues/emails/dlq:purge", {"all": "yes"}), 422),
     ("ids is a string", request("POST", "/v1/queues/emails/dlq:purge", {"ids": "abc"}), 422),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pty
@@ -177,7 +178,7 @@ def test_rdq_dev_end_to_end_over_http(dev_server):
     assert broken["last_error"]["type"] == "RuntimeError"
     gaps = [
         (datetime.fromisoformat(later["started_at"]) - datetime.fromisoformat(earlier["finished_at"])).total_seconds()
-        for earlier, later in zip(broken["attempts"], broken["attempts"][1:])
+        for earlier, later in itertools.pairwise(broken["attempts"])
     ]
     assert all(gap >= 0.25 for gap in gaps), f"retries wait for their backoff: {gaps}"
     rejected = task_when(http, "reject-1", "DEAD")
@@ -293,7 +294,8 @@ def test_rdq_dev_prints_one_readable_line_per_outcome_on_a_terminal(tmp_path):
         pattern += "; dead-lettered$" if dead else ("$" if outcome == "SUCCESS" else r"; retry in \d+ ms$")
         found = re.findall(pattern, logs, flags=re.MULTILINE)
         assert len(found) == 1, (pattern, logs)
-    assert re.search(r"^.* WARNING task  reject-1 .*: rdq_core\.errors\.PermanentError: bad address; dead-lettered$", logs, re.MULTILINE)
+    assert re.search(r"^.* WARNING task  reject-1 .*: rdq_core\.errors\.PermanentError: bad address; dead-lettered$",
+                     logs, re.MULTILINE)
     assert re.search(r"^.* task  broken-1 .* try 2/2 .*: RuntimeError: downstream still broken", logs, re.MULTILINE)
     assert "{" not in logs, "no JSON on a terminal"
     assert "rdq dev: API on http://127.0.0.1:" in banner

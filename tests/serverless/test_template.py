@@ -110,8 +110,8 @@ def test_three_functions_on_python312_with_thin_handlers(resources):
         assert on_tracing == "TracingOn" and tracing_layer["Ref"].startswith("RdqTracingLayer")
         assert no_layer == {"Ref": "AWS::NoValue"}
         # One network placement for all three (Globals): the database's subnets, when given.
-        assert props["VpcConfig"] == {"Fn::If": ["UseVpc", {"SubnetIds": {"Ref": "SubnetIds"}, "SecurityGroupIds": {"Ref": "SecurityGroupIds"}},
-                                                 {"Ref": "AWS::NoValue"}]}
+        placement = {"SubnetIds": {"Ref": "SubnetIds"}, "SecurityGroupIds": {"Ref": "SecurityGroupIds"}}
+        assert props["VpcConfig"] == {"Fn::If": ["UseVpc", placement, {"Ref": "AWS::NoValue"}]}
         folder = {"ApiFunction": "api", "WorkerFunction": "worker", "ReaperFunction": "reaper"}[name]
         assert (REPO / "functions" / folder / "app.py").exists()
 
@@ -147,7 +147,8 @@ def test_reserved_concurrency_is_opt_in_and_then_the_fan_out_cap(resources):
 
 def test_schedules_target_worker_and_reaper(resources):
     rules = of_type(resources, "AWS::Events::Rule")
-    targets = {r["Properties"]["Targets"][0]["Arn"]["Fn::GetAtt"][0]: r["Properties"]["ScheduleExpression"] for r in rules.values()}
+    targets = {r["Properties"]["Targets"][0]["Arn"]["Fn::GetAtt"][0]: r["Properties"]["ScheduleExpression"]
+               for r in rules.values()}
     assert targets == {"WorkerFunction": {"Ref": "WorkerSchedule"}, "ReaperFunction": {"Ref": "ReaperSchedule"}}
     assert transformed()["Parameters"]["WorkerSchedule"]["Default"] == "rate(1 minute)"
 
@@ -218,7 +219,8 @@ def test_iam_is_scoped_to_each_functions_own_needs(resources):
         for statement in _statements(resources[name]):
             _scoped(statement)
     attached = [name for name, r in resources.items()
-                if r["Type"] == "AWS::IAM::Role" and {"Ref": "StorageUrlReadPolicy"} in r["Properties"].get("ManagedPolicyArns", [])]
+                if r["Type"] == "AWS::IAM::Role"
+                and {"Ref": "StorageUrlReadPolicy"} in r["Properties"].get("ManagedPolicyArns", [])]
     assert sorted(attached) == ["ApiFunctionRole", "ReaperFunctionRole", "WorkerFunctionRole"]
     api_policies = resources["ApiFunctionRole"]["Properties"]["Policies"]
     assert [p["Fn::If"][0] for p in api_policies] == ["WakeEnabled"], "no wake-up, no invoke permission"
@@ -226,7 +228,8 @@ def test_iam_is_scoped_to_each_functions_own_needs(resources):
         {"Effect": "Allow", "Action": "lambda:InvokeFunction", "Resource": {"Fn::GetAtt": ["WorkerFunction", "Arn"]}})], \
         "wake-up targets the worker only"
     assert _statements(resources["WorkerFunctionRole"]) == [{"Effect": "Allow", "Action": "lambda:InvokeFunction",
-                               "Resource": {"Fn::Sub": "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-worker"}}]
+                               "Resource": {"Fn::Sub": "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}"
+                                                       ":function:${AWS::StackName}-worker"}}]
     assert _statements(resources["ReaperFunctionRole"]) == [], "the reaper needs only the storage URL"
 
 

@@ -31,7 +31,8 @@ def client(store_url) -> Client:
     return Client(connection.shared_storage())
 
 
-def test_scheduled_worker_runs_what_fits_and_releases_what_does_not_fit_the_time_left(client, lambda_context, monkeypatch, capsys):
+def test_scheduled_worker_runs_what_fits_and_releases_what_does_not_fit_the_time_left(
+        client, lambda_context, monkeypatch, capsys):
     monkeypatch.setenv("RDQ_WORKER_TIMEOUT_SECONDS", "30")  # a 30 s function, 10 s of it left
     for n in range(3):
         client.enqueue("emails", "quick", {"n": n}, id=f"quick-{n}")

@@ -28,8 +28,8 @@ def rdq(tmp_path):
             raise AssertionError(f"rdq {' '.join(args)} exited {done.returncode}: {done.stderr}")
         return done
 
-    run.env = env  # type: ignore[attr-defined]
-    run.cwd = tmp_path  # type: ignore[attr-defined]
+    run.env = env  # type: ignore[attr-defined]  # read back by the tests
+    run.cwd = tmp_path  # type: ignore[attr-defined]  # read back by the tests
     return run
 
 

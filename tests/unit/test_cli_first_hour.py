@@ -61,9 +61,9 @@ def rdq(tmp_path):
         return subprocess.Popen([RDQ, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL, text=True)
 
-    run.start = start  # type: ignore[attr-defined]
-    run.cwd = tmp_path  # type: ignore[attr-defined]
-    run.env = env  # type: ignore[attr-defined]
+    run.start = start  # type: ignore[attr-defined]  # read back by the tests
+    run.cwd = tmp_path  # type: ignore[attr-defined]  # read back by the tests
+    run.env = env  # type: ignore[attr-defined]  # read back by the tests
     return run
 
 

@@ -124,7 +124,8 @@ def test_a_handlers_own_lines_carry_its_task_keys():
     with task_log_keys(task_id="order-42", queue="emails", attempt=2):
         app.info("sending")
     document = json.loads(structured.getvalue())
-    assert (document["task_id"], document["queue"], document["attempt"], document["logger"]) == ("order-42", "emails", 2, "myapp.emails")
+    assert (document["task_id"], document["queue"], document["attempt"], document["logger"]) == (
+        "order-42", "emails", 2, "myapp.emails")
 
 
 def test_extra_fields_scalars_in_text_everything_in_json():
