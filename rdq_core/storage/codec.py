@@ -81,13 +81,15 @@ class RecordCodec:
     time: Callable[[Any], datetime | None]
     document: Callable[[Any], Any] = json_text
     keys: Mapping[str, str] = field(default_factory=dict)
+    _key: dict[str, str] = field(init=False, repr=False, compare=False)  # set in __post_init__
 
     def __post_init__(self) -> None:
         # Resolved once: mapping a record is on every claim's path (tens of thousands a second).
         object.__setattr__(self, "_key", {name: self.keys.get(name, name) for name in _FIELDS})
 
     def attempt(self, record: Record) -> Attempt:
-        key, get, time = self._key, record.get, self.time
+        key, time = self._key, self.time
+        get: Callable[[str], Any] = record.get  # a store's values are untyped
         error = get(key["error"])
         return Attempt(
             attempt_no=int(get(key["attempt_no"])),
@@ -105,7 +107,8 @@ class RecordCodec:
 
     def task(self, record: Record, attempts: Iterable[Record] | None = None) -> Task:
         """``attempts`` defaults to the record's own ``attempts`` (empty on claim paths)."""
-        key, get, time, document = self._key, record.get, self.time, self.document
+        key, time, document = self._key, self.time, self.document
+        get: Callable[[str], Any] = record.get  # a store's values are untyped
         # Inline rather than helper calls: this runs once per claimed task.
         payload, headers, backoff = get(key["payload"]), get(key["headers"]), get(key["backoff"])
         result, last_error = get(key["result"]), get(key["last_error"])
@@ -133,7 +136,8 @@ class RecordCodec:
 
     def claimed(self, record: Record) -> ClaimedTask:
         """A task as a claim (or the expired-lease scan) hands it out: with its claim, no history."""
-        key, get = self._key, record.get
+        key = self._key
+        get: Callable[[str], Any] = record.get  # a store's values are untyped
         lease = self.time(get(key["lease_expires_at"]))
         claimed_at = self.time(get(key["claimed_at"]))
         assert lease is not None and claimed_at is not None, "a claimed record carries its lease"
