@@ -7,7 +7,8 @@ import secrets
 import tempfile
 from contextlib import ExitStack, contextmanager
 from typing import Iterator
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from rdq_core.compliance import servers as provisioning
 
 from . import servers
 
@@ -50,17 +51,8 @@ class BackendSession:
                     except FileNotFoundError:
                         pass
         elif backend == "postgres":
-            import psycopg
-            from psycopg import sql
-
-            schema = f"b_{token}"
-            with psycopg.connect(self.pg_database_url, autocommit=True) as conn:
-                conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-            try:
-                yield with_search_path(self.pg_database_url, schema)
-            finally:
-                with psycopg.connect(self.pg_database_url, autocommit=True) as conn:
-                    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+            # A schema of its own in the run's scratch database (dropped with it).
+            yield provisioning.pg_fresh_schema(self.pg_database_url, prefix="b_")
         elif backend == "redis":
             prefix = servers.new_redis_prefix()
             try:
@@ -68,21 +60,8 @@ class BackendSession:
             finally:
                 servers.redis_delete_prefix(prefix)
         elif backend == "mongo":
-            import pymongo
-
-            database = f"rdq_bench_{token}"
-            try:
-                yield f"{self.mongo_base}/{database}"
-            finally:
-                client = pymongo.MongoClient(self.mongo_base)
-                client.drop_database(database)
-                client.close()
+            with provisioning.mongo_fresh_database(self.mongo_base, prefix="rdq_bench_") as url:
+                yield url
         else:
             raise ValueError(backend)
 
-
-def with_search_path(url: str, schema: str) -> str:
-    parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
-    query["options"] = f"-csearch_path={schema}"
-    return urlunsplit(parts._replace(query=urlencode(query)))
