@@ -98,22 +98,109 @@ def test_three_functions_on_python312_with_thin_handlers(resources):
         # X-Ray is opt-in (EnableTracing): the function mode and the Powertools switch agree.
         assert props["TracingConfig"] == {"Mode": {"Fn::If": ["TracingOn", "Active", "PassThrough"]}}
         assert props["Environment"]["Variables"]["POWERTOOLS_TRACE_DISABLED"] == {"Fn::If": ["TracingOn", "false", "true"]}
-        # The chosen backend's engine layer, plus the X-Ray layer only when tracing is on.
-        # (SAM suffixes layer logical ids with a content hash, hence the prefixes.)
+        # With layered packaging, the chosen backend's engine layer, plus the X-Ray layer only when
+        # tracing is on; with bundled packaging, none. (SAM suffixes layer logical ids with a
+        # content hash, hence the prefixes.)
         engine, tracing = props["Layers"]
-        on_postgres, postgres_layer, otherwise = engine["Fn::If"]
+        on_layers, chosen, no_engine = engine["Fn::If"]
+        assert on_layers == "UseLayers" and no_engine == {"Ref": "AWS::NoValue"}
+        on_postgres, postgres_layer, otherwise = chosen["Fn::If"]
         on_redis, redis_layer, mongo_layer = otherwise["Fn::If"]
         assert (on_postgres, on_redis) == ("UsePostgres", "UseRedis")
         assert postgres_layer["Ref"].startswith("RdqPostgresLayer") and redis_layer["Ref"].startswith("RdqRedisLayer")
         assert mongo_layer["Ref"].startswith("RdqMongoLayer")
         on_tracing, tracing_layer, no_layer = tracing["Fn::If"]
-        assert on_tracing == "TracingOn" and tracing_layer["Ref"].startswith("RdqTracingLayer")
+        assert on_tracing == "TracingLayerAttached" and tracing_layer["Ref"].startswith("RdqTracingLayer")
         assert no_layer == {"Ref": "AWS::NoValue"}
         # One network placement for all three (Globals): the database's subnets, when given.
         placement = {"SubnetIds": {"Ref": "SubnetIds"}, "SecurityGroupIds": {"Ref": "SecurityGroupIds"}}
         assert props["VpcConfig"] == {"Fn::If": ["UseVpc", placement, {"Ref": "AWS::NoValue"}]}
         folder = {"ApiFunction": "api", "WorkerFunction": "worker", "ReaperFunction": "reaper"}[name]
         assert (REPO / "functions" / folder / "app.py").exists()
+
+
+# -- what CloudFormation would create for given parameters: conditions evaluated ------------------
+
+def _value(template: dict, parameters: dict[str, str], node: object, conditions: dict[str, bool]) -> object:
+    if isinstance(node, dict) and len(node) == 1:
+        ((key, arg),) = node.items()
+        if key == "Ref" and arg in template["Parameters"]:
+            declared = template["Parameters"][arg]
+            raw = parameters.get(arg, str(declared.get("Default", "")))
+            return raw.split(",") if declared["Type"] == "CommaDelimitedList" and raw else ([] if declared["Type"] ==
+                                                                                                 "CommaDelimitedList" else raw)
+        if key == "Fn::Join":
+            separator, items = arg
+            return separator.join(str(i) for i in _value(template, parameters, items, conditions))
+        if key == "Fn::Equals":
+            left, right = (_value(template, parameters, a, conditions) for a in arg)
+            return left == right
+        if key == "Fn::Not":
+            return not _value(template, parameters, arg[0], conditions)
+        if key == "Fn::And":
+            return all(_value(template, parameters, a, conditions) for a in arg)
+        if key == "Fn::Or":
+            return any(_value(template, parameters, a, conditions) for a in arg)
+        if key == "Condition":
+            return _condition(template, parameters, arg, conditions)
+        if key == "Fn::If":
+            name, yes, no = arg
+            return _value(template, parameters, yes if _condition(template, parameters, name, conditions) else no, conditions)
+    if isinstance(node, list):
+        return [v for v in (_value(template, parameters, n, conditions) for n in node) if v != {"Ref": "AWS::NoValue"}]
+    return node
+
+
+def _condition(template: dict, parameters: dict[str, str], name: str, conditions: dict[str, bool]) -> bool:
+    if name not in conditions:
+        conditions[name] = bool(_value(template, parameters, template["Conditions"][name], conditions))
+    return conditions[name]
+
+
+def created(parameters: dict[str, str]) -> dict:
+    """The resources CloudFormation would create for these parameters (conditions applied), each
+    function's ``Layers`` resolved to the layer logical ids it would really get."""
+    template = transformed(parameters)
+    given = {"StorageUrlSecretArn": SECRET_ARN, **parameters}
+    conditions: dict[str, bool] = {}
+    kept = {name: r for name, r in template["Resources"].items()
+            if "Condition" not in r or _condition(template, given, r["Condition"], conditions)}
+    for fn in of_type(kept, "AWS::Lambda::Function").values():
+        fn["Properties"]["Layers"] = [layer["Ref"] for layer in _value(template, given, fn["Properties"].get("Layers", []),
+                                                                       conditions)]
+    return kept
+
+
+@pytest.mark.parametrize("backend, layer", [("postgresql", "RdqPostgresLayer"), ("redis", "RdqRedisLayer"),
+                                            ("mongodb", "RdqMongoLayer")])
+def test_layered_packaging_attaches_the_chosen_backends_layer_only(backend, layer):
+    for tracing in ("false", "true"):
+        resources = created({"StorageBackend": backend, "EnableTracing": tracing})
+        layers = sorted(name.rstrip("0123456789abcdef") for name in of_type(resources, "AWS::Lambda::LayerVersion"))
+        expected = sorted([layer] + (["RdqTracingLayer"] if tracing == "true" else []))
+        assert layers == expected
+        for fn in of_type(resources, "AWS::Lambda::Function").values():
+            assert sorted(ref.rstrip("0123456789abcdef") for ref in fn["Properties"]["Layers"]) == expected
+
+
+@pytest.mark.parametrize("tracing", ["false", "true"])
+def test_bundled_packaging_creates_and_attaches_no_layer(tracing):
+    # LocalStack Community accepts layer resources but never applies them: none may be needed.
+    resources = created({"Packaging": "bundled", "StorageBackend": "redis", "EnableTracing": tracing})
+    assert of_type(resources, "AWS::Lambda::LayerVersion") == {}
+    functions = of_type(resources, "AWS::Lambda::Function")
+    assert len(functions) == 3 and all(fn["Properties"]["Layers"] == [] for fn in functions.values())
+    assert transformed()["Parameters"]["Packaging"]["Default"] == "layers", "AWS keeps the layers"
+
+
+def test_functions_are_built_by_the_functions_makefile():
+    from samtranslator.yaml_helper import yaml_parse
+
+    template = yaml_parse((REPO / "template.yaml").read_text())
+    makefile = (REPO / "functions" / "Makefile").read_text()
+    for name in ("ApiFunction", "WorkerFunction", "ReaperFunction"):
+        assert template["Resources"][name]["Metadata"] == {"BuildMethod": "makefile", "ContextPath": "functions"}
+        assert f"build-{name}" in makefile
 
 
 def test_worker_timeout_leaves_room_for_the_lease_margin(resources):
@@ -242,15 +329,21 @@ def test_log_retention_alarms_and_outputs(resources):
     assert "execute-api" in outputs["ApiUrl"]["Value"]["Fn::Sub"]
 
 
-@pytest.mark.sam_build
-def test_sam_build_for_python312(tmp_path):
+def _python312_or_fail() -> Path:
     py312 = _python312_bin()
     if py312 is None:
         message = "python3.12 (the Lambda runtime) is not installed: not on PATH, nor in $(pyenv root)/versions"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
+    return py312
+
+
+@pytest.mark.sam_build
+def test_sam_build_for_python312(tmp_path):
+    py312 = _python312_or_fail()
     env = {**os.environ, "PATH": f"{py312}:{os.environ['PATH']}"}
+    env.pop("RDQ_BUNDLE", None)
     build_dir = tmp_path / "build"
     result = subprocess.run(
         [_tool("sam"), "build", "--template", str(REPO / "template.yaml"), "--build-dir", str(build_dir),
@@ -261,6 +354,7 @@ def test_sam_build_for_python312(tmp_path):
     drivers = {"RdqPostgresLayer": "psycopg", "RdqRedisLayer": "redis", "RdqMongoLayer": "pymongo"}
     for function in ("ApiFunction", "WorkerFunction", "ReaperFunction"):
         assert (build_dir / function / "app.py").exists()
+        assert not (build_dir / function / "rdq_core").exists(), "with layers, a function's own code is one file"
     tracing = build_dir / "RdqTracingLayer" / "python"
     assert (tracing / "aws_xray_sdk").is_dir() and not (tracing / "botocore").exists()
     for layer_name, driver in drivers.items():
@@ -281,3 +375,64 @@ def test_sam_build_for_python312(tmp_path):
             capture_output=True, text=True, env={**env, "PYTHONPATH": str(layer)}, timeout=60,
         )
         assert check.returncode == 0, check.stderr
+
+
+def test_sam_local_invoke_env_vars_reach_every_function():
+    """`sam local invoke --env-vars events/env.json` overrides only the variables the template
+    declares: resolved by SAM's own code, each function gets every value env.json sets for it,
+    and the store it names is a server every invocation's container can share."""
+    local_lambda = pytest.importorskip("samcli.commands.local.lib.local_lambda")
+    from samcli.lib.providers.sam_function_provider import SamFunctionProvider
+    from samcli.lib.providers.sam_stack_provider import SamLocalStackProvider
+
+    env_file = json.loads((REPO / "events" / "env.json").read_text())
+    stacks, _ = SamLocalStackProvider.get_stacks(str(REPO / "template.yaml"))
+    provider = SamFunctionProvider(stacks)
+    runner = local_lambda.LocalLambdaRunner(local_runtime=None, function_provider=provider, cwd=str(REPO),
+                                            real_path=str(REPO), aws_region="us-east-1", env_vars_values=env_file)
+    url = env_file["Parameters"]["RDQ_STORAGE_URL"]
+    assert url.split(":", 1)[0] in {"postgresql", "redis", "mongodb"}, "each invocation is a new container: no SQLite file"
+    for name in ("ApiFunction", "WorkerFunction", "ReaperFunction"):
+        function = provider.get(name)
+        assert function is not None, name
+        resolved = runner._make_env_vars(function).resolve()
+        wanted = {**env_file["Parameters"], **env_file.get(name, {})}
+        assert {key: resolved.get(key) for key in wanted} == wanted, name
+
+
+@pytest.mark.sam_build
+def test_sam_build_bundled_puts_the_engine_into_each_function(tmp_path):
+    """RDQ_BUNDLE=<backend> (deployed with Packaging=bundled): every function's own package carries
+    rdq_core, Powertools and that one driver, and imports on the runtime's Python; the layers are
+    left empty (nothing attaches them)."""
+    py312 = _python312_or_fail()
+    env = {**os.environ, "PATH": f"{py312}:{os.environ['PATH']}", "RDQ_BUNDLE": "redis"}
+    env.pop("RDQ_BUNDLE_PYTHON", None)
+    build_dir = tmp_path / "build"
+    result = subprocess.run(
+        [_tool("sam"), "build", "--template", str(REPO / "template.yaml"), "--build-dir", str(build_dir),
+         "--cache-dir", str(tmp_path / "cache"), "--parallel"],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    for function in ("ApiFunction", "WorkerFunction", "ReaperFunction"):
+        package = build_dir / function
+        assert (package / "app.py").exists() and (package / "rdq_core" / "lambda_host" / "worker.py").exists(), function
+        assert (package / "redis").is_dir() and (package / "aws_lambda_powertools").is_dir(), function
+        assert not (package / "psycopg").exists() and not (package / "pymongo").exists(), "one driver only"
+        assert not (package / "botocore").exists() and not (package / "rdq_core" / "compliance").exists()
+        check = subprocess.run([str(py312 / "python3.12"), "-c", "import app, redis, rdq_core.examples"],
+                               capture_output=True, text=True, cwd=package, env={**env, "PYTHONPATH": str(package)},
+                               timeout=60)
+        assert check.returncode == 0, check.stderr
+    for layer in ("RdqPostgresLayer", "RdqRedisLayer", "RdqMongoLayer", "RdqTracingLayer"):
+        assert not (build_dir / layer / "python" / "rdq_core").exists(), layer
+
+
+def test_the_declared_storage_url_is_empty_so_deployments_read_it_by_reference(resources):
+    # Declared only so that `sam local invoke --env-vars` may set it; a deployed stack never
+    # carries a URL (with its password) by value: it is empty and no parameter feeds it.
+    for name in ("ApiFunction", "WorkerFunction", "ReaperFunction"):
+        variables = resources[name]["Properties"]["Environment"]["Variables"]
+        assert variables["RDQ_STORAGE_URL"] == "" and variables["RDQ_AUTO_MIGRATE"] == "false", name
+    assert "RDQ_STORAGE_URL\"" not in json.dumps(transformed()["Parameters"])
