@@ -21,6 +21,7 @@ from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 
 from ..errors import RdqError, StorageUnavailable
 from ..problems import PROBLEM_JSON, ApiProblem, problem_for, problem_json
+from .invocation import ModulePin
 from .observability import logger, metrics, tracer
 from .request import ApiRequest, Reply
 from .routes import ROUTES, Route, allowed_methods
@@ -124,4 +125,9 @@ def handle_api_event(event: dict[str, Any], context: Any) -> dict[str, Any]:
 @tracer.capture_lambda_handler(capture_response=False)
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    _modules.restore()  # before the lazy imports: the storage driver, boto3 for the wake-up
     return handle_api_event(event, context)
+
+
+#: Taken last, when every module this entry point needs is loaded.
+_modules = ModulePin(__name__)

@@ -13,6 +13,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 
 from ..reaper import reap_expired_leases
 from .connection import shared_storage
+from .invocation import InvocationClock, ModulePin, configured_timeout
 from .observability import MetricsTelemetry, add_metric, log_invocation, logger, metrics, publish_queue_gauge, tracer
 from .settings import Settings
 
@@ -22,8 +23,9 @@ def run_reaper_invocation(
     clock: Callable[[], float] = time.monotonic,
 ) -> dict[str, Any]:
     settings = settings or Settings.from_env()
-    deadline = clock() + context.get_remaining_time_in_millis() / 1000.0 - settings.settle_reserve_seconds
+    invocation = InvocationClock(context, configured_timeout(), clock)
     storage = shared_storage(settings)
+    deadline = invocation.check() - settings.settle_reserve_seconds
     report = reap_expired_leases(
         storage, settings.policy_book(), batch_size=settings.reaper_batch_size, deadline=deadline,
         telemetry=MetricsTelemetry(), clock=clock,
@@ -57,4 +59,9 @@ def run_reaper_invocation(
 @tracer.capture_lambda_handler(capture_response=False)
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    _modules.restore()  # before the lazy imports: the storage driver
     return run_reaper_invocation(event, context)
+
+
+#: Taken last, when every module this entry point needs is loaded.
+_modules = ModulePin(__name__)

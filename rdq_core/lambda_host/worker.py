@@ -21,7 +21,6 @@ costs only its own task (LEASE_EXPIRED once its lease ends), never its batch nei
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Callable, Mapping
 
@@ -30,6 +29,7 @@ from ..handlers import registry
 from ..runner import BatchRunner
 from ..storage.spi import Storage
 from .connection import shared_storage
+from .invocation import InvocationClock, ModulePin, configured_timeout
 from .invoker import FANOUT_SOURCE, WAKE_SOURCE, extra_workers_for_backlog, invoker
 from .observability import LoggedRegistry, MetricsTelemetry, log_invocation, logger, metrics, tracer
 from .settings import Settings
@@ -54,12 +54,10 @@ def run_worker_invocation(
 ) -> dict[str, Any]:
     """The worker's whole job for one invocation; returns a summary (also logged)."""
     settings = settings or Settings.from_env()
-    remaining_ms = context.get_remaining_time_in_millis()
-    invocation_end = clock() + remaining_ms / 1000.0
-    # Lambda timeouts are whole seconds, so rounding the first reading up recovers the function
-    # timeout when the template did not pass it.
-    function_timeout = settings.worker_timeout_seconds or math.ceil(remaining_ms / 1000.0)
-    work_deadline = invocation_end - settings.settle_reserve_seconds
+    # The end is capped by the function timeout and re-checked below, once time has passed: a
+    # remaining time that does not fall is not believed (see invocation.py).
+    deadline = InvocationClock(context, configured_timeout(settings.worker_timeout_seconds), clock)
+    function_timeout = deadline.timeout_seconds
     registry.load_modules(settings.handler_modules)
     storage = shared_storage(settings)
     telemetry = MetricsTelemetry()
@@ -72,6 +70,8 @@ def run_worker_invocation(
 
     if _is_scheduled(event) and settings.worker_function and settings.max_worker_concurrency > 1:
         summary["fanned_out"] = _fan_out(storage, queues, settings)
+    invocation_end = deadline.check()
+    work_deadline = invocation_end - settings.settle_reserve_seconds
 
     runner = BatchRunner(
         storage, settings.policy_book(), LoggedRegistry(registry), telemetry,
@@ -118,4 +118,9 @@ def _fan_out(storage: Storage, queues: tuple[str, ...], settings: Settings) -> i
 @tracer.capture_lambda_handler(capture_response=False)
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    _modules.restore()  # before the lazy imports: handler modules, the storage driver
     return run_worker_invocation(event, context)
+
+
+#: Taken last, when every module this entry point needs is loaded.
+_modules = ModulePin(__name__)
