@@ -10,7 +10,7 @@ from typing import Callable
 import pytest
 
 from ..errors import StaleClaim, StorageUnavailable
-from ..model import ClaimRef, DeadFilter, ErrorInfo, Outcome, Settlement, TaskStatus
+from ..model import ClaimedTask, ClaimRef, DeadFilter, ErrorInfo, Outcome, Settlement, TaskStatus
 from ..storage import open_storage
 from ..storage.spi import Storage
 from .capabilities import OPERATIONS, Capabilities, PerTask
@@ -19,7 +19,7 @@ from .support import NEVER_ISSUED, dead_letter, enqueue_n, new_task, retry, succ
 BATCHES = (1, 50)
 
 
-def _settlement(i: int, claimed) -> Settlement:
+def _settlement(i: int, claimed: ClaimedTask) -> Settlement:
     if i % 3 == 1:
         return retry(claimed, delay=5)
     if i % 3 == 2:

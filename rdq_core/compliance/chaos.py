@@ -32,7 +32,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Self, Sequence
 
 from ..model import Backoff, NewTask
 from ..reaper import reap_expired_leases
@@ -42,6 +42,7 @@ from ..storage.spi import Storage
 from .chaos_history import Audit, ChaosProcess, Clock, ProcessJournal, audit
 from .chaos_lambda import EXTEND_HANDLER, HANDLER as LAMBDA_HANDLER, OVERRUN_HANDLER
 from .chaos_worker import HANDLER, TIGHT_HANDLER
+from .support import present
 
 QUEUE = "chaos"
 LEASE_SECONDS = 2.0
@@ -223,7 +224,7 @@ class _StoreLoop:
         finally:
             storage.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -523,7 +524,8 @@ def run_chaos(
     figures: dict[str, object] = {"workers": workers, "top_ups": feed.top_ups, **killer.figures(),
                                   "processes_spawned": len(fleet.spawned)}
     _finish(storage, items, fleet, killer, clock, t0, workdir, reaper, figures)
-    assert figures["lease_expired_attempts"] >= len(killer.kills), "each kill held at least the task it was running"
+    expired = figures["lease_expired_attempts"]
+    assert isinstance(expired, int) and expired >= len(killer.kills), "each kill held at least the task it was running"
     figures["elapsed_seconds"] = round(elapsed, 2)
     return figures
 
@@ -676,20 +678,20 @@ def run_lambda_chaos(
     elapsed, reaper = _run_fleet(url, fleet, killer, feed, containers, timeout, reaper_every=0.1,
                                  on_tick=enforce_deadlines)
     invocations = [inv for p in fleet.spawned for inv in p.journal.invocations]
+    late = round(max([(present(p.killed_at, f"when {p.name} was killed") - p.journal.invocations[-1].deadline) * 1000
+                      for p in deadline_kills], default=0.0), 1)
     figures: dict[str, object] = {
         "containers": containers,
         "top_ups": feed.top_ups,
         **killer.figures(),
         "deadline_kills": len(deadline_kills),
         "deadline_kills_landed_in": dict(Counter(k for p in deadline_kills for k in p.landed)),
-        "deadline_kill_lateness_ms_max": round(max(
-            [(p.killed_at - p.journal.invocations[-1].deadline) * 1000 for p in deadline_kills], default=0.0), 1),
+        "deadline_kill_lateness_ms_max": late,
         "invocations": len(invocations),
         "invocations_returned": sum(1 for inv in invocations if inv.returned is not None),
         "invocations_raised": sum(1 for inv in invocations if inv.result.startswith("error")),
         "processes_spawned": len(fleet.spawned),
     }
-    late = figures["deadline_kill_lateness_ms_max"]
     doubts = [f"a deadline kill came {late} ms late, over half the {grace}s lease grace"] if late > grace * 500 else []
     _finish(storage, items, fleet, killer, clock, t0, workdir, reaper, figures, doubts)
     missing = [f for f in LAMBDA_REQUIRED if f not in killer.landed_families()]

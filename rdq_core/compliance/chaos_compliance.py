@@ -3,6 +3,8 @@ random and at chosen points, then every claim, execution and kill held against t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ..storage.spi import Storage
@@ -17,7 +19,7 @@ class ChaosCompliance:
     chaos_kills = 10
 
     @pytest.mark.chaos
-    def test_chaos_kill_9_workers_mid_task(self, storage: Storage, storage_url: str, tmp_path) -> None:
+    def test_chaos_kill_9_workers_mid_task(self, storage: Storage, storage_url: str, tmp_path: Path) -> None:
         from .chaos import run_chaos
 
         figures = run_chaos(
@@ -39,7 +41,7 @@ class ChaosCompliance:
     chaos_lambda_kills = 10
 
     @pytest.mark.chaos
-    def test_chaos_kill_9_workers_on_runner_paths(self, storage: Storage, storage_url: str, tmp_path) -> None:
+    def test_chaos_kill_9_workers_on_runner_paths(self, storage: Storage, storage_url: str, tmp_path: Path) -> None:
         """``rdq worker`` processes killed inside claim and settle calls (before and after the
         store committed), with finished outcomes in the settle buffer, inside the heartbeat's
         extend, inside handlers and at random; then every claim, execution and kill is held
@@ -55,7 +57,7 @@ class ChaosCompliance:
 
     @pytest.mark.chaos
     def test_chaos_kill_9_lambda_invocations_at_markers_and_deadlines(
-        self, storage: Storage, storage_url: str, tmp_path
+        self, storage: Storage, storage_url: str, tmp_path: Path
     ) -> None:
         """Warm Lambda worker containers running ``run_worker_invocation`` back to back, killed
         at journal markers and exactly at an invocation's deadline (Lambda's timeout, also

@@ -37,10 +37,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from ..model import Attempt, Outcome, Task, TaskStatus
 from ..storage.spi import Storage, to_micros
+from .support import present
 
 LE = Outcome.LEASE_EXPIRED.value
 SUCCESS = Outcome.SUCCESS.value
@@ -227,7 +228,7 @@ class ProcessJournal:
             return bool(self._buffered)
         if intent == "handler":
             # With 10 ms to spare: a kill sent now certainly lands inside the handler.
-            return any(now < c.started + c.planned - 0.01 for c in self._running.values())
+            return any(now < present(c.started, "a running handler's start") + c.planned - 0.01 for c in self._running.values())
         raise ValueError(intent)
 
     def current_invocation(self) -> Invocation | None:
@@ -252,7 +253,7 @@ class ChaosProcess:
     name: str
     pid: int
     journal: ProcessJournal
-    popen: subprocess.Popen[bytes] | None = None
+    popen: subprocess.Popen[bytes]
     killed_at: float | None = None
     intent: str | None = None
     landed: set[str] = field(default_factory=set)
@@ -392,7 +393,7 @@ def audit(
 
         attempts_by_key: dict[int, list[Attempt]] = defaultdict(list)
         for attempt in task.attempts:
-            attempts_by_key[to_micros(attempt.started_at)].append(attempt)
+            attempts_by_key[to_micros(present(attempt.started_at, "an attempt's start"))].append(attempt)
         keys = {claim.claimed_at for claim in claims_by_task[task_id]} | set(attempts_by_key)
         for key in sorted(keys):
             claims = claims_by_key.get((task_id, key), [])
@@ -423,7 +424,7 @@ def audit(
             for attempt in attempts:
                 holder = by_name[claim.proc.name]
                 if attempt.outcome.value == LE:
-                    reaped = clock.wall(attempt.finished_at)
+                    reaped = clock.wall(present(attempt.finished_at, "a reaped attempt's finish"))
                     if holder.killed_at is None or reaped < holder.killed_at - clock.tolerance:
                         flag("reaped-while-alive", task_id,
                              f"{claim_text(claim)}: LEASE_EXPIRED recorded at {rel(reaped)} while its holder was alive")
@@ -437,10 +438,11 @@ def audit(
     ]
     explained: dict[Call, set[str]] = defaultdict(set)  # a call claims a task at most once, up to its limit
     for task_id, attempt in unmatched:
-        stamped = clock.wall(attempt.started_at)
+        stamped = clock.wall(present(attempt.started_at, "an attempt's start"))
         for call, p in windows:
+            killed_at = present(p.killed_at, f"when {p.name} was killed")  # windows hold killed processes only
             limit = int(call.label.split("=")[1])
-            if (call.begin - clock.tolerance <= stamped <= p.killed_at + clock.tolerance
+            if (call.begin - clock.tolerance <= stamped <= killed_at + clock.tolerance
                     and len(explained[call]) < limit and task_id not in explained[call]):
                 break
         else:
@@ -454,10 +456,10 @@ def audit(
             flag("unknown-claim", task_id,
                  f"attempt {attempt.attempt_no} of a claim lost in flight (a kill inside {p.name}'s claim#{call.seq}) "
                  f"is {attempt.outcome.value}, not LEASE_EXPIRED")
-        elif clock.wall(attempt.finished_at) < p.killed_at - clock.tolerance:
+        elif (reaped := clock.wall(present(attempt.finished_at, "a reaped attempt's finish"))) < killed_at - clock.tolerance:
             flag("reaped-while-alive", task_id,
                  f"attempt {attempt.attempt_no}: a claim lost in {p.name}'s claim#{call.seq} was reaped at "
-                 f"{rel(clock.wall(attempt.finished_at))}, before {p.name} was killed at {rel(p.killed_at)}")
+                 f"{rel(reaped)}, before {p.name} was killed at {rel(killed_at)}")
 
     # Executions: one per claim, and never two of one task at once.
     for task_id in task_ids:
@@ -497,12 +499,16 @@ def audit(
     return Audit(dict(figures), [f"[{c}] {t}: {x}" for c, t, x in violations], "\n".join(lines))
 
 
-def task_history(task_id, task, claims, by_name, clock, rel) -> str:
+def task_history(
+    task_id: str, task: Task | None, claims: list[Claim], by_name: dict[str, ChaosProcess], clock: Clock,
+    rel: Callable[[float | None], str],
+) -> str:
     out = [f"--- history of {task_id}: {task.status.value if task else 'MISSING'}"]
     for attempt in task.attempts if task else ():
         out.append(
-            f"  attempt {attempt.attempt_no} {attempt.outcome.value}: started {rel(clock.wall(attempt.started_at))} "
-            f"finished {rel(clock.wall(attempt.finished_at))}"
+            f"  attempt {attempt.attempt_no} {attempt.outcome.value}: "
+            f"started {rel(clock.wall(present(attempt.started_at, 'started_at')))} "
+            f"finished {rel(clock.wall(present(attempt.finished_at, 'finished_at')))}"
         )
     for claim in sorted(claims, key=lambda c: c.claimed_at):
         p = by_name[claim.proc.name]

@@ -38,11 +38,12 @@ import random
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from datetime import datetime
+from typing import Any, Callable, Iterator, Sequence, cast
 
 from ..errors import StaleClaim
 from ..handlers import HandlerRegistry
-from ..model import Backoff, ClaimRef, Outcome, Settlement
+from ..model import Backoff, ClaimedTask, ClaimRef, Outcome, Settlement
 from ..retry import PolicyBook, RetryPolicy
 from ..storage import open_storage
 from ..storage.spi import Storage, to_micros
@@ -161,13 +162,14 @@ class JournalingStorage:
         return result
 
     # -- the journaled SPI calls -------------------------------------------------------------
-    def claim(self, queue: str, limit: int, lease_seconds: float):
-        def describe(seq: int, claimed) -> str:
+    def claim(self, queue: str, limit: int, lease_seconds: float) -> list[ClaimedTask]:
+        def describe(seq: int, claimed: list[ClaimedTask]) -> str:
             return "".join(f"c {seq} {c.task.id} {c.claim_token} {to_micros(c.claimed_at)}\n" for c in claimed)
 
-        return self._journaled(
+        claimed: list[ClaimedTask] = self._journaled(
             "claim", f"limit={limit}", (), lambda: self._inner.claim(queue, limit, lease_seconds), describe
         )
+        return claimed
 
     def settle(self, settlements: Sequence[Settlement]) -> None:
         # The engine's reaper settles other processes' claims with LEASE_EXPIRED; journal those
@@ -180,12 +182,13 @@ class JournalingStorage:
         items = [(r.task_id, r.claim_token, "-") for r in refs]
         self._journaled("release", "-", items, lambda: self._inner.release(refs))
 
-    def extend_leases(self, refs: Sequence[ClaimRef], lease_seconds: float):
+    def extend_leases(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, datetime]:
         who = "ctx" if getattr(self._local, "from_handler", False) else "hb"
         items = [(r.task_id, r.claim_token, "-") for r in refs]
-        return self._journaled(
+        extended: dict[str, datetime] = self._journaled(
             "extend", f"{who}:{lease_seconds:.3f}", items, lambda: self._inner.extend_leases(refs, lease_seconds)
         )
+        return extended
 
 
 def chaos_handler(storage: JournalingStorage) -> Callable[[Any, Any], dict[str, Any]]:
@@ -266,7 +269,8 @@ def main() -> None:
     wait_for_go(args.go_file)
     config = WorkerConfig(queues=[args.queue], batch_size=args.batch, lease_seconds=args.lease, idle_poll_seconds=0.05)
     policies = PolicyBook(RetryPolicy(max_attempts=50, backoff=Backoff(0.05, 2.0, 0.2, 0.0)))
-    Worker(storage, config, policies=policies, registry=registry).run_forever()
+    # Duck-typed: the journal forwards every SPI call it does not journal by ``__getattr__``.
+    Worker(cast(Storage, storage), config, policies=policies, registry=registry).run_forever()
 
 
 if __name__ == "__main__":

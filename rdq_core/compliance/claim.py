@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from ..model import TaskStatus
 from ..storage.spi import Storage
-from .support import enqueue_n, success
+from .support import OpenStore, enqueue_n, must_get, success
 
 
 class ClaimCompliance:
@@ -38,7 +38,7 @@ class ClaimCompliance:
             held = (c.lease_expires_at - c.claimed_at).total_seconds()
             assert 44 <= held <= 46
             assert before - timedelta(seconds=1) <= c.claimed_at <= after + timedelta(seconds=1)
-            assert storage.get(c.task.id).status is TaskStatus.IN_FLIGHT
+            assert must_get(storage, c.task.id).status is TaskStatus.IN_FLIGHT
         storage.release([claimed[0].ref])
         (again,) = storage.claim("lease", 1, 45)
         assert again.task.id == claimed[0].task.id and again.claim_token not in tokens
@@ -56,7 +56,7 @@ class ClaimCompliance:
             assert storage.claim("none", limit, 30) == []
         assert (storage.stats("none").pending, storage.stats("none").in_flight) == (2, 0)
 
-    def test_concurrent_claimers_never_share_a_task(self, storage: Storage, open_another) -> None:
+    def test_concurrent_claimers_never_share_a_task(self, storage: Storage, open_another: OpenStore) -> None:
         total, threads = 240, 8
         enqueue_n(storage, "race", total)
         # Half the claimers share this connection, half have their own: both must be safe.

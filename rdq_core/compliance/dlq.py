@@ -12,11 +12,11 @@ import pytest
 from ..errors import InvalidCursor, InvalidInput
 from ..model import DeadFilter, ErrorInfo, Outcome, Settlement, Task, TaskStatus
 from ..storage.spi import Storage
-from .support import dead_letter, enqueue_n, new_task
+from .support import OpenStore, dead_letter, enqueue_n, must_get, new_task
 
 
 class DeadLetterCompliance:
-    def test_dlq_paging_is_stable_while_tasks_die_concurrently(self, storage: Storage, open_another) -> None:
+    def test_dlq_paging_is_stable_while_tasks_die_concurrently(self, storage: Storage, open_another: OpenStore) -> None:
         initial = dead_letter(storage, "dlq", 60)
         other = open_another()
         stop = threading.Event()
@@ -112,7 +112,7 @@ class DeadLetterCompliance:
         assert storage.redrive("redrive", DeadFilter(ids=())) == 0  # no ids: nothing, not everything
         assert storage.redrive("redrive", DeadFilter(error_type="e.B")) == 3
         for task_id in [a[0], *b]:
-            task = storage.get(task_id)
+            task = must_get(storage, task_id)
             assert (task.status, task.attempt_count, task.redrive_count) == (TaskStatus.PENDING, 0, 1)
             assert task.dead_at is None and len(task.attempts) == 1
         assert storage.stats("redrive").dead == 1
@@ -128,8 +128,8 @@ class DeadLetterCompliance:
         assert storage.purge_dead("purge", DeadFilter(handler="h2")) == 2
         assert all(storage.get(i) is None for i in b)
         assert storage.purge_dead("purge", DeadFilter()) == 1
-        assert storage.get(keep[0]).status is TaskStatus.PENDING
+        assert must_get(storage, keep[0]).status is TaskStatus.PENDING
         assert storage.stats("purge").dead == 0
         # A purged id is free again, and a task enqueued under it inherits no history.
         (again,) = storage.enqueue([new_task("purge-reuse", id=a[0])])
-        assert again.created and storage.get(a[0]).attempts == ()
+        assert again.created and must_get(storage, a[0]).attempts == ()

@@ -11,7 +11,7 @@ from ..retry import PolicyBook, RetryPolicy
 from ..outcomes import UNKNOWN_HANDLER
 from ..runner import BatchRunner
 from ..storage.spi import Storage
-from .support import enqueue_n, new_task
+from .support import enqueue_n, error_of, must_get, new_task, present
 
 
 class EngineCompliance:
@@ -30,14 +30,16 @@ class EngineCompliance:
         claimed = storage.claim("engine", 10, 30)
         report = runner.run(claimed)
         assert report.started == 6 and report.stale == 0
-        got = {name: storage.get(r.task.id) for name, r in zip(names, results, strict=True)}
+        got = {name: must_get(storage, r.task.id) for name, r in zip(names, results, strict=True)}
         assert got["ok"].status is TaskStatus.SUCCEEDED and got["ok"].result == {"echo": {"i": "ok"}, "attempt": 1}
         assert got["flaky"].status is TaskStatus.PENDING
-        assert got["flaky"].attempts[0].error.type == "ZeroDivisionError" and "1 / 0" in got["flaky"].attempts[0].error.stack
+        flaky = error_of(got["flaky"].attempts[0])
+        assert flaky.type == "ZeroDivisionError" and "1 / 0" in present(flaky.stack, "the flaky attempt's stack")
         assert got["fatal"].status is TaskStatus.DEAD and got["fatal"].attempts[0].outcome is Outcome.PERMANENT_FAILURE
-        assert got["crash"].status is TaskStatus.PENDING and got["crash"].attempts[0].error.type == "SystemExit"
-        assert got["weird"].status is TaskStatus.PENDING and got["weird"].attempts[0].error.type == "rdq.InvalidResult"
-        assert got["missing"].status is TaskStatus.DEAD and got["missing"].last_error.type == UNKNOWN_HANDLER
+        assert got["crash"].status is TaskStatus.PENDING and error_of(got["crash"].attempts[0]).type == "SystemExit"
+        assert got["weird"].status is TaskStatus.PENDING and error_of(got["weird"].attempts[0]).type == "rdq.InvalidResult"
+        missing = got["missing"]
+        assert missing.status is TaskStatus.DEAD and present(missing.last_error, "last_error").type == UNKNOWN_HANDLER
 
     def test_engine_releases_what_it_cannot_finish_before_the_deadline(self, storage: Storage) -> None:
         registry = HandlerRegistry()
@@ -50,7 +52,7 @@ class EngineCompliance:
         stats = storage.stats("deadline")
         assert (stats.succeeded, stats.pending, stats.in_flight) == (1, 4, 0)
         for c in claimed[1:]:
-            assert storage.get(c.task.id).attempt_count == 0
+            assert must_get(storage, c.task.id).attempt_count == 0
 
     def test_engine_skips_only_the_tasks_that_do_not_fit_the_deadline(self, storage: Storage) -> None:
         registry = HandlerRegistry()
@@ -62,6 +64,6 @@ class EngineCompliance:
         runner = BatchRunner(storage, registry=registry, settle_margin=0.1)
         report = runner.run(storage.claim("fit", 10, 30), deadline=time.monotonic() + 5)
         assert (report.started, report.released) == (3, 1)
-        assert storage.get(long_id).status is TaskStatus.PENDING and storage.get(long_id).attempt_count == 0
-        assert all(storage.get(i).status is TaskStatus.SUCCEEDED for i in quick_ids)
+        assert must_get(storage, long_id).status is TaskStatus.PENDING and must_get(storage, long_id).attempt_count == 0
+        assert all(must_get(storage, i).status is TaskStatus.SUCCEEDED for i in quick_ids)
 

@@ -11,7 +11,7 @@ from ..errors import InvalidInput, UnsupportedOperation
 from ..model import Backoff, NewTask, TaskStatus
 from ..storage.spi import Storage
 from .capabilities import Capabilities
-from .support import new_task, retry, state, wait_until
+from .support import due_at, must_get, new_task, retry, state, wait_until
 
 
 class EnqueueCompliance:
@@ -26,8 +26,7 @@ class EnqueueCompliance:
         )
         (result,) = storage.enqueue([item])
         assert result.created and not result.conflict and result.task.payload == payload
-        task = storage.get(item.id)
-        assert task is not None
+        task = must_get(storage, item.id)
         assert (task.queue, task.handler, task.payload, dict(task.headers)) == ("fields", "send_email", payload, headers)
         assert (task.status, task.attempt_count, task.redrive_count, task.max_attempts) == (TaskStatus.PENDING, 0, 0, 7)
         assert task.backoff == Backoff(2, 3, 60, 0.1)
@@ -38,13 +37,13 @@ class EnqueueCompliance:
         for payload in ("text", 3, None, [1, 2], {"$set": {"status": "SUCCEEDED"}, "a.b": [1, {"$gt": ""}]}):
             item = new_task("scalars", payload=payload)
             storage.enqueue([item])
-            assert storage.get(item.id).payload == payload
+            assert must_get(storage, item.id).payload == payload
 
     def test_a_payload_with_nul_is_kept_or_refused_as_declared(self, storage: Storage) -> None:
         items = [new_task("nul", payload={"ok": 1}), new_task("nul", payload={"s": "a\x00b", "a\x00": 1})]
         if self.capabilities.holds_nul:
             storage.enqueue(items)
-            assert storage.get(items[1].id).payload == {"s": "a\x00b", "a\x00": 1}
+            assert must_get(storage, items[1].id).payload == {"s": "a\x00b", "a\x00": 1}
             return
         with pytest.raises(InvalidInput):
             storage.enqueue(items)
@@ -62,11 +61,11 @@ class EnqueueCompliance:
         storage.enqueue([item])
         (claimed,) = storage.claim("idem", 1, 30)
         storage.settle([retry(claimed, delay=3600)])
-        before = storage.get(item.id)
+        before = must_get(storage, item.id)
         (again,) = storage.enqueue([NewTask(id=item.id, queue="idem", handler="other", payload={"v": 2})])
         assert not again.created and not again.conflict
         assert again.task.payload == {"v": 1} and again.task.handler == "noop"
-        after = storage.get(item.id)
+        after = must_get(storage, item.id)
         assert state(after) == state(before) and after.payload == {"v": 1}
 
     def test_enqueue_same_id_other_queue_is_a_conflict_and_writes_nothing(self, storage: Storage) -> None:
@@ -77,7 +76,7 @@ class EnqueueCompliance:
         assert results[0].conflict and not results[0].created and results[0].task.queue == "home"
         assert results[1].created
         assert storage.stats("elsewhere").pending == 1
-        assert storage.get(item.id).queue == "home"
+        assert must_get(storage, item.id).queue == "home"
 
     def test_delayed_task_is_not_claimed_before_it_is_due(self, storage: Storage) -> None:
         storage.enqueue([new_task("delay", delay_seconds=0.6)])
@@ -91,8 +90,8 @@ class EnqueueCompliance:
         at, delayed, past = new_task("when", run_at=now + timedelta(hours=1)), new_task("when", delay_seconds=60), \
             new_task("when", run_at=now - timedelta(seconds=5))
         storage.enqueue([at, delayed, past])
-        assert abs((storage.get(at.id).next_attempt_at - (now + timedelta(hours=1))).total_seconds()) < 0.002
-        assert 59 <= (storage.get(delayed.id).next_attempt_at - now).total_seconds() <= 70
+        assert abs((due_at(storage, at.id) - (now + timedelta(hours=1))).total_seconds()) < 0.002
+        assert 59 <= (due_at(storage, delayed.id) - now).total_seconds() <= 70
         assert [c.task.id for c in storage.claim("when", 10, 30)] == [past.id]
 
     def test_a_callers_connection_is_joined_or_refused(self, storage: Storage) -> None:

@@ -11,12 +11,12 @@ from typing import Callable
 import pytest
 
 from ..errors import InvalidInput, StaleClaim
-from ..model import ClaimRef, DeadFilter, ErrorInfo, Outcome, Settlement, TaskStatus
+from ..model import ClaimRef, ClaimedTask, DeadFilter, ErrorInfo, Outcome, Settlement, TaskStatus
 from ..reaper import reap_expired_leases
 from ..retry import PolicyBook, RetryPolicy
 from ..storage.spi import Storage
 from .capabilities import Capabilities
-from .support import FAST_BACKOFF, NEVER_ISSUED, enqueue_n, retry, state, success, wait_until
+from .support import FAST_BACKOFF, NEVER_ISSUED, due_at, enqueue_n, error_of, must_get, present, retry, state, success, wait_until
 
 
 class FencingCompliance:
@@ -32,7 +32,7 @@ class FencingCompliance:
         assert second.task.id == first.task.id and second.claim_token != first.claim_token
         task_id = first.task.id
         for token in (NEVER_ISSUED, first.claim_token):
-            before = storage.get(task_id)
+            before = must_get(storage, task_id)
             writes: dict[str, Callable[[], object]] = {
                 "settle": partial(storage.settle, [Settlement(task_id, token, Outcome.SUCCESS, TaskStatus.SUCCEEDED)]),
                 "retry": partial(storage.settle, [Settlement(task_id, token, Outcome.RETRYABLE_FAILURE, TaskStatus.PENDING,
@@ -46,9 +46,9 @@ class FencingCompliance:
                 with pytest.raises(StaleClaim) as refused:
                     write()
                 assert refused.value.task_ids == (task_id,), name
-                assert state(storage.get(task_id)) == state(before), f"{name} with a bad token changed the task"
+                assert state(must_get(storage, task_id)) == state(before), f"{name} with a bad token changed the task"
         storage.settle([success(second)])
-        assert storage.get(task_id).status is TaskStatus.SUCCEEDED
+        assert must_get(storage, task_id).status is TaskStatus.SUCCEEDED
 
     def test_settle_of_an_unknown_task_is_stale(self, storage: Storage) -> None:
         with pytest.raises(StaleClaim):
@@ -62,19 +62,19 @@ class FencingCompliance:
                             Settlement("no-such-task", NEVER_ISSUED, Outcome.SUCCESS, TaskStatus.SUCCEEDED),
                             success(c)])
         assert refused.value.task_ids == (b.task.id, "no-such-task")
-        assert storage.get(a.task.id).status is TaskStatus.SUCCEEDED
-        assert storage.get(b.task.id).status is TaskStatus.IN_FLIGHT
-        assert storage.get(c.task.id).status is TaskStatus.SUCCEEDED
+        assert must_get(storage, a.task.id).status is TaskStatus.SUCCEEDED
+        assert must_get(storage, b.task.id).status is TaskStatus.IN_FLIGHT
+        assert must_get(storage, c.task.id).status is TaskStatus.SUCCEEDED
         with pytest.raises(StaleClaim) as refused:
             storage.extend_leases([d.ref, ClaimRef(e.task.id, NEVER_ISSUED)], 120)
         assert refused.value.task_ids == (e.task.id,)
-        assert storage.get(d.task.id).lease_expires_at > d.lease_expires_at
-        assert storage.get(e.task.id).lease_expires_at == e.lease_expires_at
+        assert present(must_get(storage, d.task.id).lease_expires_at, "the extended lease") > d.lease_expires_at
+        assert must_get(storage, e.task.id).lease_expires_at == e.lease_expires_at
         with pytest.raises(StaleClaim) as refused:
             storage.release([ClaimRef(d.task.id, NEVER_ISSUED), e.ref])
         assert refused.value.task_ids == (d.task.id,)
-        assert storage.get(e.task.id).status is TaskStatus.PENDING
-        assert storage.get(d.task.id).status is TaskStatus.IN_FLIGHT
+        assert must_get(storage, e.task.id).status is TaskStatus.PENDING
+        assert must_get(storage, d.task.id).status is TaskStatus.IN_FLIGHT
 
     def test_a_settled_claim_cannot_be_written_again(self, storage: Storage) -> None:
         enqueue_n(storage, "twice", 1)
@@ -86,7 +86,7 @@ class FencingCompliance:
             storage.extend_leases([claimed.ref], 30)
         with pytest.raises(StaleClaim):
             storage.release([claimed.ref])
-        task = storage.get(claimed.task.id)
+        task = must_get(storage, claimed.task.id)
         assert task.result == {"n": 1} and [a.attempt_no for a in task.attempts] == [1]
 
     def test_racing_batch_settles_in_opposite_orders_apply_each_item_once(self, storage: Storage) -> None:
@@ -99,7 +99,7 @@ class FencingCompliance:
         applied: list[int] = []
         errors: list[BaseException] = []
 
-        def settle_batch(batch) -> None:
+        def settle_batch(batch: list[ClaimedTask]) -> None:
             barrier.wait()
             try:
                 storage.settle([success(c) for c in batch])
@@ -116,36 +116,37 @@ class FencingCompliance:
             thread.join(120)
         assert errors == [] and sum(applied) == 200
         for c in claimed:
-            assert [a.attempt_no for a in storage.get(c.task.id).attempts] == [1]
+            assert [a.attempt_no for a in must_get(storage, c.task.id).attempts] == [1]
 
     # -- what a settle records ---------------------------------------------------------------
     def test_success_records_one_attempt_and_the_result(self, storage: Storage) -> None:
         enqueue_n(storage, "ok", 1)
         (claimed,) = storage.claim("ok", 1, 30)
         storage.settle([success(claimed, {"sent": True, "id": [1, 2], "big": 2**60, "f": 0.1})])
-        task = storage.get(claimed.task.id)
+        task = must_get(storage, claimed.task.id)
         assert task.status is TaskStatus.SUCCEEDED and task.result == {"sent": True, "id": [1, 2], "big": 2**60, "f": 0.1}
         assert task.attempt_count == 1 and task.lease_expires_at is None
         (attempt,) = task.attempts
         assert (attempt.attempt_no, attempt.outcome, attempt.error) == (1, Outcome.SUCCESS, None)
-        assert attempt.started_at == claimed.claimed_at and attempt.finished_at >= attempt.started_at
+        assert attempt.started_at == claimed.claimed_at
+        assert present(attempt.finished_at, "finished_at") >= present(attempt.started_at, "started_at")
 
     def test_retry_reschedules_after_the_delay_and_keeps_the_error(self, storage: Storage) -> None:
         enqueue_n(storage, "retry", 2)
         claimed, later = storage.claim("retry", 2, 30)
         before = storage.now()
         storage.settle([retry(claimed, delay=0.5), retry(later, delay=100)])
-        task = storage.get(claimed.task.id)
+        task = must_get(storage, claimed.task.id)
         assert task.status is TaskStatus.PENDING and task.attempt_count == 1 and task.lease_expires_at is None
         assert task.last_error == ErrorInfo("test.Retry", "try again")
-        assert task.attempts[0].outcome is Outcome.RETRYABLE_FAILURE and task.attempts[0].error.type == "test.Retry"
-        assert 99 <= (storage.get(later.task.id).next_attempt_at - before).total_seconds() <= 110
+        assert task.attempts[0].outcome is Outcome.RETRYABLE_FAILURE and error_of(task.attempts[0]).type == "test.Retry"
+        assert 99 <= (due_at(storage, later.task.id) - before).total_seconds() <= 110
         assert storage.claim("retry", 1, 30) == []
         (again,) = wait_until(lambda: storage.claim("retry", 1, 30), what="the retry to come due")
         storage.settle([Settlement(again.task.id, again.claim_token, Outcome.PERMANENT_FAILURE, TaskStatus.DEAD,
                                    error=ErrorInfo("test.Fatal", "no", "stack"))])
-        task = storage.get(claimed.task.id)
-        assert task.status is TaskStatus.DEAD and task.dead_at >= before and task.attempt_count == 2
+        task = must_get(storage, claimed.task.id)
+        assert task.status is TaskStatus.DEAD and present(task.dead_at, "dead_at") >= before and task.attempt_count == 2
         assert task.attempts[1].error == ErrorInfo("test.Fatal", "no", "stack")
         assert [(a.attempt_no, a.outcome) for a in task.attempts] == [
             (1, Outcome.RETRYABLE_FAILURE), (2, Outcome.PERMANENT_FAILURE)]
@@ -156,7 +157,7 @@ class FencingCompliance:
         error = ErrorInfo('Weird"Type', 'quotes " \\ / and ünïcödé ✓', "line1\nline2\ttab")
         storage.settle([Settlement(claimed.task.id, claimed.claim_token, Outcome.RETRYABLE_FAILURE, TaskStatus.DEAD,
                                    error=error)])
-        dead = storage.get(claimed.task.id)
+        dead = must_get(storage, claimed.task.id)
         assert dead.last_error == error and dead.attempts[0].error == error
         page = storage.list_dead("verbatim", limit=5, filter=DeadFilter(error_type='Weird"Type'))
         assert [t.id for t in page.tasks] == [claimed.task.id]
@@ -168,15 +169,15 @@ class FencingCompliance:
         if self.capabilities.holds_nul:
             storage.settle([success(odd, "a\x00b"), Settlement(failing.task.id, failing.claim_token, Outcome.RETRYABLE_FAILURE,
                                                               TaskStatus.PENDING, error=error)])
-            assert storage.get(odd.task.id).result == "a\x00b"
-            assert storage.get(failing.task.id).last_error == error
+            assert must_get(storage, odd.task.id).result == "a\x00b"
+            assert must_get(storage, failing.task.id).last_error == error
             return
         with pytest.raises(InvalidInput):  # a result it cannot hold: the whole batch is refused
             storage.settle([success(ok, "fine"), success(odd, "a\x00b")])
-        assert {storage.get(c.task.id).status for c in (ok, odd)} == {TaskStatus.IN_FLIGHT}
+        assert {must_get(storage, c.task.id).status for c in (ok, odd)} == {TaskStatus.IN_FLIGHT}
         storage.settle([Settlement(failing.task.id, failing.claim_token, Outcome.RETRYABLE_FAILURE,
                                    TaskStatus.PENDING, error=error)])
-        assert storage.get(failing.task.id).last_error == ErrorInfo("Bin\ufffd", "a\ufffdb", "s\ufffd")
+        assert must_get(storage, failing.task.id).last_error == ErrorInfo("Bin\ufffd", "a\ufffdb", "s\ufffd")
 
     def test_settle_stores_lone_surrogates_as_replacement_characters(self, storage: Storage) -> None:
         """Text no store can encode (a file name from os.fsdecode) is stored with U+FFFD in
@@ -194,11 +195,12 @@ class FencingCompliance:
                        retry_delay_seconds=60, error=error),
             success(last, name),
         ])
-        assert storage.get(first.task.id).result == {"file": stored, stored: [stored]}
-        assert storage.get(last.task.id).result == stored
-        failed = storage.get(failing.task.id)
+        assert must_get(storage, first.task.id).result == {"file": stored, stored: [stored]}
+        assert must_get(storage, last.task.id).result == stored
+        failed = must_get(storage, failing.task.id)
         assert failed.status is TaskStatus.PENDING and failed.attempt_count == 1
-        for recorded in (failed.last_error, failed.attempts[0].error):
+        for kept in (failed.last_error, failed.attempts[0].error):
+            recorded = present(kept, "the recorded error")
             assert recorded.type == f"io.{stored}"
             assert recorded.message == f"cannot open {stored}"
             assert recorded.stack == f"Traceback\n  open('{stored}')"
@@ -206,11 +208,11 @@ class FencingCompliance:
     # -- release and extend ------------------------------------------------------------------
     def test_release_returns_to_pending_without_spending_an_attempt(self, storage: Storage) -> None:
         ids = enqueue_n(storage, "release", 2)
-        due = {i: storage.get(i).next_attempt_at for i in ids}
+        due = {i: must_get(storage, i).next_attempt_at for i in ids}
         claimed = storage.claim("release", 2, 30)
         storage.release([c.ref for c in claimed])
         for c in claimed:
-            task = storage.get(c.task.id)
+            task = must_get(storage, c.task.id)
             assert (task.status, task.attempt_count, task.attempts, task.lease_expires_at) == (TaskStatus.PENDING, 0, (), None)
             assert task.next_attempt_at == due[c.task.id]
         with pytest.raises(StaleClaim):
@@ -239,7 +241,7 @@ class FencingCompliance:
             storage.settle([Settlement(expired.task.id, expired.claim_token, Outcome.LEASE_EXPIRED, TaskStatus.PENDING,
                                        error=ErrorInfo("rdq.LeaseExpired"))])
         storage.settle([success(held)])
-        assert [a.outcome for a in storage.get(held.task.id).attempts] == [Outcome.SUCCESS]
+        assert [a.outcome for a in must_get(storage, held.task.id).attempts] == [Outcome.SUCCESS]
 
     def test_lease_expired_settle_is_refused_while_the_lease_is_live(self, storage: Storage) -> None:
         enqueue_n(storage, "live", 1)
@@ -247,7 +249,7 @@ class FencingCompliance:
         with pytest.raises(StaleClaim):
             storage.settle([Settlement(claimed.task.id, claimed.claim_token, Outcome.LEASE_EXPIRED, TaskStatus.PENDING,
                                        error=ErrorInfo("rdq.LeaseExpired"))])
-        task = storage.get(claimed.task.id)
+        task = must_get(storage, claimed.task.id)
         assert task.status is TaskStatus.IN_FLIGHT and task.attempts == ()
 
     def test_extend_never_moves_a_lease_earlier(self, storage: Storage) -> None:
@@ -258,10 +260,10 @@ class FencingCompliance:
         task_id, original = claimed.task.id, claimed.lease_expires_at
         short = storage.extend_leases([claimed.ref], 1)[task_id]
         assert short >= original
-        assert storage.get(task_id).lease_expires_at == short
+        assert must_get(storage, task_id).lease_expires_at == short
         time.sleep(0.05)
         longer = storage.extend_leases([claimed.ref], 60)[task_id]
         assert (longer - original).total_seconds() > 25
-        assert storage.get(task_id).lease_expires_at == longer
+        assert must_get(storage, task_id).lease_expires_at == longer
         assert storage.extend_leases([claimed.ref], 1)[task_id] == longer
         storage.settle([success(claimed)])

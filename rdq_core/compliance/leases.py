@@ -9,7 +9,7 @@ from ..model import Backoff, Outcome, TaskStatus
 from ..reaper import reap_expired_leases
 from ..retry import PolicyBook, RetryPolicy
 from ..storage.spi import Storage
-from .support import enqueue_n, wait_until
+from .support import OpenStore, enqueue_n, error_of, must_get, present, wait_until
 
 
 class LeaseCompliance:
@@ -23,20 +23,21 @@ class LeaseCompliance:
         report = reap_expired_leases(storage, policies, queue="reap")
         assert (report.expired, report.rescheduled, report.dead_lettered) == (1, 1, 0)
         assert reap_expired_leases(storage, policies, queue="reap").expired == 0
-        task = storage.get(task_id)
+        task = must_get(storage, task_id)
         assert task.status is TaskStatus.PENDING and task.attempt_count == 1
         assert [(a.attempt_no, a.outcome) for a in task.attempts] == [(1, Outcome.LEASE_EXPIRED)]
-        assert task.attempts[0].error.type == "rdq.LeaseExpired"
-        assert (task.next_attempt_at - task.attempts[0].finished_at).total_seconds() >= 0.35  # backoff, not a hand-off
+        assert error_of(task.attempts[0]).type == "rdq.LeaseExpired"
+        due, finished = present(task.next_attempt_at, "next_attempt_at"), present(task.attempts[0].finished_at, "finished_at")
+        assert (due - finished).total_seconds() >= 0.35  # backoff, not a hand-off
         assert storage.claim("reap", 1, self.short_lease) == []
         wait_until(lambda: storage.claim("reap", 1, self.short_lease), what="the backoff to pass")
         wait_until(lambda: storage.find_expired_leases(10, queue="reap"), what="the second lease to expire")
         assert reap_expired_leases(storage, policies, queue="reap").dead_lettered == 1
-        task = storage.get(task_id)
+        task = must_get(storage, task_id)
         assert task.status is TaskStatus.DEAD and task.attempt_count == 2
         assert [(a.attempt_no, a.outcome) for a in task.attempts] == [(1, Outcome.LEASE_EXPIRED), (2, Outcome.LEASE_EXPIRED)]
 
-    def test_racing_reapers_record_exactly_one_lease_expired_attempt(self, storage: Storage, open_another) -> None:
+    def test_racing_reapers_record_exactly_one_lease_expired_attempt(self, storage: Storage, open_another: OpenStore) -> None:
         ids = enqueue_n(storage, "reapers", 30)
         storage.claim("reapers", 30, self.short_lease)
         wait_until(lambda: len(storage.find_expired_leases(100, queue="reapers")) == 30, what="all leases to expire")
@@ -56,7 +57,7 @@ class LeaseCompliance:
             t.join(60)
         assert sum(r.expired for r in reports) == 30
         for task_id in ids:
-            task = storage.get(task_id)
+            task = must_get(storage, task_id)
             assert [(a.attempt_no, a.outcome) for a in task.attempts] == [(1, Outcome.LEASE_EXPIRED)]
 
     def test_find_expired_leases_is_bounded_and_read_only(self, storage: Storage) -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from typing import Callable
 
 import pytest
 
 from ..errors import InvalidInput, TaskConflict, TaskNotFound
 from ..model import ClaimRef, DeadFilter, Outcome, Settlement, TaskStatus
 from ..storage.spi import Storage
-from .support import dead_letter, enqueue_n, success
+from .support import dead_letter, enqueue_n, must_get, success
 
 
 class OperatorCompliance:
@@ -22,19 +23,26 @@ class OperatorCompliance:
         query: refused as ``InvalidInput`` before anything is read or written."""
         (task_id,) = enqueue_n(storage, "shaped", 1)
         shaped = {"$ne": None}
-        calls = {
-            "get": lambda: storage.get(shaped),
-            "cancel": lambda: storage.cancel(shaped),
-            "settle": lambda: storage.settle([Settlement(shaped, shaped, Outcome.SUCCESS, TaskStatus.SUCCEEDED)]),
-            "extend": lambda: storage.extend_leases([ClaimRef(task_id, shaped)], 30),
-            "release": lambda: storage.release([ClaimRef(shaped, "token")]),
-            "redrive": lambda: storage.redrive("shaped", DeadFilter(ids=({"$exists": True},))),
-            "purge_dead": lambda: storage.purge_dead("shaped", DeadFilter(ids=(shaped,))),
+        calls: dict[str, Callable[[], object]] = {
+            "get": lambda: storage.get(shaped),  # type: ignore[arg-type]  # deliberately wrong type: the store must refuse it
+            "cancel": lambda: storage.cancel(
+                shaped),  # type: ignore[arg-type]  # deliberately wrong type: the store must refuse it
+            "settle": lambda: storage.settle([Settlement(
+                shaped, shaped,  # type: ignore[arg-type]  # deliberately wrong type: the store must refuse it
+                Outcome.SUCCESS, TaskStatus.SUCCEEDED)]),
+            "extend": lambda: storage.extend_leases([ClaimRef(
+                task_id, shaped)], 30),  # type: ignore[arg-type]  # deliberately wrong type: the store must refuse it
+            "release": lambda: storage.release([ClaimRef(
+                shaped, "token")]),  # type: ignore[arg-type]  # deliberately wrong type: the store must refuse it
+            "redrive": lambda: storage.redrive("shaped", DeadFilter(
+                ids=({"$exists": True},))),  # type: ignore[arg-type]  # deliberately wrong type: the store must refuse it
+            "purge_dead": lambda: storage.purge_dead("shaped", DeadFilter(
+                ids=(shaped,))),  # type: ignore[arg-type]  # deliberately wrong type: the store must refuse it
         }
         for call in calls.values():
             with pytest.raises(InvalidInput):
                 call()
-        assert storage.get(task_id).status is TaskStatus.PENDING and storage.stats("shaped").pending == 1
+        assert must_get(storage, task_id).status is TaskStatus.PENDING and storage.stats("shaped").pending == 1
 
     def test_cancel_only_pending_tasks(self, storage: Storage) -> None:
         running, pending = enqueue_n(storage, "cancel", 1) + enqueue_n(storage, "cancel", 1)
@@ -49,8 +57,8 @@ class OperatorCompliance:
         with pytest.raises(TaskNotFound):
             storage.cancel("no-such-task")
         assert storage.claim("cancel", 10, 30) == []
-        assert storage.get(pending).status is TaskStatus.CANCELLED
-        assert storage.get(running).status is TaskStatus.IN_FLIGHT
+        assert must_get(storage, pending).status is TaskStatus.CANCELLED
+        assert must_get(storage, running).status is TaskStatus.IN_FLIGHT
         assert storage.stats("cancel").cancelled == 1
 
     def test_stats_count_each_status_and_the_oldest_due_age(self, storage: Storage) -> None:
@@ -87,8 +95,8 @@ class OperatorCompliance:
         assert storage.purge_succeeded(older_than_seconds=0.4, limit=100) == 2
         assert storage.purge_succeeded(older_than_seconds=0.4, limit=100) == 0
         assert all(storage.get(c.task.id) is None for c in done) and storage.get(cancelled.id) is None
-        assert storage.get(fresh[0].task.id).status is TaskStatus.SUCCEEDED
-        assert storage.get(dead[0]).status is TaskStatus.DEAD
+        assert must_get(storage, fresh[0].task.id).status is TaskStatus.SUCCEEDED
+        assert must_get(storage, dead[0]).status is TaskStatus.DEAD
         assert storage.stats("retention").pending == 2
         assert "retention-cancel" not in storage.list_queues()
 

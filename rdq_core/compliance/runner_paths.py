@@ -15,10 +15,10 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, cast
 
 from ..client import Client
-from ..handlers import HandlerRegistry
+from ..handlers import HandlerFunc, HandlerRegistry
 from ..model import Outcome, TaskStatus
 from ..reaper import reap_expired_leases
 from ..retry import PolicyBook, RetryPolicy
@@ -26,7 +26,7 @@ from ..outcomes import TIMEOUT_EXCEEDS_WORKER
 from ..runner import BatchRunner
 from ..storage.spi import Storage
 from ..worker import HANDLER_OVERRAN, HeartbeatLedger, Worker, WorkerConfig
-from .support import FAST_BACKOFF, wait_until
+from .support import FAST_BACKOFF, due_at, error_of, must_get, wait_until
 
 #: Retry budget large enough that a defect shows as extra attempts, not as an early DEAD.
 POLICIES = PolicyBook(RetryPolicy(max_attempts=10, backoff=FAST_BACKOFF))
@@ -49,6 +49,27 @@ class Executions:
     def entered(self, task_id: str) -> threading.Event:
         with self._lock:
             return self.inside.setdefault(task_id, threading.Event())
+
+    def returning(self, result: object, *, sleep: float = 0.0) -> HandlerFunc:
+        """A handler that records its execution, sleeps ``sleep`` seconds, then returns ``result``."""
+
+        def handler(payload: Any, ctx: Any) -> object:
+            self.record(ctx)
+            if sleep:
+                time.sleep(sleep)
+            return result
+
+        return handler
+
+    def holding(self, released: object = True) -> HandlerFunc:
+        """A handler that records its execution and waits (30 s at most) for ``release``: it then
+        returns ``released``, or False when never released."""
+
+        def handler(payload: Any, ctx: Any) -> object:
+            self.record(ctx)
+            return self.release.wait(30) and released
+
+        return handler
 
 
 @contextmanager
@@ -88,7 +109,7 @@ def enqueue_in_order(storage: Storage, queue: str, handlers: Sequence[str]) -> l
     ids: list[str] = []
     for handler in handlers:
         if ids:
-            previous = storage.get(ids[-1]).next_attempt_at
+            previous = due_at(storage, ids[-1])
             wait_until(_clock_passes(storage, previous + timedelta(milliseconds=2)), timeout=5, interval=0.001,
                        what="the store clock to move on")
         ids.append(client.enqueue(queue, handler).id)
@@ -144,14 +165,13 @@ class RunnerPathsCompliance:
         # outcome must be written (or its lease held) while the slow one runs.
         runs = Executions()
         registry = HandlerRegistry()
-        registry.register("fast", lambda payload, ctx: runs.record(ctx) or "fast", timeout_seconds=1)
-        registry.register("slow", lambda payload, ctx: runs.record(ctx) or time.sleep(4 * self.runner_lease) or "slow",
-                          timeout_seconds=10)
+        registry.register("fast", runs.returning("fast"), timeout_seconds=1)
+        registry.register("slow", runs.returning("slow", sleep=4 * self.runner_lease), timeout_seconds=10)
         fast, slow = enqueue_in_order(storage, "buffered", ["fast", "slow"])
         with hostile_reaper(storage), running_worker(storage, registry, "buffered", batch_size=2,
                                                      lease_seconds=self.runner_lease):
-            wait_until(lambda: storage.get(fast).status is TaskStatus.SUCCEEDED and
-                       storage.get(slow).status is TaskStatus.SUCCEEDED, timeout=30, what="both tasks")
+            wait_until(lambda: must_get(storage, fast).status is TaskStatus.SUCCEEDED and
+                       must_get(storage, slow).status is TaskStatus.SUCCEEDED, timeout=30, what="both tasks")
             # Written while the slow handler still ran, not at the end of the batch.
         assert history(storage, fast) == [(1, Outcome.SUCCESS)]
         assert history(storage, slow) == [(1, Outcome.SUCCESS)]
@@ -160,8 +180,8 @@ class RunnerPathsCompliance:
     def test_an_outcome_is_durable_while_the_next_handler_still_runs(self, storage: Storage) -> None:
         runs = Executions()
         registry = HandlerRegistry()
-        registry.register("quick", lambda payload, ctx: runs.record(ctx) or "ok", timeout_seconds=1)
-        registry.register("blocking", lambda payload, ctx: runs.record(ctx) or runs.release.wait(30), timeout_seconds=20)
+        registry.register("quick", runs.returning("ok"), timeout_seconds=1)
+        registry.register("blocking", runs.holding(), timeout_seconds=20)
         quick, blocking = enqueue_in_order(storage, "durable", ["quick", "blocking"])
         claimed = in_order(storage.claim("durable", 2, 60), [quick, blocking])
         runner = BatchRunner(storage, POLICIES, registry, lease_seconds=60, settle_interval=0.1)
@@ -171,7 +191,7 @@ class RunnerPathsCompliance:
             assert runs.entered(blocking).wait(10)
             # The process could die now (a Lambda timeout, OOM): the quick task's outcome is
             # already in the store, not in a buffer.
-            wait_until(lambda: storage.get(quick).status is TaskStatus.SUCCEEDED, timeout=5,
+            wait_until(lambda: must_get(storage, quick).status is TaskStatus.SUCCEEDED, timeout=5,
                        what="the first outcome to be settled while the next handler runs")
         finally:
             runs.release.set()
@@ -182,8 +202,8 @@ class RunnerPathsCompliance:
         # settled and everything unstarted released while the overrunning handler still runs.
         runs = Executions()
         registry = HandlerRegistry()
-        registry.register("quick", lambda payload, ctx: runs.record(ctx) or "ok", timeout_seconds=0.2)
-        registry.register("overrun", lambda payload, ctx: runs.record(ctx) or runs.release.wait(30), timeout_seconds=0.5)
+        registry.register("quick", runs.returning("ok"), timeout_seconds=0.2)
+        registry.register("overrun", runs.holding(), timeout_seconds=0.5)
         client = Client(storage)
         done = client.enqueue("deadline", "quick").id
         stuck = client.enqueue("deadline", "overrun").id
@@ -194,12 +214,12 @@ class RunnerPathsCompliance:
                                   daemon=True)
         thread.start()
         try:
-            wait_until(lambda: storage.get(done).status is TaskStatus.SUCCEEDED
-                       and all(storage.get(t).status is TaskStatus.PENDING for t in behind),
+            wait_until(lambda: must_get(storage, done).status is TaskStatus.SUCCEEDED
+                       and all(must_get(storage, t).status is TaskStatus.PENDING for t in behind),
                        timeout=10, what="the deadline to settle the buffer and release the rest")
             assert thread.is_alive(), "the overrunning handler is still running"
-            assert storage.get(stuck).status is TaskStatus.IN_FLIGHT
-            assert all(storage.get(t).attempts == () for t in behind), "a release spends no attempt"
+            assert must_get(storage, stuck).status is TaskStatus.IN_FLIGHT
+            assert all(must_get(storage, t).attempts == () for t in behind), "a release spends no attempt"
         finally:
             runs.release.set()
             thread.join(20)
@@ -218,7 +238,7 @@ class RunnerPathsCompliance:
         client = Client(storage)
         on_worker = client.enqueue("extend", "extends").id
         with hostile_reaper(storage), running_worker(storage, registry, "extend", lease_seconds=4.0):
-            wait_until(lambda: storage.get(on_worker).status is TaskStatus.SUCCEEDED, timeout=30, what="the task")
+            wait_until(lambda: must_get(storage, on_worker).status is TaskStatus.SUCCEEDED, timeout=30, what="the task")
         # The Lambda shape: the claim's lease outlives the invocation; a short extension keeps it.
         on_lambda = client.enqueue("extend", "extends").id
         claimed = storage.claim("extend", 1, 30)
@@ -239,13 +259,13 @@ class RunnerPathsCompliance:
                              longest_run_reason="a 30s function timeout minus a 2s settle reserve")
         report = runner.run(storage.claim("fit", 10, 60), deadline=time.monotonic() + 28)
         assert (report.too_long, report.started) == (3, 1)
-        assert storage.get(quick).status is TaskStatus.SUCCEEDED
+        assert must_get(storage, quick).status is TaskStatus.SUCCEEDED
         for task_id in too_long:
-            task = storage.get(task_id)
+            task = must_get(storage, task_id)
             assert task.status is TaskStatus.DEAD
             (attempt,) = task.attempts
-            assert attempt.outcome is Outcome.PERMANENT_FAILURE and attempt.error.type == TIMEOUT_EXCEEDS_WORKER
-            assert "timeout_seconds=30" in attempt.error.message and "28s" in attempt.error.message
+            assert attempt.outcome is Outcome.PERMANENT_FAILURE and error_of(attempt).type == TIMEOUT_EXCEEDS_WORKER
+            assert "timeout_seconds=30" in error_of(attempt).message and "28s" in error_of(attempt).message
 
     def test_an_error_message_that_is_not_valid_unicode_loses_nothing(self, storage: Storage) -> None:
         name = os.fsdecode(b"report-\xff.csv")  # a lone surrogate, as an OSError on that file carries
@@ -261,10 +281,10 @@ class RunnerPathsCompliance:
         ledger = HeartbeatLedger(storage, 60)
         report = BatchRunner(storage, POLICIES, registry, lease_seconds=60).run(storage.claim("unicode", 3, 60), ledger=ledger)
         assert report.failed_writes == 0 and ledger.held() == []
-        assert [storage.get(i).status for i in ids] == [TaskStatus.SUCCEEDED, TaskStatus.PENDING, TaskStatus.SUCCEEDED]
-        (attempt,) = storage.get(ids[1]).attempts
-        assert attempt.error.type == "RuntimeError"
-        assert attempt.error.message == "cannot parse report-\ufffd.csv \ufffd"
+        assert [must_get(storage, i).status for i in ids] == [TaskStatus.SUCCEEDED, TaskStatus.PENDING, TaskStatus.SUCCEEDED]
+        (attempt,) = must_get(storage, ids[1]).attempts
+        assert error_of(attempt).type == "RuntimeError"
+        assert error_of(attempt).message == "cannot parse report-\ufffd.csv \ufffd"
 
     def test_a_store_raising_the_unexpected_leaves_no_claim_held_or_unfinished(self, storage: Storage) -> None:
         registry = HandlerRegistry()
@@ -275,16 +295,18 @@ class RunnerPathsCompliance:
         unstarted = client.enqueue("odd-store", "never-fits").id
         for method in ("settle", "release"):
             odd = RaisingOnce(storage, method)
-            ledger = HeartbeatLedger(odd, 60)
-            claimed = odd.claim("odd-store", 4, 60)
-            BatchRunner(odd, POLICIES, registry, lease_seconds=60, settle_batch=1).run(
+            # Duck-typed: every SPI call is forwarded to the real store by ``__getattr__``.
+            odd_store = cast(Storage, odd)
+            ledger = HeartbeatLedger(odd_store, 60)
+            claimed = odd_store.claim("odd-store", 4, 60)
+            BatchRunner(odd_store, POLICIES, registry, lease_seconds=60, settle_batch=1).run(
                 claimed, deadline=time.monotonic() + 30, ledger=ledger)
             assert odd.raised == 1
             assert ledger.held() == [], f"{method}: claims left renewed by the heartbeat"
         # settle: the batch was retried item by item, nothing lost; release: the unstarted task
         # is no longer renewed, so its lease lapses and it comes back.
-        assert [storage.get(i).status for i in ok] == [TaskStatus.SUCCEEDED] * 3
-        assert storage.get(unstarted).status in (TaskStatus.PENDING, TaskStatus.IN_FLIGHT)
+        assert [must_get(storage, i).status for i in ok] == [TaskStatus.SUCCEEDED] * 3
+        assert must_get(storage, unstarted).status in (TaskStatus.PENDING, TaskStatus.IN_FLIGHT)
 
     def test_a_worker_alone_recovers_a_dead_workers_tasks(self, storage: Storage) -> None:
         registry = HandlerRegistry()
@@ -292,7 +314,7 @@ class RunnerPathsCompliance:
         task_id = Client(storage).enqueue("orphans", "ok").id
         (orphan,) = storage.claim("orphans", 1, 0.3)  # a worker that claimed, then died
         with running_worker(storage, registry, "orphans", lease_seconds=1.0):  # and no reaper anywhere
-            wait_until(lambda: storage.get(task_id).status is TaskStatus.SUCCEEDED, timeout=20,
+            wait_until(lambda: must_get(storage, task_id).status is TaskStatus.SUCCEEDED, timeout=20,
                        what="the worker to reap the dead worker's lease and run the task")
         assert history(storage, task_id) == [(1, Outcome.LEASE_EXPIRED), (2, Outcome.SUCCESS)]
         assert orphan.task.id == task_id
@@ -300,8 +322,7 @@ class RunnerPathsCompliance:
     def test_an_overrunning_handler_keeps_its_task_until_it_really_stops(self, storage: Storage) -> None:
         runs = Executions()
         registry = HandlerRegistry()
-        registry.register("hangs", lambda payload, ctx: runs.record(ctx) or runs.release.wait(30) and "late",
-                          timeout_seconds=0.3)
+        registry.register("hangs", runs.holding("late"), timeout_seconds=0.3)
         task_id = Client(storage).enqueue("overrun", "hangs").id
         with hostile_reaper(storage):
             worker_cm = running_worker(storage, registry, "overrun", lease_seconds=self.runner_lease,
@@ -311,10 +332,10 @@ class RunnerPathsCompliance:
                 # Timeout + grace, several leases long: nobody may take the task meanwhile.
                 wait_until(lambda: worker.exit_reason == HANDLER_OVERRAN, timeout=20,
                            what="the worker to give up on the overrunning handler")
-                assert storage.get(task_id).status is TaskStatus.IN_FLIGHT
+                assert must_get(storage, task_id).status is TaskStatus.IN_FLIGHT
                 assert runs.runs[task_id] == 1
                 runs.release.set()
-                wait_until(lambda: storage.get(task_id).status is TaskStatus.SUCCEEDED, timeout=10,
+                wait_until(lambda: must_get(storage, task_id).status is TaskStatus.SUCCEEDED, timeout=10,
                            what="the late outcome to be settled")
         assert history(storage, task_id) == [(1, Outcome.SUCCESS)]
         assert runs.runs[task_id] == 1

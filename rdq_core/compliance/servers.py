@@ -193,15 +193,15 @@ class OwnedProcessServer:
         if not self.port:
             self.process, self.port = start_owned_server(self._spawn, self.served_pid, self.what, self._log_tail)
             return self
-        self.process = self._spawn(self.port)
+        self.process = process = self._spawn(self.port)
 
         def ours() -> bool:
             pid = self.served_pid(self.port)
-            if pid is not None and pid != self.process.pid:
+            if pid is not None and pid != process.pid:
                 raise ServerStartError(
-                    f"port {self.port} is served by PID {pid}, not by our {self.what} (PID {self.process.pid})")
-            if pid is None and self.process.poll() is not None:
-                raise ServerStartError(f"{self.what} exited with {self.process.returncode}: {self._log_tail()[-1500:]}")
+                    f"port {self.port} is served by PID {pid}, not by our {self.what} (PID {process.pid})")
+            if pid is None and process.poll() is not None:
+                raise ServerStartError(f"{self.what} exited with {process.returncode}: {self._log_tail()[-1500:]}")
             return pid is not None
 
         wait_until(ours, timeout=SERVER_START_DEADLINE_S, interval=0.05, what=f"{self.what} on port {self.port}")

@@ -41,6 +41,7 @@ from .lifecycle import LifecycleCompliance
 from .operator import OperatorCompliance
 from .runner_paths import RunnerPathsCompliance
 from .stateful import StatefulCompliance
+from .support import OpenStore
 
 
 class StorageCompliance(
@@ -77,7 +78,7 @@ class StorageCompliance(
         store.close()
 
     @pytest.fixture
-    def open_another(self, storage_url: str, storage: Storage):
+    def open_another(self, storage_url: str, storage: Storage) -> Iterator[OpenStore]:
         """Opens further, independent connections to the same store (closed at teardown)."""
         opened: list[Storage] = []
 

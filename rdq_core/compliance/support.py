@@ -3,15 +3,44 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from datetime import datetime
+from typing import Callable, Mapping, TypedDict, TypeVar, Unpack
 
 from ..ids import new_task_id
-from ..model import Backoff, ClaimedTask, ErrorInfo, NewTask, Outcome, Settlement, Task, TaskStatus
+from ..model import Attempt, Backoff, ClaimedTask, ErrorInfo, NewTask, Outcome, Settlement, Task, TaskStatus
 from ..storage.spi import Storage
 
 T = TypeVar("T")
 
+#: The ``open_another`` fixture: each call opens one more connection to the test's store.
+OpenStore = Callable[[], Storage]
+
 FAST_BACKOFF = Backoff(initial_seconds=0.05, factor=2.0, max_seconds=0.2, jitter=0.0)
+
+
+def present(value: T | None, what: str) -> T:
+    """``value``, or a test failure naming ``what`` when it is None (an optional field expected set)."""
+    if value is None:
+        raise AssertionError(f"expected {what}, found None")
+    return value
+
+
+def error_of(attempt: Attempt) -> ErrorInfo:
+    """The error ``attempt`` recorded, or a test failure when it recorded none."""
+    return present(attempt.error, f"an error on attempt {attempt.attempt_no}")
+
+
+def must_get(storage: Storage, task_id: str) -> Task:
+    """The stored task, or a test failure saying it is missing (``Storage.get`` returns None)."""
+    task = storage.get(task_id)
+    if task is None:
+        raise AssertionError(f"task {task_id!r} is missing from the store")
+    return task
+
+
+def due_at(storage: Storage, task_id: str) -> datetime:
+    """When the stored task is next due; a test failure when it is missing or has no due time."""
+    return present(must_get(storage, task_id).next_attempt_at, f"a next_attempt_at on {task_id!r}")
 
 
 def wait_until(condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "condition") -> T:
@@ -26,11 +55,28 @@ def wait_until(condition: Callable[[], T], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
-def new_task(queue: str, handler: str = "noop", payload: object = None, **fields: object) -> NewTask:
-    return NewTask(id=fields.pop("id", None) or new_task_id(), queue=queue, handler=handler, payload=payload, **fields)
+class TaskFields(TypedDict, total=False):
+    """The optional parts of an enqueue request a test may set."""
+
+    headers: Mapping[str, str]
+    max_attempts: int | None
+    backoff: Backoff | None
+    delay_seconds: float
+    run_at: datetime | None
 
 
-def enqueue_n(storage: Storage, queue: str, n: int, **fields: object) -> list[str]:
+class BatchFields(TaskFields, total=False):
+    """As above, plus the handler every task of the batch names."""
+
+    handler: str
+
+
+def new_task(queue: str, handler: str = "noop", payload: object = None, *, id: str | None = None,
+             **fields: Unpack[TaskFields]) -> NewTask:
+    return NewTask(id=id or new_task_id(), queue=queue, handler=handler, payload=payload, **fields)
+
+
+def enqueue_n(storage: Storage, queue: str, n: int, **fields: Unpack[BatchFields]) -> list[str]:
     ids: list[str] = []
     for start in range(0, n, 500):
         batch = [new_task(queue, payload={"n": i}, **fields) for i in range(start, min(n, start + 500))]
