@@ -2,12 +2,14 @@
 
 A backend -- ours or a third party's -- passes the kit with a few lines of pytest::
 
+    from typing import Iterator
+
     import pytest
     from rdq_core.compliance import StorageCompliance
 
     class TestMyBackend(StorageCompliance):
         @pytest.fixture
-        def storage_url(self):
+        def storage_url(self) -> Iterator[str]:
             url = make_fresh_isolated_store()      # empty, not yet migrated
             yield url
             drop_it(url)
