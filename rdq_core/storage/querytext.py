@@ -6,7 +6,9 @@ A *named-query file* holds several statements or scripts, each introduced by a m
     UPDATE rdq_tasks ...
 
 (``--`` starts a comment in both SQL and Lua.) Text before the first marker is the file's
-preamble: it documents the file and is not a query. A *migrations directory* holds files named
+preamble: it documents the file and is not a query. A block may use another block of the same
+file as a fragment, written ``{{name}}`` (e.g. a column list every statement returns); fragments
+are substituted once, when the file is loaded, so the text a driver receives is plain. A *migrations directory* holds files named
 ``NNNN_what_it_does.EXT``, applied in version order; versions are unique.
 """
 
@@ -37,7 +39,26 @@ def parse_named(text: str, origin: str = "<text>") -> dict[str, str]:
         if not body:
             raise RuntimeError(f"{origin}: query {name!r} is empty")
         queries[name] = body + "\n"
-    return queries
+    return {name: _expanded(name, queries, origin, ()) for name in queries}
+
+
+_FRAGMENT = re.compile(r"\{\{([a-z][a-z0-9_]*)\}\}")
+
+
+def _expanded(name: str, queries: dict[str, str], origin: str, outer: tuple[str, ...]) -> str:
+    if name in outer:
+        raise RuntimeError(f"{origin}: fragment {name!r} includes itself ({' -> '.join(outer + (name,))})")
+
+    def fragment(match: re.Match[str]) -> str:
+        used = match.group(1)
+        if used not in queries:
+            raise RuntimeError(f"{origin}: {name!r} uses unknown fragment {used!r}")
+        text = _expanded(used, queries, origin, outer + (name,))
+        # A fragment's own comment lines stay in the file: spliced mid-line, one would swallow
+        # the rest of the line it lands on.
+        return "\n".join(line for line in text.strip().splitlines() if not line.lstrip().startswith("--"))
+
+    return _FRAGMENT.sub(fragment, queries[name])
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,26 @@
 -- instead of deadlocking. It also lets the update probe the primary key for the batch rather than
 -- hash-joining the whole table (the planner cannot see how many rows unnest() yields).
 --
+-- task_columns and task_history are fragments: "{{task_columns}}" in a statement stands for
+-- that block's text (substituted when the file is loaded).
+--
 -- list_dead, redrive and purge_dead share one selection: dead_selection, followed by the
 -- dead_filter_* fragments a DeadFilter asks for (and dead_after_cursor for a later page),
 -- replaces the {where} in those three statements.
+
+-- name: task_columns
+-- Fragment: a task row as every statement returns it, from a relation aliased t.
+t.id, t.queue, t.handler, t.payload, t.headers, t.status, t.attempt_count, t.redrive_count,
+t.max_attempts, t.backoff, t.next_attempt_at, t.lease_expires_at, t.created_at, t.updated_at,
+t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at
+
+-- name: task_history
+-- Fragment: the history of task t as a jsonb array, in attempt order.
+(SELECT coalesce(jsonb_agg(jsonb_build_object(
+            'attempt_no', a.attempt_no, 'outcome', a.outcome,
+            'started_at', a.started_at, 'finished_at', a.finished_at,
+            'error', a.error) ORDER BY a.attempt_no), '[]'::jsonb)
+ FROM rdq_attempts AS a WHERE a.task_id = t.id) AS attempts
 
 -- name: create_version_table
 CREATE TABLE IF NOT EXISTS rdq_schema_version (
@@ -63,39 +80,21 @@ inserted AS (
     RETURNING *
 )
 SELECT r.ord, true AS inserted,
-       i.id, i.queue, i.handler, i.payload, i.headers, i.status, i.attempt_count, i.redrive_count,
-       i.max_attempts, i.backoff, i.next_attempt_at, i.lease_expires_at, i.created_at, i.updated_at,
-       i.dead_at, i.result, i.last_error, i.claim_token, i.claimed_at,
+       {{task_columns}},
        '[]'::jsonb AS attempts
-FROM request AS r JOIN inserted AS i ON i.id = r.id
+FROM request AS r JOIN inserted AS t ON t.id = r.id
 UNION ALL
 SELECT r.ord, false AS inserted,
-       t.id, t.queue, t.handler, t.payload, t.headers, t.status, t.attempt_count, t.redrive_count,
-       t.max_attempts, t.backoff, t.next_attempt_at, t.lease_expires_at, t.created_at, t.updated_at,
-       t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at,
-       (
-        SELECT coalesce(jsonb_agg(jsonb_build_object(
-                   'attempt_no', a.attempt_no, 'outcome', a.outcome,
-                   'started_at', a.started_at, 'finished_at', a.finished_at,
-                   'error', a.error) ORDER BY a.attempt_no), '[]'::jsonb)
-        FROM rdq_attempts AS a WHERE a.task_id = t.id
-       ) AS attempts
+       {{task_columns}},
+       {{task_history}}
 FROM request AS r JOIN rdq_tasks AS t ON t.id = r.id
 WHERE t.id = ANY(%(ids)s::text[])
 ORDER BY ord
 
 -- name: tasks_by_ids
 -- enqueue's rare second trip: ids a concurrent transaction inserted while the enqueue ran.
-SELECT t.id, t.queue, t.handler, t.payload, t.headers, t.status, t.attempt_count, t.redrive_count,
-       t.max_attempts, t.backoff, t.next_attempt_at, t.lease_expires_at, t.created_at, t.updated_at,
-       t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at,
-       (
-        SELECT coalesce(jsonb_agg(jsonb_build_object(
-                   'attempt_no', a.attempt_no, 'outcome', a.outcome,
-                   'started_at', a.started_at, 'finished_at', a.finished_at,
-                   'error', a.error) ORDER BY a.attempt_no), '[]'::jsonb)
-        FROM rdq_attempts AS a WHERE a.task_id = t.id
-       ) AS attempts
+SELECT {{task_columns}},
+       {{task_history}}
 FROM rdq_tasks AS t WHERE t.id = ANY(%(ids)s::text[])
 
 -- name: claim
@@ -120,11 +119,9 @@ WITH claimed AS (
     ))
     RETURNING *
 )
-SELECT c.id, c.queue, c.handler, c.payload, c.headers, c.status, c.attempt_count, c.redrive_count,
-       c.max_attempts, c.backoff, c.next_attempt_at, c.lease_expires_at, c.created_at, c.updated_at,
-       c.dead_at, c.result, c.last_error, c.claim_token, c.claimed_at
-FROM claimed AS c
-ORDER BY c.next_attempt_at, c.id
+SELECT {{task_columns}}
+FROM claimed AS t
+ORDER BY t.next_attempt_at, t.id
 
 -- name: extend_leases
 -- A ref is honoured only while its token still owns an IN_FLIGHT task (fencing). GREATEST: an
@@ -211,9 +208,7 @@ recorded AS (
 SELECT ord FROM settled
 
 -- name: find_expired_leases
-SELECT t.id, t.queue, t.handler, t.payload, t.headers, t.status, t.attempt_count, t.redrive_count,
-       t.max_attempts, t.backoff, t.next_attempt_at, t.lease_expires_at, t.created_at, t.updated_at,
-       t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at
+SELECT {{task_columns}}
 FROM rdq_tasks AS t
 WHERE t.status = 'IN_FLIGHT' AND t.lease_expires_at <= now()
   AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
@@ -221,16 +216,8 @@ ORDER BY t.lease_expires_at
 LIMIT %(limit)s
 
 -- name: get
-SELECT t.id, t.queue, t.handler, t.payload, t.headers, t.status, t.attempt_count, t.redrive_count,
-       t.max_attempts, t.backoff, t.next_attempt_at, t.lease_expires_at, t.created_at, t.updated_at,
-       t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at,
-       (
-        SELECT coalesce(jsonb_agg(jsonb_build_object(
-                   'attempt_no', a.attempt_no, 'outcome', a.outcome,
-                   'started_at', a.started_at, 'finished_at', a.finished_at,
-                   'error', a.error) ORDER BY a.attempt_no), '[]'::jsonb)
-        FROM rdq_attempts AS a WHERE a.task_id = t.id
-       ) AS attempts
+SELECT {{task_columns}},
+       {{task_history}}
 FROM rdq_tasks AS t
 WHERE t.id = %(task_id)s
 
@@ -241,17 +228,9 @@ WITH cancelled AS (
     WHERE id = %(task_id)s AND status = 'PENDING'
     RETURNING *
 )
-SELECT c.id, c.queue, c.handler, c.payload, c.headers, c.status, c.attempt_count, c.redrive_count,
-       c.max_attempts, c.backoff, c.next_attempt_at, c.lease_expires_at, c.created_at, c.updated_at,
-       c.dead_at, c.result, c.last_error, c.claim_token, c.claimed_at,
-       (
-        SELECT coalesce(jsonb_agg(jsonb_build_object(
-                   'attempt_no', a.attempt_no, 'outcome', a.outcome,
-                   'started_at', a.started_at, 'finished_at', a.finished_at,
-                   'error', a.error) ORDER BY a.attempt_no), '[]'::jsonb)
-        FROM rdq_attempts AS a WHERE a.task_id = c.id
-       ) AS attempts
-FROM cancelled AS c
+SELECT {{task_columns}},
+       {{task_history}}
+FROM cancelled AS t
 
 -- name: dead_selection
 t.queue = %(queue)s AND t.status = 'DEAD'
@@ -269,16 +248,8 @@ AND t.handler = %(handler)s
 AND (t.dead_at, t.id) > (%(after_dead_at)s, %(after_id)s)
 
 -- name: list_dead
-SELECT t.id, t.queue, t.handler, t.payload, t.headers, t.status, t.attempt_count, t.redrive_count,
-       t.max_attempts, t.backoff, t.next_attempt_at, t.lease_expires_at, t.created_at, t.updated_at,
-       t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at,
-       (
-        SELECT coalesce(jsonb_agg(jsonb_build_object(
-                   'attempt_no', a.attempt_no, 'outcome', a.outcome,
-                   'started_at', a.started_at, 'finished_at', a.finished_at,
-                   'error', a.error) ORDER BY a.attempt_no), '[]'::jsonb)
-        FROM rdq_attempts AS a WHERE a.task_id = t.id
-       ) AS attempts
+SELECT {{task_columns}},
+       {{task_history}}
 FROM rdq_tasks AS t
 WHERE {where}
 ORDER BY t.dead_at, t.id
