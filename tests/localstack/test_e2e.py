@@ -8,7 +8,6 @@ virtualenv in ~/.cache/rdq-localstack-2.3.2)."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -97,8 +96,8 @@ def test_the_schedule_tick_runs_work_no_wake_up_named(stack: Stack):
 
 
 def test_worker_invoked_with_the_scheduled_event_file(stack: Stack):
-    task_id = enqueue(stack, "manual", "greet", delay_seconds=1)
-    time.sleep(1.2)  # the task's own delay, not a wait for the system
+    with Client(stack.store_url) as client:  # straight on the store: no wake-up
+        task_id = client.enqueue("manual", "greet").id
     summary = stack.invoke(stack.worker, "worker-scheduled.json")
     assert "manual" in summary["queues"], summary
     wait_for("the manual worker's settlement", lambda: task_in(stack, task_id, "SUCCEEDED"), 30)
@@ -139,9 +138,9 @@ def test_reaper_function_records_an_expired_lease(stack: Stack):
             task_id = client.enqueue("reap", "greet").id
         claimed = storage.claim("reap", 1, 0.2)
         assert [c.task.id for c in claimed] == [task_id]
+        wait_for("the lease to run out", lambda: storage.find_expired_leases(10, "reap"), 10, every=0.1)
     finally:
         storage.close()
-    time.sleep(0.3)  # the lease's own length
     summary = stack.invoke(stack.reaper, "reaper-scheduled.json")
     assert summary["expired"] >= 1, summary
     status, _, task = call(stack, "GET", f"/v1/tasks/{task_id}")
