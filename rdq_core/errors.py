@@ -69,3 +69,12 @@ class SchemaMissing(RdqError):
         super().__init__(
             "this store has no rdq schema, or an older one than this version needs: run `rdq migrate` "
             "(rdq --storage URL migrate) once, before workers and producers use it" + (f" ({detail})" if detail else ""))
+
+
+class NotAuthorized(RdqError):
+    """The API refused the caller's credentials (HTTP 401 or 403): missing, wrong or not allowed."""
+
+
+class ApiUnavailable(StorageUnavailable):
+    """The rdq API could not be reached, or kept answering 429/5xx until the retry budget ran
+    out. A ``StorageUnavailable``, so code written against ``Client`` handles both alike."""

@@ -100,6 +100,16 @@ class Attempt:
             "error": self.error.to_dict() if self.error else None,
         }
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Attempt":
+        return cls(
+            attempt_no=int(data["attempt_no"]),
+            outcome=Outcome(data["outcome"]),
+            started_at=_parse_iso(data.get("started_at")),
+            finished_at=_parse_iso(data.get("finished_at")),
+            error=ErrorInfo.from_dict(data.get("error")),
+        )
+
 
 @dataclass(frozen=True)
 class Task:
@@ -143,6 +153,30 @@ class Task:
             "last_error": self.last_error.to_dict() if self.last_error else None,
             "attempts": [a.to_dict() for a in self.attempts],
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Task":
+        """The inverse of ``to_dict`` (keys it does not know, such as ``created``, are ignored)."""
+        return cls(
+            id=data["id"],
+            queue=data["queue"],
+            handler=data["handler"],
+            payload=data.get("payload"),
+            status=TaskStatus(data["status"]),
+            headers=dict(data.get("headers") or {}),
+            attempt_count=int(data.get("attempt_count") or 0),
+            redrive_count=int(data.get("redrive_count") or 0),
+            max_attempts=data.get("max_attempts"),
+            backoff=Backoff.from_dict(data.get("backoff")),
+            next_attempt_at=_parse_iso(data.get("next_attempt_at")),
+            lease_expires_at=_parse_iso(data.get("lease_expires_at")),
+            created_at=_parse_iso(data.get("created_at")),
+            updated_at=_parse_iso(data.get("updated_at")),
+            dead_at=_parse_iso(data.get("dead_at")),
+            result=data.get("result"),
+            last_error=ErrorInfo.from_dict(data.get("last_error")),
+            attempts=tuple(Attempt.from_dict(a) for a in data.get("attempts") or ()),
+        )
 
 
 @dataclass(frozen=True)
@@ -234,6 +268,13 @@ class DeadPage:
     tasks: tuple[Task, ...]
     next_cursor: str | None
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"tasks": [t.to_dict() for t in self.tasks], "next_cursor": self.next_cursor}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "DeadPage":
+        return cls(tasks=tuple(Task.from_dict(t) for t in data.get("tasks") or ()), next_cursor=data.get("next_cursor"))
+
 
 @dataclass(frozen=True)
 class QueueStats:
@@ -256,6 +297,22 @@ class QueueStats:
             "oldest_pending_age_seconds": self.oldest_pending_age_seconds,
         }
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "QueueStats":
+        return cls(
+            queue=data["queue"],
+            pending=int(data["pending"]),
+            in_flight=int(data["in_flight"]),
+            dead=int(data["dead"]),
+            succeeded=int(data["succeeded"]),
+            cancelled=int(data["cancelled"]),
+            oldest_pending_age_seconds=float(data["oldest_pending_age_seconds"]),
+        )
+
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
+
+
+def _parse_iso(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value is not None else None

@@ -1,0 +1,431 @@
+"""``HttpClient``: the ``Client`` interface over a deployed rdq API (or ``rdq dev``), over HTTPS.
+
+```python
+from rdq_core.http_client import ApiKey, BearerToken, HttpClient, SigV4
+
+# A deployed stack (IAM auth, the default): the standard AWS credential chain, as the AWS CLI
+# resolves it (environment, profile, SSO, instance/container role); region from the profile,
+# else from the execute-api host name.
+rdq = HttpClient("https://abc123.execute-api.eu-west-1.amazonaws.com/prod", auth=SigV4(profile="ops"))
+rdq = HttpClient(url, auth=ApiKey("…"))                        # AuthMode=apikey stacks (x-api-key)
+rdq = HttpClient("http://127.0.0.1:8787", auth=BearerToken(os.environ["RDQ_API_TOKEN"]))  # rdq dev
+
+task = rdq.enqueue("emails", "send_email", {"to": "a@b.c"}, id="order-42")
+rdq.get(task.id).attempts
+rdq.stats("emails").pending
+page = rdq.list_dead("emails", error_type="TimeoutError")
+rdq.redrive("emails", ids=[t.id for t in page.tasks])
+```
+
+Methods, signatures, return types and exceptions are ``Client``'s. The API validates (the same
+code as ``Client``), so its refusals come back as the same exceptions: ``InvalidInput`` (with
+``field``; ``InvalidCursor`` for a bad cursor), ``TaskNotFound``, ``TaskConflict``. Besides:
+``NotAuthorized`` (401/403), and ``ApiUnavailable`` -- a ``StorageUnavailable`` -- when the API
+cannot be reached or keeps answering 429/5xx until the retry budget (``retry_seconds``) is spent.
+Its message names the API's host, never credentials.
+
+Retries (capped, jittered exponential backoff, bounded in total time): reads and enqueues are
+retried on connection errors, 429 and 5xx. That is safe for enqueue because every task carries an
+id: one is generated here, before the first attempt, when the caller gave none, so a repeat after
+a lost response finds the task already written (``created`` False) instead of writing another.
+
+Differences from ``Client``: ``connection=`` (joining a database transaction) cannot cross HTTP
+and raises ``UnsupportedOperation``; ``enqueue_many``'s per-item results carry what the batch
+route answers (id, queue, status) with the request's own fields (handler, payload, headers,
+max_attempts, backoff), no timestamps; a conflicting item's task has only its id, the requested
+queue and status PENDING, because the API does not reveal the other queue's task.
+
+Transport is the standard library (``http.client``): HTTPS with certificate verification, a
+connect timeout and a read timeout. botocore is needed only for ``SigV4`` and imported then.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import ssl
+import time
+import urllib.parse
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Protocol, Sequence
+
+from .errors import (
+    ApiUnavailable,
+    ConfigurationError,
+    InvalidCursor,
+    InvalidInput,
+    NotAuthorized,
+    RdqError,
+    TaskConflict,
+    TaskNotFound,
+    UnsupportedOperation,
+)
+from .ids import new_task_id
+from .model import Backoff, DeadPage, EnqueueResult, QueueStats, Task, TaskStatus
+
+__all__ = ["ApiKey", "Auth", "BearerToken", "HttpClient", "SigV4"]
+
+
+# -- authentication ----------------------------------------------------------------------------
+class Auth(Protocol):
+    def headers(self, method: str, url: str, headers: Mapping[str, str], body: bytes) -> dict[str, str]:
+        """The headers to add to a request about to be sent (called again for every retry)."""
+
+
+@dataclass(frozen=True)
+class BearerToken:
+    """``Authorization: Bearer <token>``: ``rdq dev`` with ``RDQ_API_TOKEN``."""
+
+    token: str
+
+    def headers(self, method: str, url: str, headers: Mapping[str, str], body: bytes) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def __repr__(self) -> str:
+        return "BearerToken(***)"
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """``x-api-key: <key>``: a stack deployed with the API-key auth mode."""
+
+    key: str
+
+    def headers(self, method: str, url: str, headers: Mapping[str, str], body: bytes) -> dict[str, str]:
+        return {"x-api-key": self.key}
+
+    def __repr__(self) -> str:
+        return "ApiKey(***)"
+
+
+class SigV4:
+    """AWS Signature Version 4 for API Gateway (service ``execute-api``) with botocore's signer.
+
+    Credentials come from the standard chain of ``botocore.session.Session(profile=profile)``
+    and are asked for at each request, so expiring ones (SSO, roles) are refreshed by botocore.
+    The region is ``region`` if given, else the session's (``AWS_DEFAULT_REGION``, the profile),
+    else the one in an ``….execute-api.<region>.amazonaws.com`` host name.
+    """
+
+    def __init__(self, *, profile: str | None = None, region: str | None = None, service: str = "execute-api",
+                 session: Any = None) -> None:
+        try:
+            import botocore.session
+        except ImportError:
+            raise ConfigurationError(
+                "SigV4 signing needs botocore: pip install botocore (or rdq's dev extra), or use an API key"
+                " or bearer token") from None
+        self._session = session if session is not None else botocore.session.Session(profile=profile)
+        self._region = region or self._session.get_config_variable("region")
+        self.service = service
+
+    def region_for(self, url: str) -> str:
+        if self._region:
+            return str(self._region)
+        host = urllib.parse.urlsplit(url).hostname or ""
+        parts = host.split(".")
+        if len(parts) >= 4 and parts[1] == "execute-api":
+            return parts[2]
+        raise ConfigurationError("no AWS region: pass region=, set AWS_REGION/AWS_DEFAULT_REGION, or set one in the profile")
+
+    def headers(self, method: str, url: str, headers: Mapping[str, str], body: bytes) -> dict[str, str]:
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+
+        credentials = self._session.get_credentials()
+        if credentials is None:
+            raise NotAuthorized("no AWS credentials found (environment, profile, SSO or instance role)")
+        request = AWSRequest(method=method, url=url, data=body, headers=dict(headers))
+        SigV4Auth(credentials.get_frozen_credentials(), self.service, self.region_for(url)).add_auth(request)
+        signed = {"Authorization", "X-Amz-Date", "X-Amz-Security-Token"}
+        return {name: str(value) for name, value in request.headers.items() if name in signed}
+
+    def __repr__(self) -> str:
+        return f"SigV4(region={self._region!r}, service={self.service!r})"
+
+
+# -- retries -----------------------------------------------------------------------------------
+#: How a request may be repeated.
+#: ``IDEMPOTENT``: reads, and enqueues (which always carry an id): any failure may be retried.
+#: ``ONCE``: redrive, purge and cancel. A repeat after the API acted would not be a no-op in what
+#: it answers (a second redrive/purge counts 0, or acts on tasks that died in between; a second
+#: cancel answers 409), so these are retried only when the API certainly did not act: the
+#: connection failed before the request was sent, or the answer was 429 (throttled at the gateway)
+#: or 503 (the store was unreachable; nothing was written).
+IDEMPOTENT, ONCE = "idempotent", "once"
+_RETRY_STATUSES = {IDEMPOTENT: frozenset({429, 500, 502, 503, 504}), ONCE: frozenset({429, 503})}
+
+
+class _NotSent(Exception):
+    """A connection failure before any byte of the request left: always safe to retry."""
+
+
+class _Response:
+    def __init__(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.body) if self.body else None
+        except ValueError:
+            return None
+
+
+class HttpClient:
+    def __init__(
+        self,
+        api_url: str,
+        *,
+        auth: Auth | None = None,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 35.0,
+        retry_seconds: float = 30.0,
+        backoff_initial: float = 0.2,
+        backoff_max: float = 5.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        parts = urllib.parse.urlsplit(api_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigurationError("the API URL must be http(s)://host[:port][/stage]")
+        if parts.username or parts.password or parts.query or parts.fragment:
+            raise ConfigurationError("the API URL must not carry credentials, a query or a fragment")
+        self._scheme, self._host, self._port = parts.scheme, parts.hostname, parts.port
+        if (parts.scheme, parts.port) in (("https", 443), ("http", 80)):
+            self._port = None  # the Host header then matches the host SigV4 signs (no default port)
+        self._base_path = parts.path.rstrip("/")
+        #: What messages name: scheme, host and port, never a path, key or token.
+        self.api = f"{parts.scheme}://{parts.netloc}"
+        self.auth = auth
+        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
+        self.retry_seconds, self.backoff_initial, self.backoff_max = retry_seconds, backoff_initial, backoff_max
+        self._ssl_context = ssl_context or ssl.create_default_context()  # verifies certificate and host name
+
+    def close(self) -> None:
+        """Nothing to release (one connection per request); here for ``Client``'s interface."""
+
+    def __enter__(self) -> "HttpClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- producing -------------------------------------------------------------------------
+    def enqueue(
+        self,
+        queue: str,
+        handler: str,
+        payload: Any = None,
+        *,
+        id: str | None = None,
+        delay_seconds: float | None = None,
+        run_at: datetime | str | None = None,
+        max_attempts: int | None = None,
+        backoff: Backoff | Mapping[str, float] | None = None,
+        headers: Mapping[str, str] | None = None,
+        connection: Any = None,
+    ) -> Task:
+        """Enqueue one task; an existing id on the same queue returns the existing task.
+
+        Raises ``TaskConflict`` if ``id`` is taken on another queue.
+        """
+        _no_connection(connection)
+        item = _task_body({"handler": handler, "payload": payload, "id": id, "delay_seconds": delay_seconds,
+                           "run_at": run_at, "max_attempts": max_attempts, "backoff": backoff, "headers": headers})
+        response = self._call("POST", f"/v1/queues/{_segment(queue)}/tasks", IDEMPOTENT, body=item)
+        return Task.from_dict(response.json())
+
+    def enqueue_many(
+        self, queue: str, items: Sequence[Mapping[str, Any]], *, connection: Any = None
+    ) -> list[EnqueueResult]:
+        """Enqueue up to ``Limits.batch_items`` tasks in one request; per-item results."""
+        _no_connection(connection)
+        if not isinstance(items, Sequence) or isinstance(items, (str, bytes)):
+            raise InvalidInput("tasks must be a list", "tasks")
+        # Items that are not objects are sent as they are: the API refuses them with their index.
+        bodies = [_task_body(item) if isinstance(item, Mapping) else item for item in items]
+        response = self._call("POST", f"/v1/queues/{_segment(queue)}/tasks:batch", IDEMPOTENT, body={"tasks": bodies})
+        results = []
+        for sent, answer in zip(bodies, response.json()["results"], strict=True):
+            task = Task(
+                id=answer["id"], queue=answer.get("queue", queue), handler=sent.get("handler", ""),
+                payload=sent.get("payload"), status=TaskStatus(answer.get("status", TaskStatus.PENDING.value)),
+                headers=dict(sent.get("headers") or {}), max_attempts=sent.get("max_attempts"),
+                backoff=Backoff.from_dict(sent.get("backoff")),
+            )
+            results.append(EnqueueResult(task=task, created=answer["result"] == "created",
+                                         conflict=answer["result"] == "conflict"))
+        return results
+
+    # -- reading and operating -------------------------------------------------------------
+    def get(self, task_id: str) -> Task:
+        return Task.from_dict(self._call("GET", f"/v1/tasks/{_segment(task_id, 'id')}", IDEMPOTENT, task_id=task_id).json())
+
+    def cancel(self, task_id: str) -> Task:
+        return Task.from_dict(self._call("DELETE", f"/v1/tasks/{_segment(task_id, 'id')}", ONCE, task_id=task_id).json())
+
+    def stats(self, queue: str) -> QueueStats:
+        return QueueStats.from_dict(self._call("GET", f"/v1/queues/{_segment(queue)}/stats", IDEMPOTENT).json())
+
+    def list_dead(
+        self,
+        queue: str,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        error_type: str | None = None,
+        handler: str | None = None,
+    ) -> DeadPage:
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise InvalidInput("limit must be an integer", "limit")
+        query = {"limit": str(limit), "cursor": cursor, "error_type": error_type, "handler": handler}
+        encoded = urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
+        return DeadPage.from_dict(self._call("GET", f"/v1/queues/{_segment(queue)}/dlq?{encoded}", IDEMPOTENT).json())
+
+    def redrive(self, queue: str, *, ids: Iterable[str] | None = None, error_type: str | None = None,
+                handler: str | None = None, all: bool = False) -> int:
+        body = _selection(ids, error_type, handler, all)
+        return int(self._call("POST", f"/v1/queues/{_segment(queue)}/dlq:redrive", ONCE, body=body).json()["redriven"])
+
+    def purge_dead(self, queue: str, *, ids: Iterable[str] | None = None, error_type: str | None = None,
+                   handler: str | None = None, all: bool = False) -> int:
+        body = _selection(ids, error_type, handler, all)
+        return int(self._call("POST", f"/v1/queues/{_segment(queue)}/dlq:purge", ONCE, body=body).json()["purged"])
+
+    # -- the transport ---------------------------------------------------------------------
+    def _call(self, method: str, path: str, retry: str, *, body: Any = None, task_id: str | None = None) -> _Response:
+        data = b"" if body is None else json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        deadline = time.monotonic() + self.retry_seconds
+        attempt = 0
+        while True:
+            attempt += 1
+            failure: str
+            retry_after: float | None = None
+            try:
+                response = self._send(method, path, data)
+            except _NotSent as exc:
+                failure = f"could not connect ({exc.__cause__.__class__.__name__})"
+            except (OSError, http.client.HTTPException) as exc:  # a read timeout is an OSError too
+                # The request may have reached the API: only an idempotent one is repeated.
+                failure = f"the connection failed ({type(exc).__name__})"
+                if retry != IDEMPOTENT:
+                    raise ApiUnavailable(f"rdq API at {self.api}: {failure}; the {method} may or may not have been"
+                                         " applied") from None
+            else:
+                if response.status < 400:
+                    return response
+                if response.status not in _RETRY_STATUSES[retry]:
+                    raise self._error(response, task_id)
+                failure = f"answered {response.status}"
+                retry_after = _retry_after(response.headers.get("retry-after"))
+            pause = min(self.backoff_max, self.backoff_initial * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+            if retry_after is not None:
+                pause = max(pause, min(retry_after, self.backoff_max))
+            if time.monotonic() + pause > deadline:
+                raise ApiUnavailable(f"rdq API at {self.api}: {failure}; gave up after {attempt} attempt(s)")
+            time.sleep(pause)
+
+    def _send(self, method: str, path: str, data: bytes) -> _Response:
+        target = self._base_path + path
+        url = f"{self._scheme}://{self._netloc()}{target}"
+        headers = {"Accept": "application/json"}
+        if data:
+            headers["Content-Type"] = "application/json"
+        if self.auth is not None:
+            headers.update(self.auth.headers(method, url, headers, data))
+        connection: http.client.HTTPConnection
+        if self._scheme == "https":
+            connection = http.client.HTTPSConnection(self._host, self._port, timeout=self.connect_timeout,
+                                                     context=self._ssl_context)
+        else:
+            connection = http.client.HTTPConnection(self._host, self._port, timeout=self.connect_timeout)
+        try:
+            try:
+                connection.connect()
+            except (OSError, http.client.HTTPException) as exc:
+                raise _NotSent() from exc
+            assert connection.sock is not None
+            connection.sock.settimeout(self.read_timeout)
+            connection.request(method, target, body=data if data or method in ("POST", "PUT") else None, headers=headers)
+            response = connection.getresponse()
+            return _Response(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+        finally:
+            connection.close()
+
+    def _netloc(self) -> str:
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"{host}:{self._port}" if self._port else host
+
+    def _error(self, response: _Response, task_id: str | None) -> RdqError:
+        problem = response.json()
+        problem = problem if isinstance(problem, dict) else {}
+        detail = str(problem.get("detail") or problem.get("message") or f"HTTP {response.status}")
+        field = problem.get("field") if isinstance(problem.get("field"), str) else None
+        status = response.status
+        if status in (400, 413, 415, 422):
+            if status == 400 and field == "cursor":
+                return InvalidCursor(detail)
+            return InvalidInput(detail, field)
+        if status == 404 and task_id is not None:
+            return TaskNotFound(task_id)
+        if status == 409:
+            return TaskConflict(detail)
+        if status in (401, 403):
+            return NotAuthorized(f"rdq API at {self.api} refused the credentials ({status}): {detail}")
+        if status in (404, 405):
+            # A route the API does not have: most often a URL without its stage (…/prod).
+            return ConfigurationError(f"rdq API at {self.api} answered {status} for one of rdq's routes;"
+                                      " check the API URL and its stage path")
+        if status >= 500 or status == 429:
+            return ApiUnavailable(f"rdq API at {self.api} answered {status}: {detail}")
+        return RdqError(f"rdq API at {self.api} answered {status}: {detail}")
+
+
+# -- request bodies ----------------------------------------------------------------------------
+def _task_body(item: Mapping[str, Any]) -> dict[str, Any]:
+    """One task's JSON body, with an id: generated here when absent, so retries are repeats."""
+    body: dict[str, Any] = {}
+    for name, value in item.items():
+        if value is None and name != "payload":
+            continue
+        if isinstance(value, datetime):
+            value = value.isoformat()
+        elif isinstance(value, Backoff):
+            value = value.to_dict()
+        elif name == "headers" and isinstance(value, Mapping):
+            value = dict(value)
+        body[name] = value
+    if body.get("id") is None:
+        body["id"] = new_task_id()
+    return body
+
+
+def _selection(ids: Iterable[str] | None, error_type: str | None, handler: str | None, all: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"all": all}
+    if ids is not None:
+        body["ids"] = list(ids)
+    if error_type is not None:
+        body["error_type"] = error_type
+    if handler is not None:
+        body["handler"] = handler
+    return body
+
+
+def _segment(value: str, field: str = "queue") -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{field} must be a non-empty string", field)
+    return urllib.parse.quote(value, safe="")
+
+
+def _no_connection(connection: Any) -> None:
+    if connection is not None:
+        raise UnsupportedOperation("connection= joins a database transaction; it cannot cross the HTTP API")
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None
+

@@ -1,0 +1,394 @@
+"""``HttpClient`` end to end against ``rdq dev`` (a subprocess on a kernel-chosen loopback port,
+SQLite in a tmp dir, bearer token), and through a loopback proxy this test owns that checks SigV4
+signatures with botocore or injects faults (503s, a response lost after the request went through).
+"""
+
+from __future__ import annotations
+
+import hmac
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from rdq_core.compliance.support import wait_until
+from rdq_core.errors import (
+    ApiUnavailable,
+    InvalidCursor,
+    InvalidInput,
+    NotAuthorized,
+    StorageUnavailable,
+    TaskConflict,
+    TaskNotFound,
+    UnsupportedOperation,
+)
+from rdq_core.http_client import ApiKey, BearerToken, HttpClient, SigV4
+from rdq_core.model import Backoff, TaskStatus
+from tests.loopback import rdq_dev_address, without_rdq_settings
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "http-client-token-7"
+ACCESS_KEY, SECRET_KEY, REGION = "AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "eu-west-1"
+FAST = {"initial_seconds": 0.2, "factor": 2, "max_seconds": 1, "jitter": 0}
+
+
+class DevServer:
+    """``rdq --storage sqlite:///… dev --port 0`` as a subprocess this module owns."""
+
+    def __init__(self, workdir: Path) -> None:
+        env = {**without_rdq_settings(os.environ), "RDQ_API_TOKEN": TOKEN, "RDQ_DEV_WORKER_EVERY_SECONDS": "0.3",
+               "RDQ_DEV_REAPER_EVERY_SECONDS": "1", "POWERTOOLS_LOG_LEVEL": "WARNING", "PYTHONPATH": str(REPO)}
+        self.out, self.err = workdir / "dev.out", workdir / "dev.err"
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "rdq_core.cli", "--storage", f"sqlite:///{workdir}/dev.db", "dev", "--port", "0"],
+                cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+
+        def ready() -> int | None:
+            if self.process.poll() is not None:
+                raise AssertionError(f"rdq dev exited: {self.out.read_text()}{self.err.read_text()[-2000:]}")
+            address = rdq_dev_address(self.out.read_text(errors="replace"))
+            return address[1] if address else None
+
+        self.port: int = wait_until(ready, 30, what="rdq dev's banner")
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
+    server = DevServer(tmp_path_factory.mktemp("rdq-dev"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def rdq(dev: DevServer) -> HttpClient:
+    return HttpClient(dev.url, auth=BearerToken(TOKEN), retry_seconds=10)
+
+
+_queue_numbers = iter(range(1, 10_000))
+
+
+def fresh_queue() -> str:
+    return f"hc{os.getpid()}-{next(_queue_numbers)}"
+
+
+def status_of(rdq: HttpClient, task_id: str, status: TaskStatus, timeout: float = 30) -> Any:
+    return wait_until(lambda: (task := rdq.get(task_id)).status is status and task, timeout, what=f"{task_id} {status.value}")
+
+
+# -- a loopback proxy: SigV4 verifier and fault injector ---------------------------------------
+def sigv4_valid(method: str, path: str, headers: Any, body: bytes) -> bool:
+    """Recompute the signature with the known secret, over exactly the headers the client signed."""
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    found = re.fullmatch(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request, "
+                         r"SignedHeaders=([a-z0-9;-]+), Signature=([0-9a-f]{64})", headers.get("Authorization") or "")
+    if not found or found[1] != ACCESS_KEY or found[3] != REGION or found[4] != "execute-api":
+        return False
+    stamp = headers.get("X-Amz-Date") or ""
+    try:
+        signed_at = datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return False
+    if abs(datetime.now(timezone.utc) - signed_at) > timedelta(minutes=5):
+        return False
+    signed = found[5].split(";")
+    if "host" not in signed or any(headers.get(name) is None for name in signed):
+        return False
+    request = AWSRequest(method=method, url=f"http://{headers['Host']}{path}", data=body,
+                         headers={name: headers[name] for name in signed})
+    request.context["timestamp"] = stamp
+    signer = SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "execute-api", REGION)
+    expected = signer.signature(signer.string_to_sign(request, signer.canonical_request(request)), request)
+    return hmac.compare_digest(expected, found[6])
+
+
+class Proxy:
+    """Forwards to rdq dev with its bearer token. ``faults`` are used up one per request:
+    ``"503"`` answers 503 without forwarding, ``"drop"`` forwards and then closes the connection
+    without answering (the response is lost). ``log`` records (method, path, upstream status)."""
+
+    def __init__(self, upstream: DevServer, *, sigv4: bool = False, faults: tuple[str, ...] = ()) -> None:
+        self.faults = list(faults)
+        self.log: list[tuple[str, str, int]] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def handle_one(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if sigv4 and not sigv4_valid(self.command, self.path, self.headers, body):
+                    return self.answer(403, b'{"title": "Forbidden", "status": 403, "detail": "signature mismatch"}')
+                fault = proxy.faults.pop(0) if proxy.faults else None
+                if fault == "503":
+                    proxy.log.append((self.command, self.path, 503))
+                    return self.answer(503, b'{"title": "Service Unavailable", "status": 503, "detail": "injected"}')
+                forward = http.client.HTTPConnection("127.0.0.1", upstream.port, timeout=15)
+                try:
+                    headers = {"Authorization": f"Bearer {TOKEN}"}
+                    if self.headers.get("Content-Type"):
+                        headers["Content-Type"] = self.headers["Content-Type"]
+                    forward.request(self.command, self.path, body=body if body else None, headers=headers)
+                    response = forward.getresponse()
+                    status, payload = response.status, response.read()
+                finally:
+                    forward.close()
+                proxy.log.append((self.command, self.path, status))
+                if fault == "drop":
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return None
+                return self.answer(status, payload)
+
+            def answer(self, status: int, payload: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/problem+json" if status >= 400 else "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_POST = do_DELETE = handle_one
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def proxies(dev: DevServer) -> Iterator[list[Proxy]]:
+    started: list[Proxy] = []
+    try:
+        yield started
+    finally:
+        for proxy in started:
+            proxy.stop()
+
+
+def aws_session(secret: str = SECRET_KEY) -> Any:
+    import botocore.session
+
+    session = botocore.session.Session()
+    session.set_credentials(ACCESS_KEY, secret)
+    return session
+
+
+# -- every method against rdq dev ----------------------------------------------------------------
+def test_enqueue_get_and_a_handler_runs_it(rdq: HttpClient) -> None:
+    queue = fresh_queue()
+    task = rdq.enqueue(queue, "greet", {"name": "Ada"}, headers={"trace": "t1"})
+    assert task.status is TaskStatus.PENDING and task.queue == queue and task.headers == {"trace": "t1"}
+    done = status_of(rdq, task.id, TaskStatus.SUCCEEDED)
+    assert done.result["greeting"] == "hello, Ada"
+    assert done.attempts[0].outcome.value == "SUCCESS" and done.attempts[0].finished_at is not None
+    assert rdq.enqueue(queue, "greet", {"name": "other"}, id=task.id).status is TaskStatus.SUCCEEDED  # a repeat
+    stats = rdq.stats(queue)
+    assert (stats.queue, stats.succeeded, stats.pending) == (queue, 1, 0)
+
+
+def test_dead_letter_list_redrive_and_purge(rdq: HttpClient) -> None:
+    queue = fresh_queue()
+    broken = rdq.enqueue(queue, "fail_until_redrive", max_attempts=1, backoff=Backoff(**FAST))
+    rejected = rdq.enqueue(queue, "reject", {"reason": "no"})
+    status_of(rdq, broken.id, TaskStatus.DEAD)
+    status_of(rdq, rejected.id, TaskStatus.DEAD)
+    assert rdq.stats(queue).dead == 2
+    page = rdq.list_dead(queue, error_type="RuntimeError")
+    assert [t.id for t in page.tasks] == [broken.id] and page.next_cursor is None
+    assert page.tasks[0].last_error is not None and page.tasks[0].last_error.type == "RuntimeError"
+    first = rdq.list_dead(queue, limit=1)
+    assert len(first.tasks) == 1 and first.next_cursor
+    assert len(rdq.list_dead(queue, limit=1, cursor=first.next_cursor).tasks) == 1
+    with pytest.raises(InvalidCursor):
+        rdq.list_dead(queue, cursor="not-a-cursor")
+    assert rdq.redrive(queue, ids=[broken.id]) == 1
+    assert status_of(rdq, broken.id, TaskStatus.SUCCEEDED).redrive_count == 1
+    assert rdq.purge_dead(queue, handler="reject") == 1
+    assert rdq.list_dead(queue).tasks == ()
+    with pytest.raises(TaskNotFound):
+        rdq.get(rejected.id)
+
+
+def test_enqueue_many_with_per_item_results(rdq: HttpClient) -> None:
+    queue, other = fresh_queue(), fresh_queue()
+    taken = rdq.enqueue(other, "greet", id="hc-taken", delay_seconds=3600)
+    results = rdq.enqueue_many(queue, [{"handler": "greet", "payload": {"n": 1}, "delay_seconds": 3600},
+                                       {"handler": "greet", "id": "hc-batch-2", "delay_seconds": 3600},
+                                       {"handler": "greet", "id": taken.id}])
+    assert [(r.created, r.conflict) for r in results] == [(True, False), (True, False), (False, True)]
+    assert results[0].task.id and results[0].task.payload == {"n": 1} and results[1].task.id == "hc-batch-2"
+    again = rdq.enqueue_many(queue, [{"handler": "greet", "id": "hc-batch-2"}])
+    assert (again[0].created, again[0].task.status) == (False, TaskStatus.PENDING)
+    assert rdq.stats(queue).pending == 2
+
+
+def test_cancel_and_the_errors_map_back(rdq: HttpClient, dev: DevServer) -> None:
+    queue = fresh_queue()
+    task = rdq.enqueue(queue, "greet", delay_seconds=3600)
+    assert rdq.cancel(task.id).status is TaskStatus.CANCELLED
+    with pytest.raises(TaskConflict):
+        rdq.cancel(task.id)  # no longer PENDING
+    with pytest.raises(TaskConflict):
+        rdq.enqueue(fresh_queue(), "greet", id=task.id)  # the id is taken on another queue
+    with pytest.raises(TaskNotFound) as missing:
+        rdq.get("no-such-task")
+    assert missing.value.task_id == "no-such-task"
+    with pytest.raises(InvalidInput) as invalid:
+        rdq.enqueue(queue, "greet", max_attempts=0)
+    assert invalid.value.field == "max_attempts"
+    with pytest.raises(InvalidInput) as unselected:
+        rdq.redrive(queue)
+    assert unselected.value.field == "ids"
+    with pytest.raises(UnsupportedOperation):
+        rdq.enqueue(queue, "greet", connection=object())
+    with pytest.raises(NotAuthorized) as refused:
+        HttpClient(dev.url, auth=BearerToken("wrong-token")).stats(queue)
+    assert "wrong-token" not in str(refused.value)
+    with pytest.raises(NotAuthorized):
+        HttpClient(dev.url, auth=ApiKey("a-key")).stats(queue)  # rdq dev wants its bearer token
+
+
+# -- SigV4 ---------------------------------------------------------------------------------------
+def test_sigv4_signed_requests_pass_a_verifier_and_a_wrong_secret_is_refused(
+        dev: DevServer, proxies: list[Proxy], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy = Proxy(dev, sigv4=True)
+    proxies.append(proxy)
+    queue = fresh_queue()
+    signed = HttpClient(proxy.url, auth=SigV4(session=aws_session(), region=REGION))
+    task = signed.enqueue(queue, "greet", {"name": "Grace"})
+    assert signed.get(task.id).id == task.id
+    assert signed.list_dead(queue, error_type="Some Error", limit=5).tasks == ()  # a signed query string
+    assert signed.purge_dead(queue, all=True) == 0
+
+    # The standard chain: credentials and region from the environment, as the AWS CLI reads them.
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    assert HttpClient(proxy.url, auth=SigV4()).stats(queue).queue == queue
+
+    with pytest.raises(NotAuthorized) as refused:
+        HttpClient(proxy.url, auth=SigV4(session=aws_session("not-the-secret"), region=REGION)).stats(queue)
+    assert "not-the-secret" not in str(refused.value) and "403" in str(refused.value)
+
+
+def test_sigv4_region_resolution_and_botocore_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rdq_core.errors import ConfigurationError
+
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    auth = SigV4(session=aws_session())
+    assert auth.region_for("https://abc123.execute-api.ap-south-1.amazonaws.com/prod") == "ap-south-1"
+    with pytest.raises(ConfigurationError):
+        auth.region_for("https://api.example.com/prod")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "sa-east-1")  # configured wins, as with the AWS CLI
+    assert SigV4().region_for("https://abc123.execute-api.ap-south-1.amazonaws.com/prod") == "sa-east-1"
+    assert SigV4(region="us-west-2").region_for("https://h.example") == "us-west-2"
+    monkeypatch.setitem(sys.modules, "botocore.session", None)  # as if botocore were not installed
+    with pytest.raises(ConfigurationError, match="botocore"):
+        SigV4()
+
+
+def test_model_dicts_round_trip() -> None:
+    from rdq_core.model import Attempt, DeadPage, ErrorInfo, Outcome, QueueStats, Task
+
+    now = datetime.now(timezone.utc)
+    attempt = Attempt(1, Outcome.RETRYABLE_FAILURE, now, now, ErrorInfo("E", "m", "stack"))
+    task = Task("id1", "q", "h", {"a": [1]}, TaskStatus.DEAD, {"k": "v"}, 1, 2, 3, Backoff(), now, None, now, now, now,
+                None, ErrorInfo("E", "m"), (attempt,))
+    assert Task.from_dict(task.to_dict()) == task
+    assert DeadPage.from_dict(DeadPage((task,), "c").to_dict()) == DeadPage((task,), "c")
+    stats = QueueStats("q", 1, 2, 3, 4, 5, 6.5)
+    assert QueueStats.from_dict(stats.to_dict()) == stats
+
+
+# -- retries -------------------------------------------------------------------------------------
+def test_503_twice_then_the_enqueue_goes_through_once(dev: DevServer, rdq: HttpClient, proxies: list[Proxy]) -> None:
+    proxy = Proxy(dev, faults=("503", "503"))
+    proxies.append(proxy)
+    queue = fresh_queue()
+    client = HttpClient(proxy.url, retry_seconds=10, backoff_initial=0.05, backoff_max=0.2)
+    task = client.enqueue(queue, "greet", delay_seconds=3600)
+    assert [status for _, _, status in proxy.log] == [503, 503, 201]
+    assert rdq.get(task.id).status is TaskStatus.PENDING and rdq.stats(queue).pending == 1
+
+
+def test_a_lost_response_is_retried_as_an_idempotent_repeat(dev: DevServer, rdq: HttpClient, proxies: list[Proxy]) -> None:
+    proxy = Proxy(dev, faults=("drop",))
+    proxies.append(proxy)
+    queue = fresh_queue()
+    client = HttpClient(proxy.url, retry_seconds=10, backoff_initial=0.05, backoff_max=0.2)
+    task = client.enqueue(queue, "greet", delay_seconds=3600)  # no id given: one is made before the first try
+    assert [status for _, _, status in proxy.log] == [201, 200]  # written, answer lost; then created=False
+    assert len({path for _, path, _ in proxy.log}) == 1
+    assert rdq.stats(queue).pending == 1 and rdq.get(task.id).queue == queue
+
+
+def test_cancel_is_not_repeated_after_the_request_may_have_acted(dev: DevServer, rdq: HttpClient,
+                                                                 proxies: list[Proxy]) -> None:
+    task = rdq.enqueue(fresh_queue(), "greet", delay_seconds=3600)
+    proxy = Proxy(dev, faults=("drop",))
+    proxies.append(proxy)
+    with pytest.raises(ApiUnavailable):
+        HttpClient(proxy.url, retry_seconds=10, backoff_initial=0.05).cancel(task.id)
+    assert len(proxy.log) == 1 and rdq.get(task.id).status is TaskStatus.CANCELLED
+
+
+def test_an_unreachable_api_is_storage_unavailable_within_the_budget() -> None:
+    with socket.socket() as placeholder:  # a port nothing listens on: bound, never listening
+        placeholder.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{placeholder.getsockname()[1]}"
+        client = HttpClient(url, auth=BearerToken(TOKEN), retry_seconds=0.5, backoff_initial=0.05)
+        with pytest.raises(StorageUnavailable) as unavailable:
+            client.stats("q")
+    assert isinstance(unavailable.value, ApiUnavailable) and TOKEN not in str(unavailable.value)
+    assert "127.0.0.1" in str(unavailable.value)
+
+
+def test_the_api_url_is_checked() -> None:
+    from rdq_core.errors import ConfigurationError
+
+    for url in ("ftp://host/x", "https://user:secret@host/prod", "https://host/prod?key=1", "not a url"):
+        with pytest.raises(ConfigurationError):
+            HttpClient(url)
+    assert json.loads(json.dumps(HttpClient("https://h.example/prod/").api)) == "https://h.example"
