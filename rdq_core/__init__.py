@@ -3,30 +3,36 @@
 The engine (this package) knows nothing of Lambda. Public surface:
 
 * ``handler`` / ``PermanentError`` -- register user code and dead-letter on purpose;
-* ``Client`` -- enqueue, inspect and operate from Python;
+* ``Client`` -- enqueue, inspect and operate from Python, on a store;
+* ``HttpClient`` -- the same interface over a deployed rdq API (SigV4, API key or bearer token);
 * ``open_storage`` -- the storage SPI (``rdq_core.storage.spi``) behind every host;
 * ``rdq_core.compliance`` -- the kit every backend must pass.
 """
 
 from .client import Client
 from .errors import (
+    ApiUnavailable,
+    ConfigurationError,
     InvalidCursor,
     InvalidInput,
+    NotAuthorized,
     PermanentError,
     RdqError,
     StaleClaim,
     StorageUnavailable,
     TaskConflict,
     TaskNotFound,
+    UnsupportedOperation,
 )
 from .handlers import TaskContext, handler, registry
+from .http_client import HttpClient
 from .model import Attempt, Backoff, ErrorInfo, Outcome, QueueStats, Task, TaskStatus
 from .retry import PolicyBook, RetryPolicy
 from .storage import open_storage
 
 __all__ = [
-    "Attempt", "Backoff", "Client", "ErrorInfo", "InvalidCursor", "InvalidInput", "Outcome",
-    "PermanentError", "PolicyBook", "QueueStats", "RdqError", "RetryPolicy", "StaleClaim",
-    "StorageUnavailable", "Task", "TaskConflict", "TaskContext", "TaskNotFound", "TaskStatus",
-    "handler", "open_storage", "registry",
+    "ApiUnavailable", "Attempt", "Backoff", "Client", "ConfigurationError", "ErrorInfo", "HttpClient",
+    "InvalidCursor", "InvalidInput", "NotAuthorized", "Outcome", "PermanentError", "PolicyBook", "QueueStats",
+    "RdqError", "RetryPolicy", "StaleClaim", "StorageUnavailable", "Task", "TaskConflict", "TaskContext",
+    "TaskNotFound", "TaskStatus", "UnsupportedOperation", "handler", "open_storage", "registry",
 ]
