@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence, TextIO
 from urllib.parse import urlsplit
 
 from .client import Client, build_new_task
+from .http_client import ApiKey, Auth, BearerToken, HttpClient, SigV4
 from .errors import (
     ConfigurationError, InvalidInput, RdqError, StorageUnavailable, TaskConflict, TaskNotFound, UnsupportedOperation,
 )
@@ -41,12 +42,25 @@ EXIT_FAILURE, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_STOPPED_AT_ONCE 
 
 #: Commands that may create a store; any other one says so when it would.
 CREATES_STORES = {"migrate", "dev"}
+#: Operator commands that work through a deployed API (--api) as well as on a store.
+REMOTE_COMMANDS = {"enqueue", "stats", "task", "dlq"}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rdq", description="rdq: retries, a dead-letter queue and redrive on your own datastore.")
     parser.add_argument("--storage", metavar="URL", help="storage URL (default: $RDQ_STORAGE_URL, else sqlite:///rdq.db)")
+    remote = parser.add_argument_group(
+        "a deployed API instead of a store (enqueue, stats, task and dlq commands)")
+    remote.add_argument("--api", metavar="URL", default=os.environ.get("RDQ_API_URL") or None,
+                        help="the API's base URL, e.g. https://ID.execute-api.REGION.amazonaws.com/v1 ($RDQ_API_URL); "
+                             "signed with SigV4 from the standard AWS credential chain unless --api-key or --token is given")
+    remote.add_argument("--api-key", metavar="KEY", default=os.environ.get("RDQ_API_KEY") or None,
+                        help="send this API key (stacks deployed with AuthMode=API_KEY; $RDQ_API_KEY)")
+    remote.add_argument("--token", metavar="TOKEN", default=os.environ.get("RDQ_API_TOKEN") or None,
+                        help="send this bearer token (rdq dev with RDQ_API_TOKEN; $RDQ_API_TOKEN)")
+    remote.add_argument("--profile", metavar="NAME", help="AWS profile for SigV4 (default: the AWS CLI's)")
+    remote.add_argument("--region", metavar="REGION", help="AWS region for SigV4 (default: the AWS CLI's, else the URL's)")
     parser.add_argument("--log-format", choices=("auto", "text", "json"), default=os.environ.get("RDQ_LOG_FORMAT", "auto"),
                         help="log lines as text (default on a terminal) or JSON (default otherwise); $RDQ_LOG_FORMAT")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -139,9 +153,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     url = args.storage or default_storage_url()
     try:
         configure_logging(args.log_format, os.environ.get("RDQ_LOG_LEVEL", "INFO").upper())
-        _check_storage_url(url)
-        if args.command not in CREATES_STORES:
-            _note_new_sqlite_file(url)
+        if args.api and args.command not in REMOTE_COMMANDS:
+            raise ConfigurationError(f"rdq {args.command} works on a store, not through the API: "
+                                     "give --storage (or RDQ_STORAGE_URL) and drop --api")
+        if not args.api:
+            _check_storage_url(url)
+            if args.command not in CREATES_STORES:
+                _note_new_sqlite_file(url)
         return COMMANDS[args.command](args, url) or 0
     except (InvalidInput, ConfigurationError, UnsupportedOperation) as exc:
         return _fail(exc, EXIT_INVALID)
@@ -275,7 +293,7 @@ def cmd_enqueue(args: argparse.Namespace, url: str) -> int:
     payload = _read_payload(args.payload)
     item = {"handler": args.handler, "payload": payload, "id": args.id, "delay_seconds": args.delay,
             "max_attempts": args.max_attempts}
-    with Client(url) as client:
+    with _client(args, url) as client:
         result = client.enqueue_new(build_new_task(args.queue, item))
     task = result.task
     if args.json:
@@ -288,10 +306,10 @@ def cmd_enqueue(args: argparse.Namespace, url: str) -> int:
 
 
 def cmd_stats(args: argparse.Namespace, url: str) -> int:
-    with Client(url) as client:
+    with _client(args, url) as client:
         stats = client.stats(args.queue)
         if not any((stats.pending, stats.in_flight, stats.dead, stats.succeeded, stats.cancelled)) \
-                and args.queue not in client.storage.list_queues():
+                and isinstance(client, Client) and args.queue not in client.storage.list_queues():
             raise _NotFound(f"queue {args.queue!r} holds no tasks (never used, or everything in it was "
                                  f"deleted) in {_redact(url)}")
     if args.json:
@@ -303,7 +321,7 @@ def cmd_stats(args: argparse.Namespace, url: str) -> int:
 
 
 def cmd_task(args: argparse.Namespace, url: str) -> int:
-    with Client(url) as client:
+    with _client(args, url) as client:
         if args.task_command == "show":
             task = _wait_for(client, args.id, args.wait, args.timeout) if args.wait else client.get(args.id)
             _print_task(task, args.json)
@@ -312,7 +330,7 @@ def cmd_task(args: argparse.Namespace, url: str) -> int:
 
 
 def cmd_dlq(args: argparse.Namespace, url: str) -> int:
-    with Client(url) as client:
+    with _client(args, url) as client:
         if args.dlq_command == "list":
             page = client.list_dead(args.queue, limit=args.limit, cursor=args.cursor,
                                     error_type=args.error_type, handler=args.filter_handler)
@@ -373,6 +391,23 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, str], int]] = {
 
 # -- command pieces ---------------------------------------------------------------------------------
 
+def _client(args: argparse.Namespace, url: str) -> Client | HttpClient:
+    """The store's ``Client``, or with ``--api`` an ``HttpClient`` with the same interface: the
+    commands, their output and their exit codes are the same either way."""
+    if not args.api:
+        return Client(url)
+    auth: Auth
+    if args.api_key and args.token:
+        raise ConfigurationError("give --api-key or --token, not both")
+    if args.api_key:
+        auth = ApiKey(args.api_key)
+    elif args.token:
+        auth = BearerToken(args.token)
+    else:
+        auth = SigV4(profile=args.profile, region=args.region)
+    return HttpClient(args.api, auth=auth)
+
+
 class _NotFound(TaskNotFound):
     """Not found, with a message of its own (several ids, or a queue)."""
 
@@ -383,7 +418,7 @@ class _NotFound(TaskNotFound):
 _FINISHED: tuple[TaskStatus, ...] = (TaskStatus.SUCCEEDED, TaskStatus.DEAD, TaskStatus.CANCELLED)
 
 
-def _wait_for(client: Client, task_id: str, wanted: str, timeout: float) -> Any:
+def _wait_for(client: Client | HttpClient, task_id: str, wanted: str, timeout: float) -> Any:
     if wanted == "FINISHED":
         statuses, described = _FINISHED, "SUCCEEDED, DEAD or CANCELLED"
     else:
@@ -407,7 +442,7 @@ def _wait_for(client: Client, task_id: str, wanted: str, timeout: float) -> Any:
     return task
 
 
-def _cancel_many(client: Client, ids: Sequence[str], as_json: bool) -> int:
+def _cancel_many(client: Client | HttpClient, ids: Sequence[str], as_json: bool) -> int:
     """Cancel each id; the others are still cancelled when one cannot be. Exit code: the worst
     problem met (3 not found, 4 not PENDING), 0 when all were cancelled."""
     results: list[dict[str, Any]] = []
@@ -431,7 +466,7 @@ def _cancel_many(client: Client, ids: Sequence[str], as_json: bool) -> int:
     return code
 
 
-def _redrive_or_purge(client: Client, args: argparse.Namespace) -> int:
+def _redrive_or_purge(client: Client | HttpClient, args: argparse.Namespace) -> int:
     redrive = args.dlq_command == "redrive"
     verb, done_key = ("redrive", "redriven") if redrive else ("purge", "purged")
     selection = dict(ids=args.ids, error_type=args.error_type, handler=args.filter_handler, all=args.all)
@@ -456,7 +491,7 @@ def _redrive_or_purge(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_dead_ids(client: Client, queue: str, ids: Sequence[str]) -> None:
+def _check_dead_ids(client: Client | HttpClient, queue: str, ids: Sequence[str]) -> None:
     """Name every id that cannot be redriven or purged, before changing anything."""
     missing: list[str] = []
     not_dead: list[str] = []
@@ -476,7 +511,7 @@ def _check_dead_ids(client: Client, queue: str, ids: Sequence[str]) -> None:
         raise TaskConflict(f"only DEAD tasks can be redriven or purged: {'; '.join(not_dead)}; nothing was changed")
 
 
-def _count_dead(client: Client, queue: str, ids: Sequence[str] | None, error_type: str | None,
+def _count_dead(client: Client | HttpClient, queue: str, ids: Sequence[str] | None, error_type: str | None,
                 handler: str | None) -> int:
     if ids:
         return len(dict.fromkeys(ids))

@@ -63,7 +63,7 @@ from .errors import (
     UnsupportedOperation,
 )
 from .ids import new_task_id
-from .model import Backoff, DeadPage, EnqueueResult, QueueStats, Task, TaskStatus
+from .model import Backoff, DeadPage, EnqueueResult, NewTask, QueueStats, Task, TaskStatus
 
 __all__ = ["ApiKey", "Auth", "BearerToken", "HttpClient", "SigV4"]
 
@@ -235,6 +235,19 @@ class HttpClient:
                            "run_at": run_at, "max_attempts": max_attempts, "backoff": backoff, "headers": headers})
         response = self._call("POST", f"/v1/queues/{_segment(queue)}/tasks", IDEMPOTENT, body=item)
         return Task.from_dict(response.json())
+
+    def enqueue_new(self, new_task: NewTask, *, connection: Any = None) -> EnqueueResult:
+        """``Client.enqueue_new`` over HTTP: one task already validated by ``build_new_task``;
+        ``created`` is False when the id already existed on that queue. A conflict is the API's
+        409, raised as ``TaskConflict``."""
+        _no_connection(connection)
+        item = _task_body({"id": new_task.id, "handler": new_task.handler, "payload": new_task.payload,
+                           "headers": dict(new_task.headers) or None, "max_attempts": new_task.max_attempts,
+                           "backoff": new_task.backoff, "run_at": new_task.run_at,
+                           "delay_seconds": new_task.delay_seconds or None})
+        response = self._call("POST", f"/v1/queues/{_segment(new_task.queue)}/tasks", IDEMPOTENT, body=item)
+        body = response.json()
+        return EnqueueResult(task=Task.from_dict(body), created=bool(body.get("created", response.status == 201)))
 
     def enqueue_many(
         self, queue: str, items: Sequence[Mapping[str, Any]], *, connection: Any = None

@@ -49,10 +49,11 @@ class DevServer:
     def __init__(self, workdir: Path) -> None:
         env = {**without_rdq_settings(os.environ), "RDQ_API_TOKEN": TOKEN, "RDQ_DEV_WORKER_EVERY_SECONDS": "0.3",
                "RDQ_DEV_REAPER_EVERY_SECONDS": "1", "POWERTOOLS_LOG_LEVEL": "WARNING", "PYTHONPATH": str(REPO)}
+        self.storage_url = f"sqlite:///{workdir}/dev.db"
         self.out, self.err = workdir / "dev.out", workdir / "dev.err"
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "rdq_core.cli", "--storage", f"sqlite:///{workdir}/dev.db", "dev", "--port", "0"],
+                [sys.executable, "-m", "rdq_core.cli", "--storage", self.storage_url, "dev", "--port", "0"],
                 cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
 
         def ready() -> int | None:
@@ -392,3 +393,63 @@ def test_the_api_url_is_checked() -> None:
         with pytest.raises(ConfigurationError):
             HttpClient(url)
     assert json.loads(json.dumps(HttpClient("https://h.example/prod/").api)) == "https://h.example"
+
+
+# -- the CLI through the API (rdq --api URL) ----------------------------------------------------
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``rdq ARGV`` in this process: exit code, standard output, standard error."""
+    from rdq_core.cli import main
+
+    capsys.readouterr()
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_cli_through_the_api_answers_as_it_does_on_the_store(
+        dev: DevServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RDQ_API_URL", "RDQ_API_KEY", "RDQ_API_TOKEN", "RDQ_STORAGE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    api = ("--api", dev.url, "--token", TOKEN)
+    store = ("--storage", dev.storage_url)
+    queue, other = fresh_queue(), fresh_queue()
+    code, out, _ = cli(capsys, *api, "enqueue", queue, "greet", "--payload", '{"name": "Lin"}', "--id", "cli-api-1", "--json")
+    assert code == 0 and json.loads(out)["created"] is True and json.loads(out)["queue"] == queue
+    code, out, _ = cli(capsys, *api, "task", "show", "cli-api-1", "--wait", "SUCCEEDED", "--timeout", "30", "--json")
+    assert code == 0 and json.loads(out)["result"]["greeting"] == "hello, Lin"
+    # The same command on the store prints the same document, and the text form the same lines.
+    assert cli(capsys, *store, "task", "show", "cli-api-1", "--json")[1] == out
+    assert cli(capsys, *api, "task", "show", "cli-api-1")[1] == cli(capsys, *store, "task", "show", "cli-api-1")[1]
+    assert cli(capsys, *api, "stats", queue, "--json")[1] == cli(capsys, *store, "stats", queue, "--json")[1]
+    # A repeat says so; a dead task is listed alike both ways and can be redriven through the API.
+    code, out, _ = cli(capsys, *api, "enqueue", queue, "greet", "--id", "cli-api-1")
+    assert code == 0 and "already existed" in out
+    cli(capsys, *api, "enqueue", queue, "reject", "--id", "cli-api-dead")
+    assert cli(capsys, *api, "task", "show", "cli-api-dead", "--wait", "DEAD", "--timeout", "30")[0] == 0
+    listed = cli(capsys, *api, "dlq", "list", queue, "--json")
+    assert listed[0] == 0 and listed[1] == cli(capsys, *store, "dlq", "list", queue, "--json")[1]
+    assert [t["id"] for t in json.loads(listed[1])["tasks"]] == ["cli-api-dead"]
+    code, out, _ = cli(capsys, *api, "dlq", "purge", queue, "--id", "cli-api-dead", "--json")
+    assert code == 0 and json.loads(out) == {"purged": 1}
+    # Exit codes as on a store: not found 3, conflict 4, invalid 2.
+    assert cli(capsys, *api, "task", "show", "cli-api-missing")[0] == 3
+    assert cli(capsys, *api, "enqueue", other, "greet", "--id", "cli-api-1")[0] == 4
+    assert cli(capsys, *api, "enqueue", queue, "greet", "--max-attempts", "0")[0] == 2
+
+
+def test_the_cli_through_the_api_refuses_what_it_cannot_do_and_names_a_wrong_token(
+        dev: DevServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RDQ_API_URL", "RDQ_API_KEY", "RDQ_API_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    code, _, err = cli(capsys, "--api", dev.url, "--token", "not-the-token", "stats", fresh_queue())
+    assert code == 1 and "not-the-token" not in err and "rdq: error:" in err
+    code, _, err = cli(capsys, "--api", dev.url, "--token", TOKEN, "worker", "--handlers", "rdq_core.examples")
+    assert code == 2 and "--storage" in err
+    code, _, err = cli(capsys, "--api", dev.url, "--token", TOKEN, "--api-key", "k", "stats", "q")
+    assert code == 2 and "not both" in err
+    # RDQ_API_URL alone routes the command through the API.
+    monkeypatch.setenv("RDQ_API_URL", dev.url)
+    monkeypatch.setenv("RDQ_API_TOKEN", TOKEN)
+    code, out, _ = cli(capsys, "stats", fresh_queue(), "--json")
+    assert code == 0 and json.loads(out)["pending"] == 0
