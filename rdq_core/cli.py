@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     remote.add_argument("--api", metavar="URL", default=os.environ.get("RDQ_API_URL") or None,
                         help="the API's base URL, e.g. https://ID.execute-api.REGION.amazonaws.com/v1 ($RDQ_API_URL); "
                              "signed with SigV4 from the standard AWS credential chain unless --api-key or --token is given")
+    remote.add_argument("--stack", metavar="NAME",
+                        help="use the ApiUrl output of this CloudFormation stack as --api (needs boto3)")
     remote.add_argument("--api-key", metavar="KEY", default=os.environ.get("RDQ_API_KEY") or None,
                         help="send this API key (stacks deployed with AuthMode=API_KEY; $RDQ_API_KEY)")
     remote.add_argument("--token", metavar="TOKEN", default=os.environ.get("RDQ_API_TOKEN") or None,
@@ -153,6 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     url = args.storage or default_storage_url()
     try:
         configure_logging(args.log_format, os.environ.get("RDQ_LOG_LEVEL", "INFO").upper())
+        if args.stack:
+            if args.api:
+                raise ConfigurationError("give --api or --stack, not both")
+            args.api = stack_api_url(args.stack, profile=args.profile, region=args.region)
         if args.api and args.command not in REMOTE_COMMANDS:
             raise ConfigurationError(f"rdq {args.command} works on a store, not through the API: "
                                      "give --storage (or RDQ_STORAGE_URL) and drop --api")
@@ -390,6 +396,25 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, str], int]] = {
 
 
 # -- command pieces ---------------------------------------------------------------------------------
+
+def stack_api_url(stack: str, *, profile: str | None = None, region: str | None = None) -> str:
+    """The ``ApiUrl`` output of a deployed rdq stack (one ``DescribeStacks`` call)."""
+    try:
+        import boto3
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        raise ConfigurationError("--stack reads CloudFormation and needs boto3 (python -m pip install boto3); "
+                                 "or give the URL with --api") from None
+    try:
+        client = boto3.Session(profile_name=profile, region_name=region).client("cloudformation")
+        stacks = client.describe_stacks(StackName=stack)["Stacks"]
+    except (BotoCoreError, ClientError) as exc:
+        raise ConfigurationError(f"could not read stack {stack!r}: {exc}") from None
+    for output in stacks[0].get("Outputs", []) if stacks else []:
+        if output.get("OutputKey") == "ApiUrl":
+            return str(output["OutputValue"])
+    raise ConfigurationError(f"stack {stack!r} has no ApiUrl output: is it an rdq stack?")
+
 
 def _client(args: argparse.Namespace, url: str) -> Client | HttpClient:
     """The store's ``Client``, or with ``--api`` an ``HttpClient`` with the same interface: the

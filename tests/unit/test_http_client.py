@@ -453,3 +453,34 @@ def test_the_cli_through_the_api_refuses_what_it_cannot_do_and_names_a_wrong_tok
     monkeypatch.setenv("RDQ_API_TOKEN", TOKEN)
     code, out, _ = cli(capsys, "stats", fresh_queue(), "--json")
     assert code == 0 and json.loads(out)["pending"] == 0
+
+
+def test_the_cli_finds_the_api_from_a_stacks_api_url_output(
+        dev: DevServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    moto = pytest.importorskip("moto")
+    import boto3
+
+    for name in ("RDQ_API_URL", "RDQ_API_KEY", "RDQ_API_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+
+    def stack(name: str, outputs: dict[str, Any]) -> None:
+        template = {"Resources": {"Marker": {"Type": "AWS::SSM::Parameter",
+                                             "Properties": {"Name": f"{name}-marker", "Type": "String", "Value": "x"}}},
+                    "Outputs": {key: {"Value": value} for key, value in outputs.items()}}
+        boto3.client("cloudformation", region_name=REGION).create_stack(StackName=name, TemplateBody=json.dumps(template))
+
+    with moto.mock_aws():
+        stack("rdq-here", {"ApiUrl": dev.url, "ApiId": "abc"})
+        stack("not-rdq", {"Other": "x"})
+        queue = fresh_queue()
+        code, out, _ = cli(capsys, "--stack", "rdq-here", "--region", REGION, "--token", TOKEN,
+                           "enqueue", queue, "greet", "--id", "cli-stack-1", "--json")
+        assert code == 0 and json.loads(out)["id"] == "cli-stack-1"
+        code, _, err = cli(capsys, "--stack", "not-rdq", "--region", REGION, "stats", queue)
+        assert code == 2 and "no ApiUrl output" in err
+        code, _, err = cli(capsys, "--stack", "absent", "--region", REGION, "stats", queue)
+        assert code == 2 and "could not read stack 'absent'" in err
+        code, _, err = cli(capsys, "--stack", "rdq-here", "--api", dev.url, "stats", queue)
+        assert code == 2 and "not both" in err
