@@ -43,7 +43,7 @@ EXIT_FAILURE, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_STOPPED_AT_ONCE 
 #: Commands that may create a store; any other one says so when it would.
 CREATES_STORES = {"migrate", "dev"}
 #: Operator commands that work through a deployed API (--api) as well as on a store.
-REMOTE_COMMANDS = {"enqueue", "stats", "task", "dlq"}
+REMOTE_COMMANDS = {"enqueue", "stats", "queues", "task", "dlq"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     commands.add_parser("migrate", help="create or upgrade the storage schema")
+
+    queues = commands.add_parser("queues", help="every queue that holds a task, with its counts")
+    queues.add_argument("--json", action="store_true")
 
     dev = commands.add_parser("dev", help="run the whole system locally: API, worker and reaper")
     dev.add_argument("--host", default="127.0.0.1")
@@ -326,6 +329,21 @@ def cmd_stats(args: argparse.Namespace, url: str) -> int:
     return 0
 
 
+def cmd_queues(args: argparse.Namespace, url: str) -> int:
+    with _client(args, url) as client:
+        listed = client.list_queues()
+    if args.json:
+        _print_json({"queues": [stats.to_dict() for stats in listed]})
+        return 0
+    if not listed:
+        _say("no queue holds a task")
+    for stats in listed:
+        _say(f"{stats.queue:<30} pending={stats.pending} in_flight={stats.in_flight} dead={stats.dead} "
+             f"succeeded={stats.succeeded} cancelled={stats.cancelled} "
+             f"oldest_pending_age_seconds={stats.oldest_pending_age_seconds:g}")
+    return 0
+
+
 def cmd_task(args: argparse.Namespace, url: str) -> int:
     with _client(args, url) as client:
         if args.task_command == "show":
@@ -391,7 +409,7 @@ def cmd_invoke(args: argparse.Namespace, url: str) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, str], int]] = {
     "migrate": cmd_migrate, "dev": cmd_dev, "worker": cmd_worker, "reaper": cmd_reaper,
-    "enqueue": cmd_enqueue, "stats": cmd_stats, "task": cmd_task, "dlq": cmd_dlq, "invoke": cmd_invoke,
+    "enqueue": cmd_enqueue, "stats": cmd_stats, "queues": cmd_queues, "task": cmd_task, "dlq": cmd_dlq, "invoke": cmd_invoke,
 }
 
 

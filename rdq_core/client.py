@@ -108,6 +108,11 @@ class Client:
     def stats(self, queue: str) -> QueueStats:
         return self.storage.stats(validation.queue_name(queue))
 
+    def list_queues(self) -> list[QueueStats]:
+        """Every queue that holds at least one task, by name, with its counts (one stats call per
+        queue: index lookups each)."""
+        return [self.storage.stats(queue) for queue in self.storage.list_queues()]
+
     def list_dead(
         self,
         queue: str,

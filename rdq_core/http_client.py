@@ -281,6 +281,10 @@ class HttpClient:
     def stats(self, queue: str) -> QueueStats:
         return QueueStats.from_dict(self._call("GET", f"/v1/queues/{_segment(queue)}/stats", IDEMPOTENT).json())
 
+    def list_queues(self) -> list[QueueStats]:
+        """Every queue that holds at least one task, by name, with its counts."""
+        return [QueueStats.from_dict(item) for item in self._call("GET", "/v1/queues", IDEMPOTENT).json()["queues"]]
+
     def list_dead(
         self,
         queue: str,

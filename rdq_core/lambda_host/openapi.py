@@ -167,6 +167,10 @@ def _schemas() -> dict[str, Any]:
                 "oldest_pending_age_seconds": {"type": "number"},
             },
         },
+        "QueueList": {
+            "type": "object", "required": ["queues"],
+            "properties": {"queues": {"type": "array", "items": {"$ref": "#/components/schemas/QueueStats"}}},
+        },
         "DeadPage": {
             "type": "object", "required": ["tasks", "next_cursor"],
             "properties": {"tasks": {"type": "array", "items": {"$ref": "#/components/schemas/Task"}},

@@ -177,6 +177,10 @@ def queue_stats(request: ApiRequest, queue: str) -> Reply:
     return Reply(200, _client(request).stats(queue).to_dict())
 
 
+def list_queues(request: ApiRequest) -> Reply:
+    return Reply(200, {"queues": [stats.to_dict() for stats in _client(request).list_queues()]})
+
+
 _DLQ_QUERY = ("cursor", "limit", "error_type", "handler")
 
 
@@ -248,6 +252,8 @@ ROUTES: tuple[Route, ...] = (
           responses=((200, "the task", "Task"),), problems=(404, 422, *COMMON_PROBLEMS)),
     Route("DELETE", "/v1/tasks/{task_id}", "cancelTask", cancel_task, "Cancel a PENDING task",
           responses=((200, "cancelled", "Task"),), problems=(404, 409, 422, *COMMON_PROBLEMS)),
+    Route("GET", "/v1/queues", "listQueues", list_queues, "Every queue that holds a task, with its counts",
+          responses=((200, "queues by name", "QueueList"),), problems=COMMON_PROBLEMS),
     Route("GET", "/v1/queues/{queue}/stats", "queueStats", queue_stats, "Counts per status and the oldest pending task's age",
           responses=((200, "counts per status", "QueueStats"),), problems=(422, *COMMON_PROBLEMS)),
     Route("GET", "/v1/queues/{queue}/dlq", "listDead", list_dead, "Dead tasks, cursor-paged by (dead_at, id)",

@@ -220,6 +220,8 @@ def test_enqueue_get_and_a_handler_runs_it(rdq: HttpClient) -> None:
     assert rdq.enqueue(queue, "greet", {"name": "other"}, id=task.id).status is TaskStatus.SUCCEEDED  # a repeat
     stats = rdq.stats(queue)
     assert (stats.queue, stats.succeeded, stats.pending) == (queue, 1, 0)
+    listed = {q.queue: q for q in rdq.list_queues()}
+    assert listed[queue] == stats
 
 
 def test_dead_letter_list_redrive_and_purge(rdq: HttpClient) -> None:
@@ -422,6 +424,9 @@ def test_the_cli_through_the_api_answers_as_it_does_on_the_store(
     assert cli(capsys, *store, "task", "show", "cli-api-1", "--json")[1] == out
     assert cli(capsys, *api, "task", "show", "cli-api-1")[1] == cli(capsys, *store, "task", "show", "cli-api-1")[1]
     assert cli(capsys, *api, "stats", queue, "--json")[1] == cli(capsys, *store, "stats", queue, "--json")[1]
+    code, out, _ = cli(capsys, *api, "queues", "--json")
+    assert code == 0 and queue in [q["queue"] for q in json.loads(out)["queues"]]
+    assert queue in cli(capsys, *store, "queues")[1]
     # A repeat says so; a dead task is listed alike both ways and can be redriven through the API.
     code, out, _ = cli(capsys, *api, "enqueue", queue, "greet", "--id", "cli-api-1")
     assert code == 0 and "already existed" in out
