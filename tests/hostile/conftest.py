@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 import urllib.error
@@ -25,6 +24,7 @@ import pytest
 
 # The offline AWS / Powertools environment is set once for the whole suite in tests/conftest.py.
 from rdq_core.compliance.support import wait_until
+from rdq_core.compliance.servers import stop_process
 from tests.loopback import rdq_dev_address, without_rdq_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,13 +99,7 @@ class DevServer:
             return error.code, dict(error.headers), error.read()
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_process(self.process, timeout=20)  # SIGTERM (rdq dev drains), then SIGKILL
         self._log.close()
 
 

@@ -7,7 +7,6 @@ import json
 import os
 import pty
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 from rdq_core.compliance.support import wait_until
+from rdq_core.compliance.servers import stop_process
 from tests.loopback import rdq_dev_address
 
 from .conftest import REPO
@@ -115,13 +115,7 @@ class DevProcess:
         return self.port
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout=20)  # SIGTERM (rdq dev drains), then SIGKILL
         if self._reader is not None:
             self._reader.join(timeout=10)
         return self.process.returncode

@@ -10,7 +10,6 @@ import http.client
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from rdq_core.errors import (
 )
 from rdq_core.http_client import ApiKey, BearerToken, HttpClient, SigV4
 from rdq_core.model import Backoff, TaskStatus
+from rdq_core.compliance.servers import stop_process
 from tests.loopback import rdq_dev_address, without_rdq_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,13 +66,7 @@ class DevServer:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout=20)  # SIGTERM (rdq dev drains), then SIGKILL
 
 
 @pytest.fixture(scope="module")
