@@ -339,11 +339,8 @@ def _python312_or_fail() -> Path:
     return py312
 
 
-@pytest.mark.sam_build
-def test_sam_build_for_python312(tmp_path):
-    py312 = _python312_or_fail()
-    env = {**os.environ, "PATH": f"{py312}:{os.environ['PATH']}"}
-    env.pop("RDQ_BUNDLE", None)
+def _sam_build(tmp_path: Path, env: dict[str, str]) -> Path:
+    """``sam build`` of the real template into ``tmp_path/build``; fails with its output."""
     build_dir = tmp_path / "build"
     result = subprocess.run(
         [_tool("sam"), "build", "--template", str(REPO / "template.yaml"), "--build-dir", str(build_dir),
@@ -351,6 +348,15 @@ def test_sam_build_for_python312(tmp_path):
         capture_output=True, text=True, cwd=REPO, env=env, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return build_dir
+
+
+@pytest.mark.sam_build
+def test_sam_build_for_python312(tmp_path):
+    py312 = _python312_or_fail()
+    env = {**os.environ, "PATH": f"{py312}:{os.environ['PATH']}"}
+    env.pop("RDQ_BUNDLE", None)
+    build_dir = _sam_build(tmp_path, env)
     drivers = {"RdqPostgresLayer": "psycopg", "RdqRedisLayer": "redis", "RdqMongoLayer": "pymongo"}
     for function in ("ApiFunction", "WorkerFunction", "ReaperFunction"):
         assert (build_dir / function / "app.py").exists()
@@ -408,13 +414,7 @@ def test_sam_build_bundled_puts_the_engine_into_each_function(tmp_path):
     py312 = _python312_or_fail()
     env = {**os.environ, "PATH": f"{py312}:{os.environ['PATH']}", "RDQ_BUNDLE": "redis"}
     env.pop("RDQ_BUNDLE_PYTHON", None)
-    build_dir = tmp_path / "build"
-    result = subprocess.run(
-        [_tool("sam"), "build", "--template", str(REPO / "template.yaml"), "--build-dir", str(build_dir),
-         "--cache-dir", str(tmp_path / "cache"), "--parallel"],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    build_dir = _sam_build(tmp_path, env)
     for function in ("ApiFunction", "WorkerFunction", "ReaperFunction"):
         package = build_dir / function
         assert (package / "app.py").exists() and (package / "rdq_core" / "lambda_host" / "worker.py").exists(), function
