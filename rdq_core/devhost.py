@@ -10,9 +10,13 @@
   bounded like the deployed reserved concurrency;
 * the embedded SQLite store by default, migrated on start; the example handlers
   (``rdq_core.examples``) loaded unless others are named.
+* the operator console (``rdq_core.console``) at ``/``: its static files (GET/HEAD of ``/``,
+  ``/index.html`` and the asset names in ``console.assets.ASSETS``, nothing else) with a strict
+  Content-Security-Policy; the page calls the API at ``v1/...`` on the same origin.
 
-Optional bearer token: set ``RDQ_API_TOKEN`` and every request needs ``Authorization: Bearer …``
-(checked before the body is read). Without one, only ``Host: 127.0.0.1``, ``localhost`` or ``[::1]``
+Optional bearer token: set ``RDQ_API_TOKEN`` and every API request needs ``Authorization: Bearer …``
+(checked before the body is read); the console's static files are served without it, and the
+page asks for the token. Without one, only ``Host: 127.0.0.1``, ``localhost`` or ``[::1]``
 is served (DNS rebinding). Slow clients are bounded: see ``BoundedHTTPServer``.
 
 Logs: the Lambda handlers log through this process's own logging (``rdq_core.logs``): one
@@ -37,6 +41,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
+from .console.assets import Asset, asset_for
 from .errors import ConfigurationError
 from .problems import PROBLEM_JSON, problem_json
 from .storage import redact_url  # re-exported: banners and tests use it from here
@@ -202,6 +207,7 @@ class DevHost:
         return "\n".join([
             f"rdq dev: API on {base}  (store: {redact_url(os.environ['RDQ_STORAGE_URL'])},"
             f" handlers: {os.environ['RDQ_HANDLERS']})",
+            f"  console: {base}/" + ("  (it asks for RDQ_API_TOKEN)" if self.settings.api_token else ""),
             f"  worker every {self.worker_every:g}s, reaper every {self.reaper_every:g}s; Ctrl-C to stop",
             "try:",
             f"  curl -s{auth} -X POST {base}/v1/queues/demo/tasks -H 'Content-Type: application/json'"
@@ -302,18 +308,25 @@ def _host_refusal(headers: Any) -> tuple[int, str] | None:
     loaded, and its scripts then reach this server as a same-origin site -- with
     ``Host: attacker.example:PORT``. Binding to loopback does not stop it; naming the host does.
     """
+    return loopback_refusal(headers, "without RDQ_API_TOKEN the dev API")
+
+
+def loopback_refusal(headers: Any, who: str) -> tuple[int, str] | None:
+    """The refusal (status, reason) of a request whose ``Host`` is not a loopback name or whose
+    ``Origin`` is not a loopback origin, else ``None``; ``who`` starts the reason
+    ("without RDQ_API_TOKEN the dev API")."""
     hosts = headers.get_all("Host") or []
     if len(hosts) != 1:
         return 400, "send exactly one Host header"
     match = _HOST_PORT.match(hosts[0].strip().lower())
     if not match or match.group(1) not in LOOPBACK_HOSTS:
-        return 421, "without RDQ_API_TOKEN the dev API answers only Host 127.0.0.1, localhost or [::1]"
+        return 421, f"{who} answers only Host 127.0.0.1, localhost or [::1]"
     # A cross-site page's request carries its own origin: refuse it, whatever its Host.
     for origin in headers.get_all("Origin") or []:
         scheme, _, rest = origin.strip().lower().partition("://")
         origin_host = _HOST_PORT.match(rest.rstrip("/"))
         if scheme not in ("http", "https") or not origin_host or origin_host.group(1) not in LOOPBACK_HOSTS:
-            return 403, "without RDQ_API_TOKEN the dev API refuses requests from other origins"
+            return 403, f"{who} refuses requests from other origins"
     return None
 
 
@@ -379,6 +392,11 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
                 refusal = _host_refusal(self.headers)
                 if refusal:
                     return self._refuse(*refusal)
+            if self.command in ("GET", "HEAD"):
+                # The console's static files need no token: the page asks for it, then sends it.
+                asset = asset_for(self.path.split("?", 1)[0])
+                if asset is not None:
+                    return self._send_asset(asset)
             headers: dict[str, str] = {}
             for name, value in self.headers.items():
                 headers[name] = f"{headers[name]},{value}" if name in headers else value
@@ -433,6 +451,20 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(payload)
+
+        def _send_asset(self, asset: Asset) -> None:
+            self.send_response(200)
+            for name, value in asset.headers().items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(asset.body)))
+            if self.headers.get("Content-Length", "0").strip() not in ("", "0"):
+                # A GET with a body: it was not read, so this connection cannot carry another request.
+                self.send_header("Connection", "close")
+                self.close_connection = True
+                self._refused_unread = True
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(asset.body)
 
         def _refuse(self, status: int, detail: str, extra_headers: dict[str, str] | None = None) -> None:
             body = problem_json(status, detail).encode()

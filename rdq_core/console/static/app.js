@@ -1,0 +1,811 @@
+// The rdq operator console: plain JavaScript, no build step, nothing loaded from elsewhere.
+// Every API call is relative ("v1/..."), so the console works under any path prefix. Text from
+// the API (payloads, error messages, stacks) is only ever inserted as text nodes, never as HTML.
+'use strict';
+
+(function () {
+  const TOKEN_KEY = 'rdq-console-token';
+  const STATUSES = ['PENDING', 'IN_FLIGHT', 'DEAD', 'SUCCEEDED', 'CANCELLED'];
+  const QUEUES_REFRESH_MS = 3000;
+  const TASK_REFRESH_MS = 1500;
+  const PAGE_SIZE = 50;
+
+  // Every route change starts a new generation; answers that arrive for an older one are dropped.
+  let generation = 0;
+  let timers = [];
+  let firstRoute = true;
+
+  // -- DOM helpers -------------------------------------------------------------------------
+  const BOOLEAN_PROPS = new Set(['hidden', 'disabled', 'checked', 'required', 'open']);
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined) continue;
+      if (name === 'class') node.className = value;
+      else if (name.startsWith('on') && typeof value === 'function') node.addEventListener(name.slice(2), value);
+      else if (BOOLEAN_PROPS.has(name)) node[name] = Boolean(value);
+      else node.setAttribute(name, String(value));
+    }
+    node.append(...nodes(children));
+    return node;
+  }
+
+  // Children as nodes: nested arrays flattened, null/undefined/false dropped, everything else
+  // a text node (strings are never parsed as HTML).
+  function nodes(children) {
+    return children.flat(Infinity)
+      .filter((child) => child !== null && child !== undefined && child !== false)
+      .map((child) => (child instanceof Node ? child : document.createTextNode(String(child))));
+  }
+
+  function setChildren(node, ...children) {
+    node.replaceChildren(...nodes(children));
+  }
+
+  const $ = (id) => document.getElementById(id);
+  const seg = (value) => encodeURIComponent(value);
+
+  function qs(params) {
+    const pairs = Object.entries(params)
+      .filter(([, value]) => value !== undefined && value !== null && value !== '')
+      .map(([name, value]) => `${encodeURIComponent(name)}=${encodeURIComponent(value)}`);
+    return pairs.length ? `?${pairs.join('&')}` : '';
+  }
+
+  function hashLink(path, params) {
+    const search = new URLSearchParams();
+    for (const [name, value] of Object.entries(params || {})) if (value) search.set(name, value);
+    const text = search.toString();
+    return `#${path}${text ? `?${text}` : ''}`;
+  }
+
+  let fieldCounter = 0;
+  function field(labelText, control, hint) {
+    const id = control.id || `f${++fieldCounter}`;
+    control.id = id;
+    const parts = [el('label', { for: id }, labelText), control];
+    if (hint) {
+      const hintNode = el('small', { id: `${id}-hint`, class: 'hint' }, hint);
+      control.setAttribute('aria-describedby', `${id}-hint`);
+      parts.push(hintNode);
+    }
+    return el('div', { class: 'field' }, parts);
+  }
+
+  function table(captionText, headers) {
+    const body = el('tbody');
+    const caption = el('caption', {}, captionText);
+    const node = el('table', { class: 'data' }, caption,
+      el('thead', {}, el('tr', {}, headers.map((h) => el('th', { scope: 'col' }, h)))), body);
+    return { node, body, caption, wrap: el('div', { class: 'table-wrap', tabindex: '0', role: 'region', 'aria-label': captionText }, node) };
+  }
+
+  function timeNode(iso) {
+    if (!iso) return '—';
+    const date = new Date(iso);
+    if (Number.isNaN(date.getTime())) return String(iso);
+    const pad = (n, w = 2) => String(n).padStart(w, '0');
+    const text = `${date.getFullYear()}-${pad(date.getMonth() + 1)}-${pad(date.getDate())} `
+      + `${pad(date.getHours())}:${pad(date.getMinutes())}:${pad(date.getSeconds())}`;
+    return el('time', { datetime: iso, title: iso }, text);
+  }
+
+  function age(seconds) {
+    if (seconds === null || seconds === undefined) return '—';
+    let s = Math.max(0, Math.round(Number(seconds)));
+    if (s < 60) return `${s} s`;
+    const d = Math.floor(s / 86400); s -= d * 86400;
+    const h = Math.floor(s / 3600); s -= h * 3600;
+    const m = Math.floor(s / 60); s -= m * 60;
+    if (d) return `${d} d ${h} h`;
+    if (h) return `${h} h ${m} min`;
+    return `${m} min ${s} s`;
+  }
+
+  function duration(startIso, endIso) {
+    if (!startIso || !endIso) return '—';
+    const ms = new Date(endIso).getTime() - new Date(startIso).getTime();
+    if (!Number.isFinite(ms)) return '—';
+    if (ms < 1000) return `${Math.max(0, Math.round(ms))} ms`;
+    if (ms < 60000) return `${(ms / 1000).toFixed(2)} s`;
+    return age(ms / 1000);
+  }
+
+  function json(value) {
+    return JSON.stringify(value, null, 2);
+  }
+
+  function statusBadge(status) {
+    return el('span', { class: `badge status-${String(status).toLowerCase()}` }, status);
+  }
+
+  // -- messages ----------------------------------------------------------------------------
+  class ApiError extends Error {
+    constructor(status, title, detail, field) {
+      super(detail || title || `HTTP ${status}`);
+      this.status = status;
+      this.title = title;
+      this.detail = detail;
+      this.field = field;
+    }
+  }
+
+  function describe(error) {
+    if (error instanceof ApiError) {
+      const head = error.status ? `${error.status} ${error.title || ''}`.trim() : (error.title || 'Error');
+      const fieldNote = error.field ? ` (field: ${error.field})` : '';
+      return `${head}: ${error.detail || 'no detail given'}${fieldNote}`;
+    }
+    return error && error.message ? error.message : String(error);
+  }
+
+  function showError(error) {
+    $('error-text').textContent = describe(error);
+    $('error-box').hidden = false;
+  }
+
+  function clearError() {
+    $('error-box').hidden = true;
+    $('error-text').textContent = '';
+  }
+
+  function say(text) {
+    $('status-line').textContent = text;
+  }
+
+  // -- the API -----------------------------------------------------------------------------
+  function token() {
+    try { return sessionStorage.getItem(TOKEN_KEY) || ''; } catch (e) { return ''; }
+  }
+
+  function refreshTokenButton() {
+    $('forget-token').hidden = !token();
+  }
+
+  async function api(method, path, body) {
+    const headers = { Accept: 'application/json' };
+    if (body !== undefined) headers['Content-Type'] = 'application/json';
+    const bearer = token();
+    if (bearer) headers.Authorization = `Bearer ${bearer}`;
+    let response;
+    try {
+      response = await fetch(path, {
+        method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+        credentials: 'omit', cache: 'no-store', redirect: 'error',
+      });
+    } catch (e) {
+      throw new ApiError(0, 'Network error', `the console could not reach its server (${e.message})`);
+    }
+    const text = await response.text();
+    let data = null;
+    try { data = text ? JSON.parse(text) : null; } catch (e) { data = null; }
+    if (!response.ok) {
+      const problem = data && typeof data === 'object' ? data : {};
+      const challenge = (response.headers.get('WWW-Authenticate') || '').toLowerCase();
+      if (response.status === 401 && challenge.startsWith('bearer')) askForToken();
+      throw new ApiError(response.status, problem.title || response.statusText,
+        typeof problem.detail === 'string' ? problem.detail : (text.slice(0, 300) || response.statusText),
+        typeof problem.field === 'string' ? problem.field : undefined);
+    }
+    return data;
+  }
+
+  let tokenDialogOpen = false;
+  function askForToken() {
+    const dialog = $('token-dialog');
+    if (tokenDialogOpen) return;
+    tokenDialogOpen = true;
+    const before = document.activeElement;
+    $('token-input').value = '';
+    dialog.showModal();
+    $('token-input').focus();
+    dialog.addEventListener('close', () => {
+      tokenDialogOpen = false;
+      const value = $('token-input').value.trim();
+      $('token-input').value = '';
+      if (dialog.returnValue === 'save' && value) {
+        try { sessionStorage.setItem(TOKEN_KEY, value); } catch (e) { /* storage disabled: nothing to keep */ }
+        refreshTokenButton();
+        route();
+      } else if (before && before.focus) {
+        before.focus();
+      }
+    }, { once: true });
+  }
+
+  // A real in-page dialog; resolves true only when the operator chose the confirming button.
+  function confirmDialog(title, text, okLabel, danger) {
+    const dialog = $('confirm-dialog');
+    const before = document.activeElement;
+    $('confirm-title').textContent = title;
+    $('confirm-text').textContent = text;
+    $('confirm-ok').textContent = okLabel;
+    $('confirm-ok').className = danger ? 'danger' : '';
+    dialog.returnValue = '';
+    return new Promise((resolve) => {
+      dialog.addEventListener('close', () => {
+        if (before && before.focus && document.contains(before)) before.focus();
+        resolve(dialog.returnValue === 'confirm');
+      }, { once: true });
+      dialog.showModal();
+      (danger ? $('confirm-cancel') : $('confirm-ok')).focus();
+    });
+  }
+
+  // -- routing -----------------------------------------------------------------------------
+  function every(ms, fn) {
+    const id = setInterval(fn, ms);
+    timers.push(id);
+  }
+
+  function parseHash() {
+    const raw = location.hash.replace(/^#/, '');
+    const at = raw.indexOf('?');
+    const path = at < 0 ? raw : raw.slice(0, at);
+    const params = new URLSearchParams(at < 0 ? '' : raw.slice(at + 1));
+    let parts;
+    try {
+      parts = path.split('/').filter(Boolean).map(decodeURIComponent);
+    } catch (e) {
+      parts = ['?'];
+    }
+    return { parts, params };
+  }
+
+  function heading(text) {
+    return el('h1', { tabindex: '-1', id: 'view-title' }, text);
+  }
+
+  function route() {
+    generation += 1;
+    timers.forEach(clearInterval);
+    timers = [];
+    clearError();
+    const view = $('view');
+    view.replaceChildren();
+    const { parts, params } = parseHash();
+    const gen = generation;
+    const ctx = { view, params, alive: () => gen === generation };
+    let section = '';
+    if (parts.length === 0 || (parts[0] === 'queues' && parts.length === 1)) {
+      section = 'queues'; queuesView(ctx);
+    } else if (parts[0] === 'queues' && parts.length === 3 && parts[2] === 'tasks') {
+      section = 'queues'; tasksView(ctx, parts[1]);
+    } else if (parts[0] === 'queues' && parts.length === 3 && parts[2] === 'dlq') {
+      section = 'queues'; dlqView(ctx, parts[1]);
+    } else if (parts[0] === 'tasks' && parts.length === 2) {
+      taskView(ctx, parts[1]);
+    } else if (parts[0] === 'enqueue' && parts.length === 1) {
+      section = 'enqueue'; enqueueView(ctx);
+    } else if (parts[0] === 'audit' && parts.length === 1) {
+      section = 'audit'; auditView(ctx);
+    } else {
+      view.append(heading('Not found'), el('p', {}, 'No such page. ', el('a', { href: '#/queues' }, 'Back to the queues')));
+      document.title = 'Not found · rdq console';
+    }
+    for (const link of document.querySelectorAll('[data-nav]')) {
+      if (link.dataset.nav === section) link.setAttribute('aria-current', 'page');
+      else link.removeAttribute('aria-current');
+    }
+    const title = $('view-title');
+    if (title) {
+      document.title = `${title.textContent} · rdq console`;
+      if (!firstRoute) title.focus();
+    }
+    firstRoute = false;
+  }
+
+  // A list with a filter form, pages by cursor, and a table.
+  function pagedList(ctx, options) {
+    const list = table(options.caption, options.headers);
+    const pageInfo = el('p', { class: 'muted' });
+    const empty = el('p', { class: 'empty', hidden: true }, options.emptyText);
+    const first = el('button', { type: 'button', disabled: true }, 'First page');
+    const next = el('button', { type: 'button', disabled: true }, 'Next page');
+    const state = { cursor: null, nextCursor: null, page: 1, items: [] };
+
+    async function load() {
+      next.disabled = true;
+      try {
+        const data = await options.fetchPage(state.cursor);
+        if (!ctx.alive()) return;
+        state.items = data[options.key] || [];
+        state.nextCursor = data.next_cursor || null;
+        setChildren(list.body, state.items.map(options.row));
+        empty.hidden = state.items.length > 0;
+        list.caption.textContent = `${options.caption} (page ${state.page})`;
+        pageInfo.textContent = `Page ${state.page}: ${state.items.length} shown${state.nextCursor ? ', more on the next page' : ''}.`;
+        next.disabled = !state.nextCursor;
+        first.disabled = state.page === 1;
+        if (options.loaded) options.loaded(state);
+      } catch (error) {
+        if (ctx.alive()) showError(error);
+      }
+    }
+
+    next.addEventListener('click', () => {
+      if (!state.nextCursor) return;
+      state.cursor = state.nextCursor;
+      state.page += 1;
+      load();
+    });
+    first.addEventListener('click', () => {
+      state.cursor = null;
+      state.page = 1;
+      load();
+    });
+    const node = el('div', { class: 'paged' }, list.wrap, empty,
+      el('div', { class: 'pager', role: 'group', 'aria-label': 'Pages' }, first, next, pageInfo));
+    return { node, load, state };
+  }
+
+  function filterForm(ctx, path, fields, extra) {
+    const controls = {};
+    const items = fields.map((spec) => {
+      let control;
+      if (spec.options) {
+        control = el('select', { name: spec.name },
+          el('option', { value: '' }, spec.any || 'Any'),
+          spec.options.map((option) => el('option', { value: option }, option)));
+      } else {
+        control = el('input', { name: spec.name, autocomplete: 'off', type: 'text' });
+      }
+      control.value = ctx.params.get(spec.name) || '';
+      controls[spec.name] = control;
+      return field(spec.label, control);
+    });
+    const form = el('form', { class: 'filters', 'aria-label': 'Filters' }, items,
+      el('div', { class: 'buttons' }, el('button', { type: 'submit' }, 'Apply filters'),
+        el('a', { href: hashLink(path, extra), class: 'button-link' }, 'Clear')));
+    form.addEventListener('submit', (event) => {
+      event.preventDefault();
+      const values = { ...(extra || {}) };
+      for (const [name, control] of Object.entries(controls)) values[name] = control.value.trim();
+      const target = hashLink(path, values);
+      if (location.hash === target) route(); else location.hash = target;
+    });
+    return form;
+  }
+
+  // -- views -------------------------------------------------------------------------------
+  function queuesView(ctx) {
+    const list = table('Queues, refreshed every 3 seconds',
+      ['Queue', 'Pending', 'In flight', 'Dead', 'Succeeded', 'Cancelled', 'Oldest pending', 'State', 'Actions']);
+    const empty = el('p', { class: 'empty', hidden: true }, 'No queue holds a task yet. ',
+      el('a', { href: '#/enqueue' }, 'Enqueue one'), '.');
+    const updated = el('p', { class: 'muted', id: 'queues-updated' });
+    ctx.view.append(heading('Queues'), list.wrap, empty, updated);
+    const rows = new Map();
+    let loadFailed = false;
+
+    function makeRow(queue) {
+      const button = el('button', { type: 'button', class: 'pause' });
+      button.addEventListener('click', () => toggle(queue, button));
+      const cells = {
+        pending: el('td', { class: 'num' }), in_flight: el('td', { class: 'num' }), dead: el('td', { class: 'num' }),
+        succeeded: el('td', { class: 'num' }), cancelled: el('td', { class: 'num' }), oldest: el('td'), state: el('td'),
+      };
+      const tr = el('tr', { 'data-queue': queue },
+        el('th', { scope: 'row' }, el('a', { href: `#/queues/${seg(queue)}/tasks` }, queue)),
+        cells.pending, cells.in_flight, cells.dead, cells.succeeded, cells.cancelled, cells.oldest, cells.state,
+        el('td', { class: 'actions' },
+          el('a', { href: `#/queues/${seg(queue)}/dlq`, 'aria-label': `Dead-letter queue of ${queue}` }, 'DLQ'), ' ', button));
+      return { tr, cells, button };
+    }
+
+    function fill(row, q) {
+      row.cells.pending.textContent = q.pending;
+      row.cells.in_flight.textContent = q.in_flight;
+      row.cells.dead.textContent = q.dead;
+      row.cells.succeeded.textContent = q.succeeded;
+      row.cells.cancelled.textContent = q.cancelled;
+      row.cells.oldest.textContent = age(q.oldest_pending_age_seconds);
+      const paused = q.paused === true;
+      setChildren(row.cells.state, q.paused === undefined ? '—'
+        : el('span', { class: paused ? 'badge paused' : 'badge active' }, paused ? 'paused' : 'active'));
+      row.button.dataset.paused = String(paused);
+      row.button.textContent = paused ? 'Resume' : 'Pause';
+      row.button.setAttribute('aria-label', `${paused ? 'Resume' : 'Pause'} queue ${q.queue}`);
+    }
+
+    async function load() {
+      try {
+        const data = await api('GET', 'v1/queues');
+        if (!ctx.alive()) return;
+        if (loadFailed) { clearError(); loadFailed = false; }
+        const queues = data.queues || [];
+        const order = queues.map((q) => q.queue);
+        const same = order.length === rows.size && order.every((name, i) => list.body.rows[i] && list.body.rows[i].dataset.queue === name);
+        for (const q of queues) {
+          if (!rows.has(q.queue)) rows.set(q.queue, makeRow(q.queue));
+          fill(rows.get(q.queue), q);
+        }
+        for (const name of [...rows.keys()]) if (!order.includes(name)) rows.delete(name);
+        if (!same) {
+          const focused = document.activeElement;
+          setChildren(list.body, order.map((name) => rows.get(name).tr));
+          if (focused && list.body.contains(focused)) focused.focus();
+        }
+        empty.hidden = queues.length > 0;
+        updated.textContent = `Updated ${new Date().toLocaleTimeString()}.`;
+      } catch (error) {
+        if (ctx.alive()) { loadFailed = true; showError(error); }
+      }
+    }
+
+    async function toggle(queue, button) {
+      const resume = button.dataset.paused === 'true';
+      button.disabled = true;
+      try {
+        const answer = await api('POST', `v1/queues/${seg(queue)}:${resume ? 'resume' : 'pause'}`, {});
+        say(`Queue ${queue} ${answer && answer.paused ? 'paused' : 'resumed'}.`);
+      } catch (error) {
+        showError(error);
+      } finally {
+        button.disabled = false;
+      }
+      await load();
+    }
+
+    load();
+    every(QUEUES_REFRESH_MS, load);
+  }
+
+  function whenOf(task) {
+    switch (task.status) {
+      case 'PENDING': return ['due', task.next_attempt_at];
+      case 'IN_FLIGHT': return ['lease until', task.lease_expires_at];
+      case 'DEAD': return ['dead', task.dead_at];
+      default: return ['updated', task.updated_at];
+    }
+  }
+
+  function tasksView(ctx, queue) {
+    const path = `/queues/${seg(queue)}/tasks`;
+    const filters = filterForm(ctx, path, [
+      { name: 'status', label: 'Status', options: STATUSES, any: 'Any status' },
+      { name: 'handler', label: 'Handler' },
+      { name: 'error_type', label: 'Error type' },
+    ]);
+    const list = pagedList(ctx, {
+      caption: `Tasks in ${queue}`,
+      headers: ['Task', 'Status', 'Handler', 'Attempts', 'When', 'Last error'],
+      key: 'tasks',
+      emptyText: 'No task matches.',
+      fetchPage: (cursor) => api('GET', `v1/queues/${seg(queue)}/tasks${qs({
+        status: ctx.params.get('status'), handler: ctx.params.get('handler'),
+        error_type: ctx.params.get('error_type'), limit: PAGE_SIZE, cursor,
+      })}`),
+      row: (task) => {
+        const [label, at] = whenOf(task);
+        return el('tr', { 'data-task': task.id },
+          el('th', { scope: 'row' }, el('a', { href: `#/tasks/${seg(task.id)}` }, task.id)),
+          el('td', {}, statusBadge(task.status)),
+          el('td', {}, task.handler),
+          el('td', { class: 'num' }, task.max_attempts ? `${task.attempt_count} / ${task.max_attempts}` : task.attempt_count),
+          el('td', {}, `${label} `, timeNode(at)),
+          el('td', { class: 'wrap' }, task.last_error ? `${task.last_error.type}: ${task.last_error.message}` : '—'));
+      },
+    });
+    ctx.view.append(heading(`Tasks in ${queue}`),
+      el('p', { class: 'links' }, el('a', { href: `#/queues/${seg(queue)}/dlq` }, 'Dead-letter queue'), ' · ',
+        el('a', { href: hashLink('/enqueue', { queue }) }, 'Enqueue to this queue'), ' · ',
+        el('a', { href: hashLink('/audit', { queue }) }, 'Audit log of this queue')),
+      filters, list.node);
+    list.load();
+  }
+
+  function errorBlock(error, label) {
+    if (!error) return null;
+    return el('div', { class: 'error-info' },
+      el('p', {}, el('strong', {}, `${label}: `), el('code', { class: 'error-type' }, error.type), ' ',
+        el('span', { class: 'error-message' }, error.message)),
+      error.stack ? el('details', {}, el('summary', {}, 'Stack trace'), el('pre', { class: 'stack' }, error.stack)) : null);
+  }
+
+  function taskView(ctx, id) {
+    const body = el('div');
+    ctx.view.append(heading(`Task ${id}`), body);
+    let shown = '';
+
+    function render(task) {
+      const rows = [
+        ['Queue', el('a', { href: `#/queues/${seg(task.queue)}/tasks` }, task.queue)],
+        ['Handler', task.handler],
+        ['Status', statusBadge(task.status)],
+        ['Attempts', task.max_attempts ? `${task.attempt_count} of ${task.max_attempts}` : task.attempt_count],
+        ['Redrives', task.redrive_count],
+        ['Created', timeNode(task.created_at)],
+        ['Updated', timeNode(task.updated_at)],
+        ['Next attempt', timeNode(task.next_attempt_at)],
+        ['Lease expires', timeNode(task.lease_expires_at)],
+        ['Dead at', timeNode(task.dead_at)],
+      ];
+      const summary = el('dl', { class: 'summary' }, rows.map(([name, value]) => [el('dt', {}, name), el('dd', {}, value)]));
+      const actions = el('div', { class: 'buttons' });
+      if (task.status === 'PENDING') {
+        actions.append(el('button', { type: 'button', class: 'danger', onclick: () => cancel(task) }, 'Cancel task'));
+      }
+      if (task.status === 'DEAD') {
+        actions.append(el('a', { class: 'button-link', href: `#/queues/${seg(task.queue)}/dlq` }, 'Open the dead-letter queue'));
+      }
+      const attempts = task.attempts || [];
+      const timeline = el('ol', { class: 'timeline', 'aria-label': 'Attempt timeline' }, attempts.map((a) => el('li', {
+        class: `attempt outcome-${String(a.outcome).toLowerCase()}`, 'data-attempt': a.attempt_no,
+      },
+      el('h3', {}, `Attempt ${a.attempt_no}: `, el('span', { class: 'outcome' }, a.outcome)),
+      el('dl', { class: 'inline' },
+        el('dt', {}, 'Started'), el('dd', {}, timeNode(a.started_at)),
+        el('dt', {}, 'Finished'), el('dd', {}, timeNode(a.finished_at)),
+        el('dt', {}, 'Duration'), el('dd', { class: 'duration' }, duration(a.started_at, a.finished_at))),
+      errorBlock(a.error, 'Error'))));
+      setChildren(body, summary, actions,
+        el('h2', {}, 'Payload'), el('pre', { class: 'payload' }, json(task.payload)),
+        Object.keys(task.headers || {}).length ? [el('h2', {}, 'Headers'), el('pre', {}, json(task.headers))] : null,
+        task.result !== null && task.result !== undefined ? [el('h2', {}, 'Result'), el('pre', { class: 'result' }, json(task.result))] : null,
+        task.last_error ? [el('h2', {}, 'Last error'), errorBlock(task.last_error, 'Last error')] : null,
+        el('h2', { id: 'attempts-title' }, `Attempts (${attempts.length})`),
+        attempts.length ? timeline : el('p', { class: 'empty' }, 'Not run yet.'));
+    }
+
+    async function load() {
+      try {
+        const task = await api('GET', `v1/tasks/${seg(id)}`);
+        if (!ctx.alive()) return;
+        const key = `${task.status}|${task.updated_at}|${(task.attempts || []).length}`;
+        if (key !== shown) { shown = key; render(task); }
+        if (!['PENDING', 'IN_FLIGHT'].includes(task.status)) {
+          timers.forEach(clearInterval);
+          timers = [];
+        }
+      } catch (error) {
+        if (ctx.alive()) { showError(error); timers.forEach(clearInterval); timers = []; }
+      }
+    }
+
+    async function cancel(task) {
+      const ok = await confirmDialog('Cancel task', `Cancel task ${task.id}? It will not run.`, 'Cancel task', true);
+      if (!ok) return;
+      try {
+        await api('DELETE', `v1/tasks/${seg(task.id)}`);
+        say(`Task ${task.id} cancelled.`);
+      } catch (error) {
+        showError(error);
+      }
+      load();
+    }
+
+    load();
+    every(TASK_REFRESH_MS, load);
+  }
+
+  function dlqView(ctx, queue) {
+    const path = `/queues/${seg(queue)}/dlq`;
+    const errorType = ctx.params.get('error_type') || '';
+    const handlerName = ctx.params.get('handler') || '';
+    const filters = filterForm(ctx, path, [
+      { name: 'error_type', label: 'Error type' },
+      { name: 'handler', label: 'Handler' },
+    ]);
+    const selected = new Set();
+    const selectAll = el('input', { type: 'checkbox', id: 'dlq-select-all' });
+    const scope = el('p', { class: 'scope', id: 'dlq-scope' });
+    const redrive = el('button', { type: 'button', 'aria-describedby': 'dlq-scope' }, 'Redrive…');
+    const purge = el('button', { type: 'button', class: 'danger', 'aria-describedby': 'dlq-scope' }, 'Purge…');
+
+    function selection() {
+      if (selected.size) return { body: { ids: [...selected] }, text: `the ${selected.size} selected task(s)` };
+      const body = {};
+      const parts = [];
+      if (errorType) { body.error_type = errorType; parts.push(`error type ${errorType}`); }
+      if (handlerName) { body.handler = handlerName; parts.push(`handler ${handlerName}`); }
+      if (parts.length) return { body, text: `every dead task with ${parts.join(' and ')}` };
+      return { body: { all: true }, text: `every dead task in ${queue}` };
+    }
+
+    function updateScope() {
+      scope.textContent = `Bulk actions apply to ${selection().text}.`;
+      const boxes = [...document.querySelectorAll('input[data-select]')];
+      selectAll.checked = boxes.length > 0 && boxes.every((box) => box.checked);
+    }
+
+    const list = pagedList(ctx, {
+      caption: `Dead tasks in ${queue}`,
+      headers: [el('span', {}, el('label', { for: 'dlq-select-all', class: 'visually-hidden' }, 'Select every task on this page'), selectAll),
+        'Task', 'Handler', 'Error type', 'Message', 'Attempts', 'Dead at'],
+      key: 'tasks',
+      emptyText: 'No dead task matches.',
+      fetchPage: (cursor) => api('GET', `v1/queues/${seg(queue)}/dlq${qs({
+        error_type: errorType, handler: handlerName, limit: PAGE_SIZE, cursor,
+      })}`),
+      row: (task) => {
+        const box = el('input', { type: 'checkbox', 'data-select': task.id, id: `select-${task.id}`, checked: selected.has(task.id) });
+        box.addEventListener('change', () => {
+          if (box.checked) selected.add(task.id); else selected.delete(task.id);
+          updateScope();
+        });
+        const error = task.last_error || {};
+        return el('tr', { 'data-task': task.id },
+          el('td', {}, el('label', { for: `select-${task.id}`, class: 'visually-hidden' }, `Select task ${task.id}`), box),
+          el('th', { scope: 'row' }, el('a', { href: `#/tasks/${seg(task.id)}` }, task.id)),
+          el('td', {}, task.handler),
+          el('td', {}, el('code', {}, error.type || '—')),
+          el('td', { class: 'wrap' }, error.message || ''),
+          el('td', { class: 'num' }, (task.attempts || []).length || task.attempt_count),
+          el('td', {}, timeNode(task.dead_at)));
+      },
+      loaded: () => updateScope(),
+    });
+    selectAll.addEventListener('change', () => {
+      for (const box of document.querySelectorAll('input[data-select]')) {
+        box.checked = selectAll.checked;
+        if (box.checked) selected.add(box.dataset.select); else selected.delete(box.dataset.select);
+      }
+      updateScope();
+    });
+
+    async function bulk(action, button) {
+      const verb = action === 'redrive' ? 'Redrive' : 'Purge';
+      const chosen = selection();
+      button.disabled = true;
+      try {
+        const dry = await api('POST', `v1/queues/${seg(queue)}/dlq:${action}`, { ...chosen.body, dry_run: true });
+        if (!dry || typeof dry.matched !== 'number') {
+          throw new ApiError(0, 'Unexpected answer', 'the API did not answer the dry run with a count of matching tasks');
+        }
+        if (dry.matched === 0) {
+          say(`No dead task matches: nothing to ${action}.`);
+          return;
+        }
+        const text = action === 'redrive'
+          ? `${dry.matched} task(s) match: ${chosen.text}. Redrive them? Each goes back to PENDING with a fresh retry budget.`
+          : `${dry.matched} task(s) match: ${chosen.text}. Purge them? They are deleted for good.`;
+        if (!await confirmDialog(`${verb} dead tasks`, text, `${verb} ${dry.matched}`, action === 'purge')) return;
+        const done = await api('POST', `v1/queues/${seg(queue)}/dlq:${action}`, chosen.body);
+        const count = action === 'redrive' ? done.redriven : done.purged;
+        say(`${verb}: ${count} task(s) ${action === 'redrive' ? 'redriven' : 'purged'}.`);
+        selected.clear();
+        list.state.cursor = null;
+        list.state.page = 1;
+        await list.load();
+      } catch (error) {
+        showError(error);
+      } finally {
+        button.disabled = false;
+      }
+    }
+
+    redrive.addEventListener('click', () => bulk('redrive', redrive));
+    purge.addEventListener('click', () => bulk('purge', purge));
+    ctx.view.append(heading(`Dead-letter queue of ${queue}`),
+      el('p', { class: 'links' }, el('a', { href: `#/queues/${seg(queue)}/tasks` }, 'All tasks of this queue')),
+      filters,
+      el('div', { class: 'bulk', role: 'group', 'aria-label': 'Bulk actions' }, scope, el('div', { class: 'buttons' }, redrive, purge)),
+      list.node);
+    updateScope();
+    list.load();
+  }
+
+  function enqueueView(ctx) {
+    const queue = el('input', { id: 'enqueue-queue', name: 'queue', required: true, autocomplete: 'off' });
+    queue.value = ctx.params.get('queue') || '';
+    const handlerInput = el('input', { id: 'enqueue-handler', name: 'handler', required: true, autocomplete: 'off' });
+    const payload = el('textarea', { id: 'enqueue-payload', name: 'payload', rows: '8', spellcheck: 'false' });
+    payload.value = '{}';
+    const payloadError = el('p', { id: 'enqueue-payload-error', class: 'field-error', hidden: true });
+    const delay = el('input', { id: 'enqueue-delay', name: 'delay_seconds', type: 'number', min: '0', step: 'any', inputmode: 'decimal' });
+    const attempts = el('input', { id: 'enqueue-max-attempts', name: 'max_attempts', type: 'number', min: '1', step: '1', inputmode: 'numeric' });
+    const taskId = el('input', { id: 'enqueue-id', name: 'id', autocomplete: 'off' });
+    const controls = { queue, handler: handlerInput, payload, delay_seconds: delay, max_attempts: attempts, id: taskId };
+
+    function checkPayload() {
+      try {
+        JSON.parse(payload.value.trim() || 'null');
+        payload.removeAttribute('aria-invalid');
+        payload.setAttribute('aria-describedby', 'enqueue-payload-hint');
+        payloadError.hidden = true;
+        payloadError.textContent = '';
+        return true;
+      } catch (e) {
+        payload.setAttribute('aria-invalid', 'true');
+        payload.setAttribute('aria-describedby', 'enqueue-payload-hint enqueue-payload-error');
+        payloadError.textContent = `The payload is not valid JSON: ${e.message}`;
+        payloadError.hidden = false;
+        return false;
+      }
+    }
+    payload.addEventListener('input', checkPayload);
+
+    const form = el('form', { class: 'enqueue', 'aria-labelledby': 'view-title', novalidate: true },
+      field('Queue', queue),
+      field('Handler', handlerInput),
+      el('div', { class: 'field' }, el('label', { for: 'enqueue-payload' }, 'Payload (JSON)'), payload,
+        el('small', { id: 'enqueue-payload-hint', class: 'hint' }, 'Any JSON value; {} when there is nothing to pass.'), payloadError),
+      field('Delay in seconds (optional)', delay),
+      field('Max attempts (optional)', attempts, 'Empty: the queue\'s policy.'),
+      field('Task id (optional)', taskId, 'Empty: one is generated. An existing id on this queue returns that task.'),
+      el('div', { class: 'buttons' }, el('button', { type: 'submit' }, 'Enqueue')));
+    payload.setAttribute('aria-describedby', 'enqueue-payload-hint');
+
+    form.addEventListener('submit', async (event) => {
+      event.preventDefault();
+      for (const control of Object.values(controls)) if (control !== payload) control.removeAttribute('aria-invalid');
+      clearError();
+      const missing = [queue, handlerInput].filter((c) => !c.value.trim());
+      missing.forEach((c) => c.setAttribute('aria-invalid', 'true'));
+      if (missing.length) {
+        showError(new Error(`Fill in: ${missing.map((c) => (c === queue ? 'queue' : 'handler')).join(', ')}.`));
+        missing[0].focus();
+        return;
+      }
+      if (!checkPayload()) { payload.focus(); return; }
+      const body = { handler: handlerInput.value.trim(), payload: JSON.parse(payload.value.trim() || 'null') };
+      if (delay.value !== '') body.delay_seconds = Number(delay.value);
+      if (attempts.value !== '') body.max_attempts = Number(attempts.value);
+      if (taskId.value.trim()) body.id = taskId.value.trim();
+      const button = form.querySelector('button[type=submit]');
+      button.disabled = true;
+      try {
+        const task = await api('POST', `v1/queues/${seg(queue.value.trim())}/tasks`, body);
+        say(task.created === false ? `Task ${task.id} already existed on ${task.queue}.` : `Task ${task.id} enqueued on ${task.queue}.`);
+        location.hash = `#/tasks/${seg(task.id)}`;
+      } catch (error) {
+        const control = error instanceof ApiError && error.field ? controls[error.field] : null;
+        if (control) { control.setAttribute('aria-invalid', 'true'); control.focus(); }
+        showError(error);
+      } finally {
+        button.disabled = false;
+      }
+    });
+    ctx.view.append(heading('Enqueue a task'), form);
+  }
+
+  function auditView(ctx) {
+    const queue = ctx.params.get('queue') || '';
+    const filters = filterForm(ctx, '/audit', [{ name: 'queue', label: 'Queue' }]);
+    const list = pagedList(ctx, {
+      caption: queue ? `Audit log of ${queue}, newest first` : 'Audit log, newest first',
+      headers: ['Time', 'Actor', 'Action', 'Queue', 'Selection', 'Count'],
+      key: 'entries',
+      emptyText: 'No entry.',
+      fetchPage: (cursor) => api('GET', `v1/audit${qs({ queue, limit: PAGE_SIZE, cursor })}`),
+      row: (entry) => el('tr', { 'data-entry': entry.id },
+        el('td', {}, timeNode(entry.at)),
+        el('td', {}, entry.actor),
+        el('td', {}, entry.action),
+        el('td', {}, entry.queue ? el('a', { href: `#/queues/${seg(entry.queue)}/tasks` }, entry.queue) : '—'),
+        el('td', { class: 'wrap' }, el('code', {}, entry.selection ? JSON.stringify(entry.selection) : '—')),
+        el('td', { class: 'num' }, entry.count === null || entry.count === undefined ? '—' : entry.count)),
+    });
+    ctx.view.append(heading('Audit log'), filters, list.node);
+    list.load();
+  }
+
+  // -- start -------------------------------------------------------------------------------
+  function start() {
+    $('error-dismiss').addEventListener('click', clearError);
+    $('forget-token').addEventListener('click', () => {
+      try { sessionStorage.removeItem(TOKEN_KEY); } catch (e) { /* nothing stored */ }
+      refreshTokenButton();
+      say('The token is forgotten.');
+    });
+    $('find-task').addEventListener('submit', (event) => {
+      event.preventDefault();
+      const id = $('find-task-id').value.trim();
+      if (id) location.hash = `#/tasks/${seg(id)}`;
+    });
+    $('skip-link').addEventListener('click', (event) => {
+      event.preventDefault();
+      const title = $('view-title');
+      (title || $('view')).focus();
+    });
+    window.addEventListener('hashchange', route);
+    refreshTokenButton();
+    if (!location.hash) history.replaceState(null, '', '#/queues');
+    route();
+  }
+
+  if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', start);
+  else start();
+}());
