@@ -1,21 +1,15 @@
 """``HttpClient`` end to end against ``rdq dev`` (a subprocess on a kernel-chosen loopback port,
-SQLite in a tmp dir, bearer token), and through a loopback proxy this test owns that checks SigV4
-signatures with botocore or injects faults (503s, a response lost after the request went through).
+SQLite in a tmp dir, bearer token), and through a loopback proxy (``tests/rdq_servers.py``) that checks
+SigV4 signatures with botocore or injects faults (503s, a response lost after the request went through).
 """
 
 from __future__ import annotations
 
-import hmac
-import http.client
 import json
 import os
-import re
 import socket
-import subprocess
 import sys
-import threading
-from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -34,44 +28,15 @@ from rdq_core.errors import (
 )
 from rdq_core.http_client import ApiKey, BearerToken, HttpClient, SigV4
 from rdq_core.model import Backoff, TaskStatus
-from rdq_core.compliance.servers import stop_process
-from tests.loopback import rdq_dev_address, without_rdq_settings
+from tests.rdq_servers import ACCESS_KEY, REGION, SECRET_KEY, DevServer, Proxy
 
-REPO = Path(__file__).resolve().parents[2]
 TOKEN = "http-client-token-7"
-ACCESS_KEY, SECRET_KEY, REGION = "AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "eu-west-1"
 FAST = {"initial_seconds": 0.2, "factor": 2, "max_seconds": 1, "jitter": 0}
-
-
-class DevServer:
-    """``rdq --storage sqlite:///… dev --port 0`` as a subprocess this module owns."""
-
-    def __init__(self, workdir: Path) -> None:
-        env = {**without_rdq_settings(os.environ), "RDQ_API_TOKEN": TOKEN, "RDQ_DEV_WORKER_EVERY_SECONDS": "0.3",
-               "RDQ_DEV_REAPER_EVERY_SECONDS": "1", "POWERTOOLS_LOG_LEVEL": "WARNING", "PYTHONPATH": str(REPO)}
-        self.storage_url = f"sqlite:///{workdir}/dev.db"
-        self.out, self.err = workdir / "dev.out", workdir / "dev.err"
-        with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "rdq_core.cli", "--storage", self.storage_url, "dev", "--port", "0"],
-                cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
-
-        def ready() -> int | None:
-            if self.process.poll() is not None:
-                raise AssertionError(f"rdq dev exited: {self.out.read_text()}{self.err.read_text()[-2000:]}")
-            address = rdq_dev_address(self.out.read_text(errors="replace"))
-            return address[1] if address else None
-
-        self.port: int = wait_until(ready, 30, what="rdq dev's banner")
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        stop_process(self.process, timeout=20)  # SIGTERM (rdq dev drains), then SIGKILL
 
 
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
-    server = DevServer(tmp_path_factory.mktemp("rdq-dev"))
+    server = DevServer(tmp_path_factory.mktemp("rdq-dev"), token=TOKEN)
     try:
         yield server
     finally:
@@ -92,97 +57,6 @@ def fresh_queue() -> str:
 
 def status_of(rdq: HttpClient, task_id: str, status: TaskStatus, timeout: float = 30) -> Any:
     return wait_until(lambda: (task := rdq.get(task_id)).status is status and task, timeout, what=f"{task_id} {status.value}")
-
-
-# -- a loopback proxy: SigV4 verifier and fault injector ---------------------------------------
-def sigv4_valid(method: str, path: str, headers: Any, body: bytes) -> bool:
-    """Recompute the signature with the known secret, over exactly the headers the client signed."""
-    from botocore.auth import SigV4Auth
-    from botocore.awsrequest import AWSRequest
-    from botocore.credentials import Credentials
-
-    found = re.fullmatch(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request, "
-                         r"SignedHeaders=([a-z0-9;-]+), Signature=([0-9a-f]{64})", headers.get("Authorization") or "")
-    if not found or found[1] != ACCESS_KEY or found[3] != REGION or found[4] != "execute-api":
-        return False
-    stamp = headers.get("X-Amz-Date") or ""
-    try:
-        signed_at = datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
-    except ValueError:
-        return False
-    if abs(datetime.now(timezone.utc) - signed_at) > timedelta(minutes=5):
-        return False
-    signed = found[5].split(";")
-    if "host" not in signed or any(headers.get(name) is None for name in signed):
-        return False
-    request = AWSRequest(method=method, url=f"http://{headers['Host']}{path}", data=body,
-                         headers={name: headers[name] for name in signed})
-    request.context["timestamp"] = stamp
-    signer = SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "execute-api", REGION)
-    expected = signer.signature(signer.string_to_sign(request, signer.canonical_request(request)), request)
-    return hmac.compare_digest(expected, found[6])
-
-
-class Proxy:
-    """Forwards to rdq dev with its bearer token. ``faults`` are used up one per request:
-    ``"503"`` answers 503 without forwarding, ``"drop"`` forwards and then closes the connection
-    without answering (the response is lost). ``log`` records (method, path, upstream status)."""
-
-    def __init__(self, upstream: DevServer, *, sigv4: bool = False, faults: tuple[str, ...] = ()) -> None:
-        self.faults = list(faults)
-        self.log: list[tuple[str, str, int]] = []
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def handle_one(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if sigv4 and not sigv4_valid(self.command, self.path, self.headers, body):
-                    return self.answer(403, b'{"title": "Forbidden", "status": 403, "detail": "signature mismatch"}')
-                fault = proxy.faults.pop(0) if proxy.faults else None
-                if fault == "503":
-                    proxy.log.append((self.command, self.path, 503))
-                    return self.answer(503, b'{"title": "Service Unavailable", "status": 503, "detail": "injected"}')
-                forward = http.client.HTTPConnection("127.0.0.1", upstream.port, timeout=15)
-                try:
-                    headers = {"Authorization": f"Bearer {TOKEN}"}
-                    if self.headers.get("Content-Type"):
-                        headers["Content-Type"] = self.headers["Content-Type"]
-                    forward.request(self.command, self.path, body=body if body else None, headers=headers)
-                    response = forward.getresponse()
-                    status, payload = response.status, response.read()
-                finally:
-                    forward.close()
-                proxy.log.append((self.command, self.path, status))
-                if fault == "drop":
-                    self.close_connection = True
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    return None
-                return self.answer(status, payload)
-
-            def answer(self, status: int, payload: bytes) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/problem+json" if status >= 400 else "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            do_GET = do_POST = do_DELETE = handle_one
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture
