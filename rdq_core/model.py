@@ -255,16 +255,22 @@ class Settlement:
 
 
 @dataclass(frozen=True)
-class DeadFilter:
-    """Selects dead tasks of one queue: by ids, or by error type / handler (None = any)."""
+class TaskFilter:
+    """Selects tasks of one queue: by ids, or by the last error's type / handler (None = any)."""
 
     ids: tuple[str, ...] | None = None
     error_type: str | None = None
     handler: str | None = None
 
 
+#: The dead-letter operations' name for the same filter.
+DeadFilter = TaskFilter
+
+
 @dataclass(frozen=True)
-class DeadPage:
+class TaskPage:
+    """One keyset page of tasks, and the opaque cursor of the next one (None on the last page)."""
+
     tasks: tuple[Task, ...]
     next_cursor: str | None
 
@@ -272,8 +278,12 @@ class DeadPage:
         return {"tasks": [t.to_dict() for t in self.tasks], "next_cursor": self.next_cursor}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "DeadPage":
+    def from_dict(cls, data: Mapping[str, Any]) -> "TaskPage":
         return cls(tasks=tuple(Task.from_dict(t) for t in data.get("tasks") or ()), next_cursor=data.get("next_cursor"))
+
+
+#: A page of the dead-letter queue (tasks carry their attempts).
+DeadPage = TaskPage
 
 
 @dataclass(frozen=True)
@@ -285,6 +295,8 @@ class QueueStats:
     succeeded: int
     cancelled: int
     oldest_pending_age_seconds: float
+    #: Workers claim nothing from a paused queue; enqueues are still accepted.
+    paused: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -295,6 +307,7 @@ class QueueStats:
             "succeeded": self.succeeded,
             "cancelled": self.cancelled,
             "oldest_pending_age_seconds": self.oldest_pending_age_seconds,
+            "paused": self.paused,
         }
 
     @classmethod
@@ -307,7 +320,49 @@ class QueueStats:
             succeeded=int(data["succeeded"]),
             cancelled=int(data["cancelled"]),
             oldest_pending_age_seconds=float(data["oldest_pending_age_seconds"]),
+            paused=bool(data.get("paused", False)),
         )
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One operator action as the audit trail keeps it: who did what to which queue, when (by
+    the store's clock), with what selection, and how many tasks it changed."""
+
+    id: str
+    at: datetime
+    actor: str
+    action: str
+    queue: str
+    selection: Mapping[str, Any] = field(default_factory=dict)
+    count: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "at": _iso(self.at), "actor": self.actor, "action": self.action, "queue": self.queue,
+                "selection": dict(self.selection), "count": self.count}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "AuditEntry":
+        at = _parse_iso(data["at"])
+        assert at is not None, "an audit entry has a time"
+        return cls(id=data["id"], at=at, actor=data["actor"], action=data["action"], queue=data["queue"],
+                   selection=dict(data.get("selection") or {}), count=int(data.get("count") or 0))
+
+
+@dataclass(frozen=True)
+class AuditPage:
+    """Audit entries, newest first, and the cursor of the next (older) page."""
+
+    entries: tuple[AuditEntry, ...]
+    next_cursor: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"entries": [e.to_dict() for e in self.entries], "next_cursor": self.next_cursor}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "AuditPage":
+        return cls(entries=tuple(AuditEntry.from_dict(e) for e in data.get("entries") or ()),
+                   next_cursor=data.get("next_cursor"))
 
 
 def _iso(value: datetime | None) -> str | None:

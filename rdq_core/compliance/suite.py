@@ -12,6 +12,7 @@ one promise of the storage SPI (see ``spi.py``); a backend's test class subclass
 | ``history.py``        | attempt numbering through retries, reaping, dead-lettering, redrive |
 | ``dlq.py``            | paging, filters, cursors, redrive, purge                            |
 | ``operator.py``       | get, cancel, stats, queues, retention                               |
+| ``browsing.py``       | listings by status, counts, cancel by filter, pause, the audit trail |
 | ``bounds.py``         | round-trip budgets, an unreachable server                           |
 | ``engine.py``         | the runner on this backend                                          |
 | ``runner_paths.py``   | the runner's own paths (buffers, heartbeats, deadlines)             |
@@ -28,6 +29,7 @@ import pytest
 from ..storage import open_storage
 from ..storage.spi import Storage
 from .bounds import BoundsCompliance
+from .browsing import BrowsingCompliance
 from .capabilities import Capabilities
 from .chaos_compliance import ChaosCompliance
 from .claim import ClaimCompliance
@@ -53,6 +55,7 @@ class StorageCompliance(
     HistoryCompliance,
     DeadLetterCompliance,
     OperatorCompliance,
+    BrowsingCompliance,
     BoundsCompliance,
     EngineCompliance,
     StatefulCompliance,

@@ -33,13 +33,26 @@ What the core owns, so no backend writes it again:
 from __future__ import annotations
 
 import abc
+import json
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
-from ..errors import InvalidInput, RdqError, StaleClaim, StorageUnavailable, TaskConflict, TaskNotFound, UnsupportedOperation
+from ..errors import (
+    InvalidCursor,
+    InvalidInput,
+    RdqError,
+    StaleClaim,
+    StorageUnavailable,
+    TaskConflict,
+    TaskNotFound,
+    UnsupportedOperation,
+)
+from ..ids import new_task_id
 from ..model import (
+    AuditEntry,
+    AuditPage,
     ClaimedTask,
     ClaimRef,
     DeadFilter,
@@ -49,29 +62,68 @@ from ..model import (
     QueueStats,
     Settlement,
     Task,
+    TaskFilter,
+    TaskPage,
     TaskStatus,
 )
 from .codec import Record, RecordCodec
-from .spi import Storage, decode_dead_cursor, encode_dead_cursor, from_micros, storable_error
+from .spi import (
+    Storage,
+    decode_audit_cursor,
+    decode_dead_cursor,
+    decode_task_cursor,
+    encode_audit_cursor,
+    encode_dead_cursor,
+    encode_task_cursor,
+    from_micros,
+    storable_error,
+    storable_json,
+    storable_text,
+)
 
 #: Counts per status, as ``stats`` primitives return them (missing statuses count 0).
 StatusCounts = Mapping[str, int]
 
 
+#: The instant each status's tasks are listed by (then by id): what runs next, what expires
+#: next, what died first, what finished first. Every backend indexes tasks of one queue and status
+#: this way (the claim, the reaper, the DLQ and retention walk the same orders).
+ORDER_FIELD: Mapping[TaskStatus, str] = {
+    TaskStatus.PENDING: "next_attempt_at",
+    TaskStatus.IN_FLIGHT: "lease_expires_at",
+    TaskStatus.DEAD: "dead_at",
+    TaskStatus.SUCCEEDED: "updated_at",
+    TaskStatus.CANCELLED: "updated_at",
+}
+
+#: The order in which a listing without a status walks the statuses.
+LISTING_ORDER = (TaskStatus.PENDING, TaskStatus.IN_FLIGHT, TaskStatus.DEAD, TaskStatus.SUCCEEDED, TaskStatus.CANCELLED)
+
+
 @dataclass(frozen=True)
-class DeadSelection:
-    """Which dead tasks of one queue an operation means: the filter, and for a page, the keyset
-    position after which it starts (``after``: dead_at in epoch microseconds, task id)."""
+class Selection:
+    """Which tasks of one queue, in one status, an operation means: the filter and, for a page,
+    the keyset position after which it starts (``after``: the status's ``order_field`` in epoch
+    microseconds, then the task id)."""
 
     queue: str
+    status: TaskStatus = TaskStatus.DEAD
     ids: tuple[str, ...] | None = None
     error_type: str | None = None
     handler: str | None = None
     after: tuple[int, str] | None = None
 
     @property
-    def after_dead_at(self) -> datetime | None:
+    def order_field(self) -> str:
+        """The record field this selection's tasks are ordered by (then by id)."""
+        return ORDER_FIELD[self.status]
+
+    @property
+    def after_time(self) -> datetime | None:
         return None if self.after is None else from_micros(self.after[0])
+
+    #: The dead-letter name of ``after_time`` (the DLQ is ordered by dead_at).
+    after_dead_at = after_time
 
     @property
     def after_id(self) -> str | None:
@@ -81,6 +133,10 @@ class DeadSelection:
     def matches_nothing(self) -> bool:
         """An empty id list selects nothing: no store is asked."""
         return self.ids is not None and not self.ids
+
+
+#: The dead-letter operations' name for a selection (status DEAD).
+DeadSelection = Selection
 
 
 @dataclass(frozen=True)
@@ -170,9 +226,18 @@ class StorageCore(Storage, abc.ABC):
         ``(None, False)`` when absent."""
 
     @abc.abstractmethod
-    def _dead_page(self, selection: DeadSelection, limit: int) -> Sequence[Record]:
-        """Up to ``limit`` selected dead records (with attempts) ordered by ``(dead_at, id)``,
-        after ``selection.after``."""
+    def _page(self, selection: Selection, limit: int, history: bool) -> Sequence[Record]:
+        """Up to ``limit`` selected records of ``selection.status`` ordered by
+        ``(selection.order_field, id)``, after ``selection.after``; with their ``attempts`` when
+        ``history`` (else none need be loaded)."""
+
+    @abc.abstractmethod
+    def _count(self, selection: Selection) -> int:
+        """How many tasks the selection (status and filter; never ``after``) holds."""
+
+    @abc.abstractmethod
+    def _cancel_selected(self, selection: Selection) -> int:
+        """Selected PENDING → CANCELLED (``selection.status`` is PENDING); the count."""
 
     @abc.abstractmethod
     def _redrive(self, selection: DeadSelection) -> int:
@@ -193,6 +258,25 @@ class StorageCore(Storage, abc.ABC):
     @abc.abstractmethod
     def _purge_finished(self, older_than_seconds: float, limit: int) -> int:
         """Delete up to ``limit`` SUCCEEDED/CANCELLED tasks last updated before the cutoff."""
+
+    @abc.abstractmethod
+    def _set_paused(self, queue: str, paused: bool) -> None:
+        """Record whether ``queue`` is paused. ``_claim`` of a paused queue claims nothing, checked
+        in the claim's own step or before it: a claim that starts after this returns sees it."""
+
+    @abc.abstractmethod
+    def _paused(self) -> Sequence[str]:
+        """Names of the paused queues."""
+
+    @abc.abstractmethod
+    def _audit_append(self, entry: Mapping[str, Any]) -> Any:
+        """Store one audit entry (``id, actor, action, queue, selection`` as JSON text, ``count``),
+        stamped with the store's clock; returns that time as the store keeps it."""
+
+    @abc.abstractmethod
+    def _audit_page(self, queue: str | None, before: tuple[int, str] | None, limit: int) -> Sequence[Record]:
+        """Up to ``limit`` audit entries (of ``queue``, or all) newest first by ``(at, id)``,
+        strictly before ``before``; records with the fields of ``_audit_append`` plus ``at``."""
 
     # -- the SPI ---------------------------------------------------------------------------
     def now(self) -> datetime:
@@ -307,15 +391,14 @@ class StorageCore(Storage, abc.ABC):
     def list_dead(
         self, queue: str, *, limit: int, cursor: str | None = None, filter: DeadFilter = DeadFilter()
     ) -> DeadPage:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidInput("limit must be a positive integer", field="limit")
+        _require_limit(limit)
         after = decode_dead_cursor(queue, cursor) if cursor is not None else None
         selection = self._selection(queue, filter, after)
         if selection.matches_nothing:
             return DeadPage(tasks=(), next_cursor=None)
         # One record beyond the page tells whether another page exists.
         with self.translated_errors():
-            records = self._dead_page(selection, limit + 1)
+            records = self._page(selection, limit + 1, True)
         tasks = tuple(self.codec.task(r) for r in records[:limit])
         next_cursor = None
         if len(records) > limit:
@@ -351,6 +434,7 @@ class StorageCore(Storage, abc.ABC):
             succeeded=counts.get(TaskStatus.SUCCEEDED.value, 0),
             cancelled=counts.get(TaskStatus.CANCELLED.value, 0),
             oldest_pending_age_seconds=max(0.0, float(found.oldest_due_age_seconds or 0.0)),
+            paused=queue in self.paused_queues(),
         )
 
     def list_queues(self) -> list[str]:
@@ -363,9 +447,100 @@ class StorageCore(Storage, abc.ABC):
         with self.translated_errors():
             return self._purge_finished(max(0.0, float(older_than_seconds)), int(limit))
 
+    def list_tasks(
+        self, queue: str, *, status: TaskStatus | None = None, limit: int, cursor: str | None = None,
+        filter: TaskFilter = TaskFilter(),
+    ) -> TaskPage:
+        _require_limit(limit)
+        statuses = LISTING_ORDER if status is None else (_status(status),)
+        start, after = 0, None
+        if cursor is not None:
+            cursor_status, micros, after_id = decode_task_cursor(queue, cursor)
+            if cursor_status not in statuses:
+                raise InvalidCursor()
+            start, after = statuses.index(cursor_status), (micros, after_id)
+        # Each status is asked for what the page still needs plus one: one record beyond the page
+        # tells whether another page exists, so a page costs at most len(statuses) store calls.
+        found: list[tuple[TaskStatus, Task]] = []
+        for listed in statuses[start:]:
+            selection = self._selection(queue, filter, after, listed)
+            after = None
+            if selection.matches_nothing:
+                break
+            with self.translated_errors():
+                records = self._page(selection, limit - len(found) + 1, False)
+            found.extend((listed, self.codec.task(r)) for r in records)
+            if len(found) > limit:
+                break
+        next_cursor = None
+        if len(found) > limit:
+            last_status, last = found[limit - 1]
+            at = getattr(last, ORDER_FIELD[last_status])
+            assert at is not None, f"a {last_status.value} task has a {ORDER_FIELD[last_status]}"
+            next_cursor = encode_task_cursor(queue, last_status, at, last.id)
+        return TaskPage(tasks=tuple(task for _, task in found[:limit]), next_cursor=next_cursor)
+
+    def count_tasks(self, queue: str, status: TaskStatus, filter: TaskFilter = TaskFilter()) -> int:
+        selection = self._selection(queue, filter, None, _status(status))
+        if selection.matches_nothing:
+            return 0
+        with self.translated_errors():
+            return int(self._count(selection))
+
+    def cancel_selected(self, queue: str, filter: TaskFilter) -> int:
+        selection = self._selection(queue, filter, None, TaskStatus.PENDING)
+        if selection.matches_nothing:
+            return 0
+        with self.translated_errors():
+            return int(self._cancel_selected(selection))
+
+    def set_paused(self, queue: str, paused: bool) -> None:
+        _require_text(queue, "queue")
+        if not isinstance(paused, bool):
+            raise InvalidInput("paused must be true or false", field="paused")
+        with self.translated_errors():
+            self._set_paused(queue, paused)
+
+    def paused_queues(self) -> set[str]:
+        with self.translated_errors():
+            return set(self._paused())
+
+    def record_audit(self, *, actor: str, action: str, queue: str, selection: Any, count: int) -> AuditEntry:
+        for name, value in (("actor", actor), ("action", action), ("queue", queue)):
+            _require_text(value, name)
+        entry = {"id": new_task_id(), "actor": storable_text(actor)[:_AUDIT_ACTOR_CHARS], "action": action,
+                 "queue": queue, "selection": storable_json(selection if selection is not None else {}),
+                 "count": int(count)}
+        with self.translated_errors():
+            at = self._audit_append(entry)
+        return self._audit_entry({**entry, "at": at})
+
+    def list_audit(self, *, queue: str | None = None, limit: int, cursor: str | None = None) -> AuditPage:
+        _require_limit(limit)
+        if queue is not None:
+            _require_text(queue, "queue")
+        before = decode_audit_cursor(queue, cursor) if cursor is not None else None
+        with self.translated_errors():
+            records = self._audit_page(queue, before, limit + 1)
+        entries = tuple(self._audit_entry(r) for r in records[:limit])
+        next_cursor = None
+        if len(records) > limit:
+            next_cursor = encode_audit_cursor(queue, entries[-1].at, entries[-1].id)
+        return AuditPage(entries=entries, next_cursor=next_cursor)
+
     # -- helpers ---------------------------------------------------------------------------
+    def _audit_entry(self, record: Record) -> AuditEntry:
+        at = self.codec.time(record["at"])
+        assert at is not None, "an audit entry has a time"
+        selection = record.get("selection")
+        if isinstance(selection, (str, bytes, bytearray)):
+            selection = json.loads(selection)
+        return AuditEntry(id=str(record["id"]), at=at, actor=str(record["actor"]), action=str(record["action"]),
+                          queue=str(record["queue"]), selection=dict(selection or {}), count=int(record["count"]))
+
     @staticmethod
-    def _selection(queue: str, filter: DeadFilter, after: tuple[int, str] | None = None) -> DeadSelection:
+    def _selection(queue: str, filter: DeadFilter, after: tuple[int, str] | None = None,
+                   status: TaskStatus = TaskStatus.DEAD) -> Selection:
         _require_text(queue, "queue")
         for field in ("error_type", "handler"):
             if getattr(filter, field) is not None:
@@ -375,7 +550,8 @@ class StorageCore(Storage, abc.ABC):
             for task_id in filter.ids:
                 _require_text(task_id, "ids")
             ids = tuple(dict.fromkeys(filter.ids))  # order kept, repeats dropped
-        return DeadSelection(queue=queue, ids=ids, error_type=filter.error_type, handler=filter.handler, after=after)
+        return Selection(queue=queue, status=status, ids=ids, error_type=filter.error_type, handler=filter.handler,
+                         after=after)
 
 
 def _first_per_task(refs: Sequence[ClaimRef]) -> dict[str, ClaimRef]:
@@ -408,6 +584,21 @@ def _require_refs(refs: Sequence[ClaimRef] | Sequence[Settlement]) -> None:
 
 
 _SETTLED_STATUSES = frozenset({TaskStatus.SUCCEEDED, TaskStatus.PENDING, TaskStatus.DEAD})
+
+#: An actor is an IAM principal ARN, an API key id or ``local``: kept whole up to this length.
+_AUDIT_ACTOR_CHARS = 512
+
+
+def _require_limit(limit: Any) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidInput("limit must be a positive integer", field="limit")
+
+
+def _status(status: Any) -> TaskStatus:
+    try:
+        return TaskStatus(status)
+    except ValueError:
+        raise InvalidInput(f"status must be one of {', '.join(s.value for s in TaskStatus)}", field="status") from None
 
 
 def _require_text(value: Any, field: str) -> None:

@@ -54,6 +54,8 @@ from typing import Any, ClassVar, Sequence
 
 from ..errors import InvalidCursor
 from ..model import (
+    AuditEntry,
+    AuditPage,
     ClaimedTask,
     ClaimRef,
     DeadFilter,
@@ -64,6 +66,9 @@ from ..model import (
     QueueStats,
     Settlement,
     Task,
+    TaskFilter,
+    TaskPage,
+    TaskStatus,
 )
 from ..validation import without_lone_surrogates
 
@@ -173,6 +178,46 @@ class Storage(abc.ABC):
         """Retention: delete up to ``limit`` SUCCEEDED and CANCELLED tasks (with attempts) last
         updated more than ``older_than_seconds`` ago. Returns the count deleted."""
 
+    @abc.abstractmethod
+    def list_tasks(
+        self, queue: str, *, status: TaskStatus | None = None, limit: int, cursor: str | None = None,
+        filter: TaskFilter = TaskFilter(),
+    ) -> TaskPage:
+        """Tasks of ``queue`` (in ``status``, or in every status), keyset-paged, without attempts.
+
+        Within a status the order is that status's instant, then id: PENDING by
+        ``next_attempt_at``, IN_FLIGHT by ``lease_expires_at``, DEAD by ``dead_at``, SUCCEEDED and
+        CANCELLED by ``updated_at``. Without a status the statuses come one after another in that
+        order. A task that stays in its status (and keeps its instant) while the pages are read
+        appears exactly once. Each page costs store work in proportion to its size (plus what a
+        handler or error-type filter skips).
+        """
+
+    @abc.abstractmethod
+    def count_tasks(self, queue: str, status: TaskStatus, filter: TaskFilter = TaskFilter()) -> int:
+        """How many tasks of ``queue`` in ``status`` the filter matches (a bulk action's dry run)."""
+
+    @abc.abstractmethod
+    def cancel_selected(self, queue: str, filter: TaskFilter) -> int:
+        """PENDING -> CANCELLED for every PENDING task of ``queue`` the filter matches; the count."""
+
+    @abc.abstractmethod
+    def set_paused(self, queue: str, paused: bool) -> None:
+        """Pause or resume a queue. Once this returns, no claim of that queue returns a task until
+        it is resumed; enqueues are accepted meanwhile, and claimed tasks run to their end."""
+
+    @abc.abstractmethod
+    def paused_queues(self) -> set[str]:
+        """Names of the paused queues (whether or not they hold tasks)."""
+
+    @abc.abstractmethod
+    def record_audit(self, *, actor: str, action: str, queue: str, selection: Any, count: int) -> AuditEntry:
+        """Append one operator action to the audit trail, stamped by the store's clock."""
+
+    @abc.abstractmethod
+    def list_audit(self, *, queue: str | None = None, limit: int, cursor: str | None = None) -> AuditPage:
+        """Audit entries (of ``queue``, or all) newest first, keyset-paged by ``(at, id)``."""
+
     # -- conveniences built on the primitives ------------------------------------------------
     def __enter__(self) -> "Storage":
         return self
@@ -181,17 +226,17 @@ class Storage(abc.ABC):
         self.close()
 
 
-# -- DLQ cursors -------------------------------------------------------------------------------
-# A cursor is the keyset position (dead_at in microseconds since the epoch, task id) of the last
-# task on a page, bound to its queue. It is opaque to clients and validated on the way back in.
+# -- cursors ------------------------------------------------------------------------------------
+# A cursor is the keyset position of the last item on a page, bound to what was listed (the
+# queue, and for task listings the status). It is opaque to clients and validated on the way back.
 
-def encode_dead_cursor(queue: str, dead_at: datetime, task_id: str) -> str:
-    raw = json.dumps({"q": queue, "t": to_micros(dead_at), "id": task_id}, separators=(",", ":"))
+def _encode_cursor(fields: dict[str, Any]) -> str:
+    raw = json.dumps(fields, separators=(",", ":"))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def decode_dead_cursor(queue: str, cursor: str) -> tuple[int, str]:
-    """Returns ``(dead_at_micros, task_id)``; raises ``InvalidCursor`` on anything else."""
+def _decode_cursor(cursor: str) -> dict[str, Any]:
+    """The cursor's fields with a valid ``t`` (int) and ``id`` (str); ``InvalidCursor`` otherwise."""
     if not isinstance(cursor, str) or not 0 < len(cursor) <= 1024:
         raise InvalidCursor()
     try:
@@ -199,12 +244,43 @@ def decode_dead_cursor(queue: str, cursor: str) -> tuple[int, str]:
         data = json.loads(raw)
     except (binascii.Error, ValueError, UnicodeDecodeError):
         raise InvalidCursor() from None
-    if (
-        not isinstance(data, dict)
-        or data.get("q") != queue
-        or type(data.get("t")) is not int
-        or not isinstance(data.get("id"), str)
-    ):
+    if not isinstance(data, dict) or type(data.get("t")) is not int or not isinstance(data.get("id"), str):
+        raise InvalidCursor()
+    return data
+
+
+def encode_dead_cursor(queue: str, dead_at: datetime, task_id: str) -> str:
+    return _encode_cursor({"q": queue, "t": to_micros(dead_at), "id": task_id})
+
+
+def decode_dead_cursor(queue: str, cursor: str) -> tuple[int, str]:
+    """Returns ``(dead_at_micros, task_id)``; raises ``InvalidCursor`` on anything else."""
+    data = _decode_cursor(cursor)
+    if data.get("q") != queue or "s" in data:
+        raise InvalidCursor()
+    return data["t"], data["id"]
+
+
+def encode_task_cursor(queue: str, status: TaskStatus, at: datetime, task_id: str) -> str:
+    return _encode_cursor({"q": queue, "s": status.value, "t": to_micros(at), "id": task_id})
+
+
+def decode_task_cursor(queue: str, cursor: str) -> tuple[TaskStatus, int, str]:
+    """Returns ``(status, instant_micros, task_id)``; raises ``InvalidCursor`` on anything else."""
+    data = _decode_cursor(cursor)
+    if data.get("q") != queue or data.get("s") not in TaskStatus._value2member_map_:
+        raise InvalidCursor()
+    return TaskStatus(data["s"]), data["t"], data["id"]
+
+
+def encode_audit_cursor(queue: str | None, at: datetime, entry_id: str) -> str:
+    return _encode_cursor({"a": queue or "", "t": to_micros(at), "id": entry_id})
+
+
+def decode_audit_cursor(queue: str | None, cursor: str) -> tuple[int, str]:
+    """Returns ``(at_micros, entry_id)``; raises ``InvalidCursor`` on anything else."""
+    data = _decode_cursor(cursor)
+    if data.get("a") != (queue or ""):
         raise InvalidCursor()
     return data["t"], data["id"]
 

@@ -22,7 +22,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -31,7 +31,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from ...errors import ConfigurationError, StorageUnavailable
 from ...model import ClaimRef, NewTask, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, epoch_micros
-from ..core import DeadSelection, InsertedRecord, QueueCounts, StorageCore
+from ..core import InsertedRecord, QueueCounts, Selection, StorageCore
 from ..querytext import migrations, named_queries
 from ..spi import from_micros, storable_json, to_micros
 
@@ -257,22 +257,32 @@ class SQLiteStorage(StorageCore):
                 return (existing[0] if existing else None), False
         return _with_attempts(self._conn(), cancelled)[0], True
 
-    def _dead_page(self, selection: DeadSelection, limit: int) -> Sequence[Record]:
-        where, params = _dead_where(selection)
+    def _page(self, selection: Selection, limit: int, history: bool) -> Sequence[Record]:
+        where, params = _where(selection)
         if selection.after is not None:
-            where += " " + _Q["dead_after"]
+            where += " " + _fill(_Q["page_after"], order=selection.order_field)
             params += list(selection.after)
         conn = self._conn()
-        records = _records(self._execute(conn, _fill(_Q["dead_page"], selection=where), params + [limit]))
-        return _with_attempts(conn, records)
+        records = _records(self._execute(conn, _fill(_Q["page"], selection=where, order=selection.order_field),
+                                         params + [limit]))
+        return _with_attempts(conn, records) if history else records
 
-    def _redrive(self, selection: DeadSelection) -> int:
-        where, params = _dead_where(selection)
+    def _count(self, selection: Selection) -> int:
+        where, params = _where(selection)
+        return int(self._execute(self._conn(), _fill(_Q["count_selected"], selection=where), params).fetchone()[0])
+
+    def _cancel_selected(self, selection: Selection) -> int:
+        where, params = _where(selection)
+        with self._write() as (conn, now):
+            return self._execute(conn, _fill(_Q["cancel_selected"], selection=where), [now] + params).rowcount
+
+    def _redrive(self, selection: Selection) -> int:
+        where, params = _where(selection)
         with self._write() as (conn, now):
             return self._execute(conn, _fill(_Q["redrive"], selection=where), [now, now] + params).rowcount
 
-    def _purge_dead(self, selection: DeadSelection) -> int:
-        where, params = _dead_where(selection)
+    def _purge_dead(self, selection: Selection) -> int:
+        where, params = _where(selection)
         with self._write() as (conn, _):
             return self._execute(conn, _fill(_Q["purge_dead"], selection=where), params).rowcount
 
@@ -290,6 +300,33 @@ class SQLiteStorage(StorageCore):
         with self._write() as (conn, now):
             cutoff = now - int(older_than_seconds * 1_000_000)
             return self._execute(conn, _Q["purge_finished"], (cutoff, limit)).rowcount
+
+    def _set_paused(self, queue: str, paused: bool) -> None:
+        with self._write() as (conn, now):
+            if paused:
+                self._execute(conn, _Q["pause"], (queue, now))
+            else:
+                self._execute(conn, _Q["resume"], (queue,))
+
+    def _paused(self) -> list[str]:
+        return [r[0] for r in self._execute(self._conn(), _Q["paused"]).fetchall()]
+
+    def _audit_append(self, entry: Mapping[str, Any]) -> int:
+        # Under the write lock: entries are stamped in commit order, so (at, id) pages are stable.
+        with self._write() as (conn, now):
+            self._execute(conn, _Q["audit_append"], {**entry, "at": now})
+        return now
+
+    def _audit_page(self, queue: str | None, before: tuple[int, str] | None, limit: int) -> Sequence[Record]:
+        where: list[str] = [_Q["audit_any"]]
+        params: list[Any] = []
+        if queue is not None:
+            where.append(_Q["audit_queue"])
+            params.append(queue)
+        if before is not None:
+            where.append(_Q["audit_before"])
+            params += list(before)
+        return _records(self._execute(self._conn(), _fill(_Q["audit_page"], where=" ".join(where)), [*params, limit]))
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -338,9 +375,9 @@ def _with_attempts(conn: sqlite3.Connection, records: list[dict[str, Any]]) -> l
     return [{**r, "attempts": by_task[r["id"]]} for r in records]
 
 
-def _dead_where(selection: DeadSelection) -> tuple[str, list[Any]]:
-    where = [_Q["dead_queue"]]
-    params: list[Any] = [selection.queue]
+def _where(selection: Selection) -> tuple[str, list[Any]]:
+    where = [_Q["selected_queue"]]
+    params: list[Any] = [selection.queue, selection.status.value]
     if selection.ids is not None:
         where.append(_fill(_Q["dead_ids"], marks=_marks(len(selection.ids))))
         params += selection.ids

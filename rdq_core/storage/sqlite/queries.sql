@@ -31,6 +31,7 @@ UPDATE rdq_tasks
        lease_expires_at = :lease_until, updated_at = :now
  WHERE id IN (SELECT id FROM rdq_tasks
                WHERE queue = :queue AND status = 'PENDING' AND next_attempt_at <= :now
+                AND NOT EXISTS (SELECT 1 FROM rdq_paused_queues AS p WHERE p.queue = :queue)
                ORDER BY next_attempt_at, id LIMIT :limit)
 RETURNING {task_columns}
 
@@ -85,8 +86,8 @@ SELECT {task_columns} FROM rdq_tasks WHERE status = 'IN_FLIGHT' AND lease_expire
 UPDATE rdq_tasks SET status = 'CANCELLED', updated_at = ? WHERE id = ? AND status = 'PENDING'
 RETURNING {task_columns}
 
--- name: dead_queue
-queue = ? AND status = 'DEAD'
+-- name: selected_queue
+queue = ? AND status = ?
 
 -- name: dead_ids
 AND id IN ({marks})
@@ -97,11 +98,18 @@ AND last_error_type = ?
 -- name: dead_handler
 AND handler = ?
 
--- name: dead_after
-AND (dead_at, id) > (?, ?)
+-- name: page_after
+-- The order column is the status's (core.ORDER_FIELD), never request text.
+AND ({order}, id) > (?, ?)
 
--- name: dead_page
-SELECT {task_columns} FROM rdq_tasks WHERE {selection} ORDER BY dead_at, id LIMIT ?
+-- name: page
+SELECT {task_columns} FROM rdq_tasks WHERE {selection} ORDER BY {order}, id LIMIT ?
+
+-- name: count_selected
+SELECT COUNT(*) FROM rdq_tasks WHERE {selection}
+
+-- name: cancel_selected
+UPDATE rdq_tasks SET status = 'CANCELLED', updated_at = ? WHERE {selection}
 
 -- name: redrive
 UPDATE rdq_tasks SET status = 'PENDING', attempt_count = 0, redrive_count = redrive_count + 1,
@@ -124,3 +132,30 @@ SELECT DISTINCT queue FROM rdq_tasks ORDER BY queue
 -- name: purge_finished
 DELETE FROM rdq_tasks WHERE id IN (SELECT id FROM rdq_tasks WHERE status IN ('SUCCEEDED','CANCELLED')
                                       AND updated_at < ? ORDER BY updated_at LIMIT ?)
+
+-- name: pause
+INSERT INTO rdq_paused_queues (queue, paused_at) VALUES (?, ?) ON CONFLICT (queue) DO NOTHING
+
+-- name: resume
+DELETE FROM rdq_paused_queues WHERE queue = ?
+
+-- name: paused
+SELECT queue FROM rdq_paused_queues ORDER BY queue
+
+-- name: audit_append
+INSERT INTO rdq_audit (id, at, actor, action, queue, selection, count)
+VALUES (:id, :at, :actor, :action, :queue, :selection, :count)
+
+-- name: audit_page
+-- The condition is built from the audit_* fragments; rows come newest first.
+SELECT id, at, actor, action, queue, selection, count FROM rdq_audit
+ WHERE {where} ORDER BY at DESC, id DESC LIMIT ?
+
+-- name: audit_any
+1 = 1
+
+-- name: audit_queue
+AND queue = ?
+
+-- name: audit_before
+AND (at, id) < (?, ?)

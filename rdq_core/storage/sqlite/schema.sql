@@ -34,9 +34,26 @@ CREATE TABLE rdq_attempts (
     error       TEXT,
     PRIMARY KEY (task_id, attempt_no)
 );
-CREATE INDEX rdq_tasks_due ON rdq_tasks (queue, next_attempt_at) WHERE status = 'PENDING';
 CREATE INDEX rdq_tasks_leases ON rdq_tasks (lease_expires_at) WHERE status = 'IN_FLIGHT';
 CREATE INDEX rdq_tasks_dead ON rdq_tasks (queue, dead_at, id) WHERE status = 'DEAD';
 CREATE INDEX rdq_tasks_finished ON rdq_tasks (updated_at) WHERE status IN ('SUCCEEDED','CANCELLED');
 CREATE INDEX rdq_tasks_queue_status ON rdq_tasks (queue, status);
-PRAGMA user_version = 1;
+CREATE INDEX rdq_tasks_due ON rdq_tasks (queue, next_attempt_at, id) WHERE status = 'PENDING';
+CREATE INDEX rdq_tasks_finished_by_queue ON rdq_tasks (queue, status, updated_at, id)
+    WHERE status IN ('SUCCEEDED','CANCELLED');
+CREATE TABLE rdq_paused_queues (
+    queue     TEXT PRIMARY KEY,
+    paused_at INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE rdq_audit (
+    id        TEXT PRIMARY KEY,
+    at        INTEGER NOT NULL,
+    actor     TEXT NOT NULL,
+    action    TEXT NOT NULL,
+    queue     TEXT NOT NULL,
+    selection TEXT NOT NULL,
+    count     INTEGER NOT NULL
+);
+CREATE INDEX rdq_audit_by_time ON rdq_audit (at, id);
+CREATE INDEX rdq_audit_by_queue ON rdq_audit (queue, at, id);
+PRAGMA user_version = 2;
