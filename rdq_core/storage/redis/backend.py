@@ -16,13 +16,20 @@ all keys of one queue live in one Redis Cluster slot and one script may touch th
 =============================  ====================================================================
 
 Every status has its own zset, so a task's status field and zset membership are changed together
-by the same script. The id index and the queue registry live outside the queues' slots; they are
+by the same script, and each zset is the index listings, counts and bulk actions walk: ordered by
+the status's instant, then by id in byte order, entered at a keyset position in O(log n)
+(``_keyset.lua``). The id index and the queue registry live outside the queues' slots; they are
 maintained by separate scripts in an order that tolerates races (see ``_forget_ids``), and
 ``docs/redis-backend.md`` explains the trade-off.
 
+There is no schema to migrate: every key is created by the first write that needs it, and an
+absent key reads as empty; ``migrate`` checks the server and loads
+the scripts.
+
 Round trips (``round_trips`` counts one per command or per pipeline sent, however many commands
-the pipeline holds): claim 1, settle/extend/release 1 per batch (a pipeline of one script per
-queue when a batch spans queues), enqueue 2 per batch, get 2.
+the pipeline holds): claim 1,
+settle/extend/release 1 per batch (a pipeline of one script per queue when a batch spans
+queues), enqueue 2 per batch, get 2, a page or count 1 per 1,000 entries examined.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ...errors import ConfigurationError, InvalidInput, RdqError, StorageUnavailable, TaskConflict
 from ...model import ClaimRef, NewTask, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, epoch_micros
-from ..core import DeadSelection, InsertedRecord, QueueCounts, StorageCore
+from ..core import DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore
 from ..spi import from_micros, storable_error, storable_json, to_micros
 from .client import open_client
 from .lua import QUEUE_ZSETS, SCRIPTS, Call, Script
@@ -51,9 +58,10 @@ from .lua import QUEUE_ZSETS, SCRIPTS, Call, Script
 log = logging.getLogger(__name__)
 
 _QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,119}$")
-# How many DLQ entries one script call may examine, so a filtered scan of a huge DLQ never
-# blocks the server for long; the client loops over bounded calls instead.
-_DEAD_SCAN_BUDGET = 1000
+# How many entries of a status zset one script call may examine, so a filtered scan (or a bulk
+# action) over a huge queue never blocks the server for long; the client loops over bounded calls
+# instead, each atomic on its own.
+_SCAN_BUDGET = 1000
 _MIN_SERVER_VERSION = (5, 0)
 #: Error replies of server states that pass (out of memory, failover, loading, a busy script).
 _TRANSIENT_REPLIES = ("OOM", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "LOADING", "BUSY")
@@ -295,29 +303,52 @@ class RedisStorage(StorageCore):
             return None, False
         return _record(outcome[1]), outcome[0] == "cancelled"
 
-    def _dead_page(self, selection: DeadSelection, limit: int) -> list[Record]:
-        after_score, after_id = ("", "") if selection.after is None else (str(selection.after[0]), selection.after[1])
+    def _page(self, selection: Selection, limit: int, history: bool) -> list[Record]:
+        """The status zset from the keyset position on, in bounded script calls: one call when the
+        page fills within the scan budget (always for a page of up to 1,000 when no error-type or
+        handler filter skips entries)."""
+        after_score, after_id = _after(selection)
         found: list[Record] = []
         while True:
-            exhausted, after_score, after_id, matches = self._run(self._queue_call(
-                "dead_page", selection.queue, after_score, after_id, limit - len(found), _DEAD_SCAN_BUDGET,
-                *_selection_args(selection)))
-            found.extend(_record(reply) for _score, reply in matches)
+            exhausted, after_score, after_id, replies = self._run(self._queue_call(
+                "page", selection.queue, selection.status.value, after_score, after_id, limit - len(found),
+                _SCAN_BUDGET, *_selection_args(selection), "1" if history else "0"))
+            found.extend(_record(reply) for reply in replies)
             if exhausted or len(found) >= limit:
                 return found
 
+    def _count(self, selection: Selection) -> int:
+        """The zset's size (one call) without a filter; else the matches of a bounded walk."""
+        after_score, after_id, total = "", "", 0
+        while True:
+            exhausted, after_score, after_id, counted = self._run(self._queue_call(
+                "count", selection.queue, selection.status.value, after_score, after_id, _SCAN_BUDGET,
+                *_selection_args(selection)))
+            total += int(counted)
+            if exhausted:
+                return total
+
+    def _cancel_selected(self, selection: Selection) -> int:
+        """Each script call cancels the matches among up to ``_SCAN_BUDGET`` due entries
+        atomically, re-reading each task's status in the same step; the selection as a whole is
+        walked in such steps, not in one: a single script over a large queue would block the
+        server for its duration. A task claimed between steps has left the due zset and is not
+        cancelled; one enqueued meanwhile is cancelled if the walk has not yet passed its place."""
+        return len(self._apply_selected(selection, "cancel"))
+
     def _redrive(self, selection: DeadSelection) -> int:
-        return len(self._apply_to_dead(selection, "redrive"))
+        return len(self._apply_selected(selection, "redrive"))
 
     def _purge_dead(self, selection: DeadSelection) -> int:
-        return len(self._apply_to_dead(selection, "purge"))
+        return len(self._apply_selected(selection, "purge"))
 
-    def _apply_to_dead(self, selection: DeadSelection, action: str) -> list[str]:
-        """Redrive or purge in bounded script calls, walking the DLQ in (dead_at, id) order."""
+    def _apply_selected(self, selection: Selection, action: str) -> list[str]:
+        """Redrive, purge or cancel in bounded script calls, walking the status zset in
+        (instant, id) order."""
         after_score, after_id, affected, queue_emptied = "", "", [], False
         while True:
             exhausted, after_score, after_id, ids, empty = self._run(self._queue_call(
-                "dead_apply", selection.queue, action, after_score, after_id, _DEAD_SCAN_BUDGET,
+                "apply", selection.queue, action, after_score, after_id, _SCAN_BUDGET,
                 *_selection_args(selection)))
             affected.extend(ids)
             queue_emptied = empty == 1
@@ -423,7 +454,12 @@ def _settle_args(s: Settlement) -> tuple[Any, ...]:
     )
 
 
-def _selection_args(selection: DeadSelection) -> tuple[str, str, str]:
+def _after(selection: Selection) -> tuple[str, str]:
+    """The keyset position as the scripts take it: ``("", "")`` for the start."""
+    return ("", "") if selection.after is None else (str(selection.after[0]), selection.after[1])
+
+
+def _selection_args(selection: Selection) -> tuple[str, str, str]:
     return (
         _json(list(selection.ids)) if selection.ids is not None else "",
         selection.error_type or "",

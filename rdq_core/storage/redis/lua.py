@@ -1,8 +1,8 @@
 """The Lua scripts as the server runs them: one file per script under ``scripts/``.
 
-A queue script is sent as ``_checks.lua`` + ``_queue_prelude.lua`` + its own file and runs with
-the queue's five sorted sets as ``KEYS``; a global script (the id index and queue registry) is
-``_checks.lua`` + its own file. Scripts are sent by SHA1 and loaded on ``NOSCRIPT``.
+A queue script is sent as ``_checks.lua`` + ``_keyset.lua`` + ``_queue_prelude.lua`` + its own
+file and runs with the queue's five sorted sets as ``KEYS``; a global script (the id index and
+queue registry) is ``_checks.lua`` + ``_keyset.lua`` + its own file. Scripts are sent by SHA1 and loaded on ``NOSCRIPT``.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 #: Scripts that run on one queue's keys (all in that queue's hash-tag slot).
 QUEUE_SCRIPTS = (
     "enqueue", "claim", "settle", "extend", "release", "expired_leases", "read_tasks", "cancel", "stats",
-    "dead_page", "dead_apply", "purge_finished", "existing",
+    "page", "count", "apply", "purge_finished", "existing",
 )
 #: Scripts that run on the global id index and queue registry.
 GLOBAL_SCRIPTS = ("reserve_ids", "unindex", "take_over_ids")
 #: Files included before scripts, not run on their own.
-INCLUDES = ("_checks", "_queue_prelude")
+INCLUDES = ("_checks", "_keyset", "_queue_prelude")
 #: The sorted sets a queue script gets as KEYS, in this order (see ``_queue_prelude.lua``).
 QUEUE_ZSETS = ("due", "inflight", "dead", "succeeded", "cancelled")
 
@@ -44,9 +44,9 @@ class Script:
 
 
 def _load_all() -> dict[str, Script]:
-    checks, prelude = script_file("_checks"), script_file("_queue_prelude")
-    scripts = [Script.of(name, checks + prelude + script_file(name)) for name in QUEUE_SCRIPTS]
-    scripts += [Script.of(name, checks + script_file(name)) for name in GLOBAL_SCRIPTS]
+    common, prelude = script_file("_checks") + script_file("_keyset"), script_file("_queue_prelude")
+    scripts = [Script.of(name, common + prelude + script_file(name)) for name in QUEUE_SCRIPTS]
+    scripts += [Script.of(name, common + script_file(name)) for name in GLOBAL_SCRIPTS]
     return {s.name: s for s in scripts}
 
 

@@ -34,15 +34,13 @@ local function queue_is_empty()
   return true
 end
 
--- Byte-wise a <= b: Lua's own string comparison follows the server's collation locale, but
--- zsets order equal scores by raw bytes, and so must the DLQ keyset.
-local function bytes_le(a, b)
-  local n = math.min(#a, #b)
-  for i = 1, n do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then return x < y end
-  end
-  return #a <= #b
+-- The zset that holds the tasks of a status (ordered by that status's instant, then id).
+local STATUS_ZSETS = {PENDING = DUE, IN_FLIGHT = INFLIGHT, DEAD = DEAD, SUCCEEDED = SUCCEEDED, CANCELLED = CANCELLED}
+
+local function need_status_zset(status)
+  local zset = STATUS_ZSETS[status]
+  if not zset then invalid('unknown status ' .. tostring(status)) end
+  return zset
 end
 
 -- (score, id) strictly after the keyset position (after_score, after_id); '' = the start.
@@ -53,15 +51,17 @@ local function is_after(score, id, after_score, after_id)
   return not bytes_le(id, after_id)
 end
 
-local function dead_matches(id, ids, error_type, handler)
-  if ids and not ids[id] then return false end
-  if error_type ~= '' and redis.call('HGET', task_key(id), 'error_type') ~= error_type then return false end
-  if handler ~= '' and redis.call('HGET', task_key(id), 'handler') ~= handler then return false end
+-- Whether a task passes the filters ('' = any): its last error's type and its handler.
+local function filter_matches(id, error_type, handler)
+  if error_type == '' and handler == '' then return true end
+  local held = redis.call('HMGET', task_key(id), 'error_type', 'handler')
+  if error_type ~= '' and held[1] ~= error_type then return false end
+  if handler ~= '' and held[2] ~= handler then return false end
   return true
 end
 
--- The DLQ selection arguments (after_score, after_id, ids_json, error_type, handler), checked.
-local function need_dead_selection(after_score, after_id, ids_json, error_type, handler)
+-- The selection arguments (after_score, after_id, ids_json, error_type, handler), checked.
+local function need_selection(after_score, after_id, ids_json, error_type, handler)
   if after_score ~= '' then need_number(after_score, 'cursor position') end
   if type(after_id) ~= 'string' then invalid('cursor id must be a string') end
   if ids_json ~= '' then
@@ -74,18 +74,19 @@ local function need_dead_selection(after_score, after_id, ids_json, error_type, 
   if type(error_type) ~= 'string' or type(handler) ~= 'string' then invalid('filters must be strings') end
 end
 
--- Up to `want` DEAD entries after the position that match the filter, in (dead_at, id) order,
+-- Up to `want` entries of `zset` after the position that match the filter, in (score, id) order,
 -- examining at most `budget` entries. Returns matches {score, id}, the last examined position
--- and whether the zset was exhausted. Arguments are checked by need_dead_selection first.
-local function scan_dead(after_score, after_id, want, budget, ids_json, error_type, handler)
+-- and whether the zset was exhausted. The walk starts at the position's rank (rank_of), so a
+-- page costs what it examines, however deep it is. Arguments are checked by need_selection.
+local function scan(zset, after_score, after_id, want, budget, ids_json, error_type, handler)
   local matches, last_score, last_id = {}, after_score, after_id
   if ids_json ~= '' then
     local ids, wanted = {}, cjson.decode(ids_json)
     for _, id in ipairs(wanted) do ids[id] = true end
     local found = {}
     for id in pairs(ids) do
-      local score = redis.call('ZSCORE', DEAD, id)
-      if score and is_after(score, id, after_score, after_id) and dead_matches(id, nil, error_type, handler) then
+      local score = redis.call('ZSCORE', zset, id)
+      if score and is_after(score, id, after_score, after_id) and filter_matches(id, error_type, handler) then
         found[#found + 1] = {score, id}
       end
     end
@@ -97,21 +98,19 @@ local function scan_dead(after_score, after_id, want, budget, ids_json, error_ty
     for i = 1, math.min(want, #found) do matches[i] = found[i] end
     return matches, last_score, last_id, true
   end
-  local min = after_score == '' and '-inf' or after_score
-  local offset, examined = 0, 0
+  local rank = 0
+  if after_score ~= '' then rank = rank_of(zset, after_score, after_id, true) end
+  local examined = 0
   while #matches < want and examined < budget do
-    local chunk = redis.call('ZRANGEBYSCORE', DEAD, min, '+inf', 'WITHSCORES', 'LIMIT', offset, 100)
+    local chunk = redis.call('ZRANGE', zset, rank, rank + math.min(100, budget - examined) - 1, 'WITHSCORES')
     if #chunk == 0 then return matches, last_score, last_id, true end
     for j = 1, #chunk, 2 do
       local id, score = chunk[j], chunk[j + 1]
-      offset = offset + 1
-      if is_after(score, id, after_score, after_id) then
-        examined = examined + 1
-        last_score, last_id = score, id
-        if dead_matches(id, nil, error_type, handler) then
-          matches[#matches + 1] = {score, id}
-          if #matches >= want then break end
-        end
+      rank, examined = rank + 1, examined + 1
+      last_score, last_id = score, id
+      if filter_matches(id, error_type, handler) then
+        matches[#matches + 1] = {score, id}
+        if #matches >= want then break end
       end
     end
   end
