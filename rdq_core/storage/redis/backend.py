@@ -11,8 +11,10 @@ all keys of one queue live in one Redis Cluster slot and one script may touch th
 ``P:{q}:cancelled``            zset of CANCELLED ids scored by ``updated_at`` (retention)
 ``P:{q}:task:<id>``            hash: the task's fields
 ``P:{q}:attempts:<id>``        hash: ``attempt_no`` -> attempt JSON (a field per number: unique)
+``P:{q}:paused``               string, present while the queue is paused (read by ``claim.lua``)
 ``P:{P:global}:ids``           hash: task id -> queue (the global id index)
 ``P:{P:global}:queues``        set: queues that hold tasks (the reaper's registry)
+``P:{P:global}:paused``        set: queues that may be paused (the listing of ``P:{q}:paused``)
 =============================  ====================================================================
 
 Every status has its own zset, so a task's status field and zset membership are changed together
@@ -20,16 +22,19 @@ by the same script, and each zset is the index listings, counts and bulk actions
 the status's instant, then by id in byte order, entered at a keyset position in O(log n)
 (``_keyset.lua``). The id index and the queue registry live outside the queues' slots; they are
 maintained by separate scripts in an order that tolerates races (see ``_forget_ids``), and
-``docs/redis-backend.md`` explains the trade-off.
+``docs/redis-backend.md`` explains the trade-off. The paused flag lives in the queue's slot, so
+the claim script reads it in its own atomic step; the set that lists paused queues lives in
+another slot and is kept in step by ordering (see ``_set_paused``).
 
 There is no schema to migrate: every key is created by the first write that needs it, and an
-absent key reads as empty; ``migrate`` checks the server and loads
+absent key reads as empty (not paused); ``migrate`` checks the server and loads
 the scripts.
 
 Round trips (``round_trips`` counts one per command or per pipeline sent, however many commands
-the pipeline holds): claim 1,
+the pipeline holds): claim 1 (the paused check is one EXISTS inside the claim script),
 settle/extend/release 1 per batch (a pipeline of one script per queue when a batch spans
-queues), enqueue 2 per batch, get 2, a page or count 1 per 1,000 entries examined.
+queues), enqueue 2 per batch, get 2, a page or count 1 per 1,000 entries examined, paused queues
+1 (2 when any is listed), stats 2 (3 when any queue is listed as paused: stats asks for them).
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ class RedisStorage(StorageCore):
     def __init__(self, url: str) -> None:
         self._client, self.prefix = open_client(url)
         self._global_keys = (f"{self.prefix}:{{{self.prefix}:global}}:ids", f"{self.prefix}:{{{self.prefix}:global}}:queues")
+        self._paused_registry = f"{self.prefix}:{{{self.prefix}:global}}:paused"
         self._counter_lock = threading.Lock()
         self.round_trips = 0
 
@@ -382,6 +388,34 @@ class RedisStorage(StorageCore):
                 self._forget_ids(queue, deleted, empty == 1)
             deleted_total += len(deleted)
         return deleted_total
+
+    # -- pausing ---------------------------------------------------------------------------------
+    def _set_paused(self, queue: str, paused: bool) -> None:
+        """The flag in the queue's slot is what claims obey; the registry (another slot, so not in
+        the same atomic step) lists it. Pause sets the flag, then registers; resume deletes the
+        flag, unregisters, then registers again if a concurrent pause set the flag meanwhile.
+        Whatever the interleaving, a flag that stays set stays registered; a registry entry
+        whose flag is gone (a pause that failed half way) is filtered out by ``_paused``."""
+        flag = self._queue_base_checked(queue) + "paused"
+        if paused:
+            self._send(self._client.set, flag, "1")
+            self._send(self._client.sadd, self._paused_registry, queue)
+            return
+        self._send(self._client.delete, flag)
+        self._send(self._client.srem, self._paused_registry, queue)
+        if self._send(self._client.exists, flag):
+            self._send(self._client.sadd, self._paused_registry, queue)
+
+    def _paused(self) -> list[str]:
+        """The registered queues whose flag is set: one round trip, two when any is registered."""
+        registered = sorted(self._send(self._client.smembers, self._paused_registry))
+        if not registered:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for queue in registered:
+            pipe.exists(self._queue_base_checked(queue) + "paused")
+        flags = self._send(pipe.execute)
+        return [queue for queue, flag in zip(registered, flags, strict=True) if flag]
 
     # -- the global index and registry ---------------------------------------------------------
     def _queue_of(self, task_id: str) -> str | None:

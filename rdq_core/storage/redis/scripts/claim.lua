@@ -1,9 +1,13 @@
 -- ARGV: base, limit, lease_us, token_prefix. Oldest due first; the token is the prefix (random
 -- per call, minted by the client) plus the position in the batch, so it is never reused.
+-- A paused queue (its `paused` key, in the queue's slot) claims nothing: one EXISTS, read in
+-- this same atomic step, so no claim that starts after a pause returned can take a task.
 
 local limit = need_count(ARGV[2], 'limit')
 local lease = need_number(ARGV[3], 'lease')
 local token_prefix = need_string(ARGV[4], 'token prefix')
+
+if redis.call('EXISTS', BASE .. 'paused') == 1 then return {} end
 
 local now = now_us()
 local lease_until = us(now + lease)
