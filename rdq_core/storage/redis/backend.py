@@ -15,6 +15,9 @@ all keys of one queue live in one Redis Cluster slot and one script may touch th
 ``P:{P:global}:ids``           hash: task id -> queue (the global id index)
 ``P:{P:global}:queues``        set: queues that hold tasks (the reaper's registry)
 ``P:{P:global}:paused``        set: queues that may be paused (the listing of ``P:{q}:paused``)
+``P:{P:audit}:all``            zset of every audit entry's id scored by its ``at`` (µs)
+``P:{P:audit}:queue:<q>``      zset of the audit entries of queue ``q``, scored the same way
+``P:{P:audit}:entry:<id>``     hash: the audit entry's fields
 =============================  ====================================================================
 
 Every status has its own zset, so a task's status field and zset membership are changed together
@@ -24,10 +27,11 @@ the status's instant, then by id in byte order, entered at a keyset position in 
 maintained by separate scripts in an order that tolerates races (see ``_forget_ids``), and
 ``docs/redis-backend.md`` explains the trade-off. The paused flag lives in the queue's slot, so
 the claim script reads it in its own atomic step; the set that lists paused queues lives in
-another slot and is kept in step by ordering (see ``_set_paused``).
+another slot and is kept in step by ordering (see ``_set_paused``). The audit trail has a slot
+of its own: one script writes an entry and both of its index zsets.
 
 There is no schema to migrate: every key is created by the first write that needs it, and an
-absent key reads as empty (not paused); ``migrate`` checks the server and loads
+absent key reads as empty (not paused, no audit entries); ``migrate`` checks the server and loads
 the scripts.
 
 Round trips (``round_trips`` counts one per command or per pipeline sent, however many commands
@@ -89,6 +93,7 @@ class RedisStorage(StorageCore):
         self._client, self.prefix = open_client(url)
         self._global_keys = (f"{self.prefix}:{{{self.prefix}:global}}:ids", f"{self.prefix}:{{{self.prefix}:global}}:queues")
         self._paused_registry = f"{self.prefix}:{{{self.prefix}:global}}:paused"
+        self._audit_base = f"{self.prefix}:{{{self.prefix}:audit}}:"
         self._counter_lock = threading.Lock()
         self.round_trips = 0
 
@@ -121,6 +126,9 @@ class RedisStorage(StorageCore):
 
     def _global_call(self, name: str, *args: Any) -> Call:
         return Call(SCRIPTS[name], self._global_keys, args)
+
+    def _audit_call(self, name: str, keys: tuple[str, ...], *args: Any) -> Call:
+        return Call(SCRIPTS[name], keys, (self._audit_base + "entry:", *args))
 
     def _load_scripts(self, scripts: Sequence[Script]) -> None:
         for script in {s.name: s for s in scripts}.values():
@@ -416,6 +424,24 @@ class RedisStorage(StorageCore):
             pipe.exists(self._queue_base_checked(queue) + "paused")
         flags = self._send(pipe.execute)
         return [queue for queue, flag in zip(registered, flags, strict=True) if flag]
+
+    # -- the audit trail ---------------------------------------------------------------------------
+    def _audit_keys(self, queue: str | None) -> tuple[str, ...]:
+        everything = self._audit_base + "all"
+        return (everything,) if queue is None else (everything, f"{self._audit_base}queue:{queue}")
+
+    def _audit_append(self, entry: Mapping[str, Any]) -> str:
+        """One script: the entry's hash and both index zsets, stamped by the server's TIME."""
+        at: str = self._run(self._audit_call(
+            "audit_append", self._audit_keys(str(entry["queue"])), entry["id"], entry["actor"], entry["action"],
+            entry["queue"], entry["selection"], int(entry["count"])))
+        return at
+
+    def _audit_page(self, queue: str | None, before: tuple[int, str] | None, limit: int) -> list[Record]:
+        keys = self._audit_keys(queue)
+        score, entry_id = ("", "") if before is None else (str(before[0]), before[1])
+        replies = self._run(self._audit_call("audit_page", keys[-1:], score, entry_id, limit))
+        return [dict(zip(fields[::2], fields[1::2], strict=True)) for fields in replies]
 
     # -- the global index and registry ---------------------------------------------------------
     def _queue_of(self, task_id: str) -> str | None:
