@@ -1,0 +1,279 @@
+"""The operator console in chromium, end to end against ``rdq dev`` (SQLite, a subprocess) and
+through ``rdq console`` in front of a SigV4-verifying proxy. Every wait is on a condition with a
+deadline (Playwright's ``expect`` and ``wait_until``); screenshots go to ``artifacts/``."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tests.browser.conftest import (
+    FAILURE_TYPE, HANDLERS, WAIT_MS, ConsoleProcess, Page, call, fresh_queue, task_status, wait_status,
+)
+from tests.rdq_servers import ACCESS_KEY, REGION, SECRET_KEY, DevServer, Proxy
+
+
+def expect(target: Any) -> Any:
+    from playwright.sync_api import expect as playwright_expect
+
+    return playwright_expect(target)
+
+
+def enqueue_from_form(p: Any, queue: str, handler: str, payload: str, *, task_id: str = "",
+                      max_attempts: str = "", delay: str = "") -> None:
+    form = p.locator("form.enqueue")
+    form.get_by_label("Queue", exact=True).fill(queue)
+    form.get_by_label("Handler", exact=True).fill(handler)
+    form.get_by_label("Payload (JSON)").fill(payload)
+    form.get_by_label("Delay in seconds (optional)").fill(delay)
+    form.get_by_label("Max attempts (optional)").fill(max_attempts)
+    form.get_by_label("Task id (optional)").fill(task_id)
+    form.get_by_role("button", name="Enqueue").click()
+
+
+def test_enqueue_from_the_form_and_watch_the_task_succeed_on_its_page(page: Page) -> None:
+    queue, task_id = fresh_queue("form"), fresh_queue("form-task")
+    p = page.open("/enqueue")
+    expect(p.get_by_role("heading", name="Enqueue a task")).to_be_visible()
+    payload = p.get_by_label("Payload (JSON)")
+    enqueue_from_form(p, queue, "console.ok", '{"name": "Ada"', task_id=task_id)  # not JSON yet
+    expect(p.get_by_text("The payload is not valid JSON")).to_be_visible()
+    expect(payload).to_have_attribute("aria-invalid", "true")
+    expect(payload).to_be_focused()
+    page.shoot("enqueue-invalid-json")
+    assert call(page.base_url, "GET", f"/v1/tasks/{task_id}")[0] == 404  # nothing was sent
+
+    payload.fill('{"name": "Ada", "note": "<img src=x onerror=alert(1)>"}')
+    p.get_by_role("button", name="Enqueue").click()
+    expect(p).to_have_url(re.compile(re.escape(f"#/tasks/{task_id}") + "$"))
+    expect(p.get_by_role("heading", name=f"Task {task_id}")).to_be_visible()
+    expect(p.locator("dl.summary")).to_contain_text("SUCCEEDED", timeout=WAIT_MS)
+    expect(p.get_by_role("heading", name="Attempt 1: SUCCESS")).to_be_visible()
+    expect(p.locator("pre.result")).to_contain_text('"name": "Ada"')
+    expect(p.locator("pre.payload")).to_contain_text("<img src=x onerror=alert(1)>")  # as text
+    assert p.locator("#view img").count() == 0
+    expect(p.get_by_role("status")).to_contain_text(f"Task {task_id} enqueued on {queue}")
+    page.shoot("task-succeeded")
+
+
+def test_a_failing_task_dead_letters_is_found_by_error_type_and_redriven_through_the_dialog(page: Page) -> None:
+    queue, task_id = fresh_queue("dlq"), fresh_queue("dlq-task")
+    other = call(page.base_url, "POST", f"/v1/queues/{queue}/tasks",
+                 {"handler": "console.not-registered", "max_attempts": 1})[1]["id"]
+    p = page.open(f"/enqueue?queue={queue}")
+    expect(p.get_by_label("Queue", exact=True)).to_have_value(queue)
+    enqueue_from_form(p, queue, "console.fail", '{"order": 7}', task_id=task_id, max_attempts="1")
+    expect(p.locator("dl.summary")).to_contain_text("DEAD", timeout=WAIT_MS)
+    attempts = p.locator("ol.timeline > li")
+    expect(attempts).to_have_count(1)
+    expect(attempts.first.locator(".error-type")).to_have_text(FAILURE_TYPE)
+    expect(attempts.first.locator(".error-message")).to_have_text("stage <b>two</b> failed on attempt 1")
+    assert p.locator("#view b").count() == 0  # the handler's markup stayed text
+    wait_status(page.base_url, other, "DEAD")
+
+    p.get_by_role("link", name="Open the dead-letter queue").click()
+    expect(p.get_by_role("heading", name=f"Dead-letter queue of {queue}")).to_be_visible()
+    rows = p.locator("table.data tbody tr")
+    expect(rows).to_have_count(2)
+    p.get_by_label("Error type").fill(FAILURE_TYPE)
+    p.get_by_role("button", name="Apply filters").click()
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_have_attribute("data-task", task_id)
+    expect(p.locator("#dlq-scope")).to_contain_text(f"every dead task with error type {FAILURE_TYPE}")
+    page.shoot("dlq-filtered")
+
+    dialog = p.locator("#confirm-dialog")
+    p.get_by_role("button", name="Purge…").click()
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text("1 task(s) match")
+    expect(p.locator("#confirm-cancel")).to_be_focused()  # a destructive action starts on Cancel
+    p.keyboard.press("Escape")
+    expect(dialog).to_be_hidden()
+    expect(p.get_by_role("button", name="Purge…")).to_be_focused()
+    assert task_status(page.base_url, task_id) == "DEAD"  # Escape changed nothing
+
+    p.get_by_role("button", name="Redrive…").click()
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text("1 task(s) match")
+    expect(dialog).to_contain_text(FAILURE_TYPE)
+    page.shoot("dlq-confirm-redrive")
+    dialog.get_by_role("button", name="Redrive 1").click()
+    expect(dialog).to_be_hidden()
+    expect(p.get_by_role("status")).to_contain_text("1 task(s) redriven")
+    assert task_status(page.base_url, other) == "DEAD"  # outside the filter: untouched
+
+    # It runs again (a fresh budget of one attempt), fails again, and is dead with both attempts.
+    p = page.open(f"/tasks/{task_id}")
+    expect(p.locator("ol.timeline > li")).to_have_count(2, timeout=WAIT_MS)
+    expect(p.locator("dl.summary")).to_contain_text("DEAD", timeout=WAIT_MS)
+    second = p.locator("ol.timeline > li").nth(1)
+    expect(second.locator(".error-message")).to_have_text("stage <b>two</b> failed on attempt 1")
+    expect(second.locator(".duration")).to_have_text(re.compile(r"^\d+(\.\d+)? (ms|s)$"))
+    expect(p.locator("dl.summary dt:text-is('Redrives') + dd")).to_have_text("1")
+    second.locator("summary").click()
+    expect(second.locator("pre.stack")).to_contain_text("PipelineBroken")
+    page.shoot("task-timeline")
+
+
+def test_a_paused_queue_keeps_its_tasks_pending_until_resumed(page: Page) -> None:
+    queue, marker_queue = fresh_queue("pause"), fresh_queue("marker")
+    first = call(page.base_url, "POST", f"/v1/queues/{queue}/tasks", {"handler": "console.ok"})[1]["id"]
+    wait_status(page.base_url, first, "SUCCEEDED")
+    p = page.open("/queues")
+    row = p.locator(f'tr[data-queue="{queue}"]')
+    cells = row.locator("td")
+    row.get_by_role("button", name=f"Pause queue {queue}").click()
+    expect(row.get_by_role("button", name=f"Resume queue {queue}")).to_be_visible()
+    expect(row).to_contain_text("paused")
+    expect(p.get_by_role("status")).to_contain_text(f"Queue {queue} paused")
+
+    held = [call(page.base_url, "POST", f"/v1/queues/{queue}/tasks", {"handler": "console.ok"})[1]["id"] for _ in range(2)]
+    marker = call(page.base_url, "POST", f"/v1/queues/{marker_queue}/tasks", {"handler": "console.ok"})[1]["id"]
+    wait_status(page.base_url, marker, "SUCCEEDED")  # the worker has run since they were enqueued
+    assert [task_status(page.base_url, task) for task in held] == ["PENDING", "PENDING"]
+    expect(cells.nth(0)).to_have_text("2", timeout=WAIT_MS)  # pending, by the overview's own refresh
+    page.shoot("queues-paused")
+
+    p.get_by_role("link", name=queue, exact=True).click()
+    expect(p.get_by_role("heading", name=f"Tasks in {queue}")).to_be_visible()
+    p.get_by_label("Status").select_option("PENDING")
+    p.get_by_role("button", name="Apply filters").click()
+    rows = p.locator("table.data tbody tr")
+    expect(rows).to_have_count(2)
+    assert sorted(rows.nth(i).get_attribute("data-task") or "" for i in range(2)) == sorted(held)
+    page.shoot("tasks-pending")
+
+    p = page.open("/queues")
+    row = p.locator(f'tr[data-queue="{queue}"]')
+    row.get_by_role("button", name=f"Resume queue {queue}").click()
+    expect(row.get_by_role("button", name=f"Pause queue {queue}")).to_be_visible()
+    for task in held:
+        wait_status(page.base_url, task, "SUCCEEDED")
+    expect(row.locator("td").nth(0)).to_have_text("0", timeout=WAIT_MS)
+    expect(row.locator("td").nth(3)).to_have_text("3", timeout=WAIT_MS)  # succeeded
+
+
+def test_the_audit_view_lists_the_redrive_and_the_pause_with_actor_local(page: Page) -> None:
+    queue = fresh_queue("audit")
+    dead = call(page.base_url, "POST", f"/v1/queues/{queue}/tasks", {"handler": "console.fail", "max_attempts": 1})[1]["id"]
+    wait_status(page.base_url, dead, "DEAD")
+    assert call(page.base_url, "POST", f"/v1/queues/{queue}/dlq:redrive", {"ids": [dead]}) == (200, {"redriven": 1})
+    assert call(page.base_url, "POST", f"/v1/queues/{queue}:pause", {})[0] == 200
+    try:
+        p = page.open(f"/audit?queue={queue}")
+        expect(p.get_by_role("heading", name="Audit log")).to_be_visible()
+        rows = p.locator("table.data tbody tr")
+        expect(rows).to_have_count(2)
+        expect(rows.nth(0)).to_contain_text(re.compile("pause", re.IGNORECASE))  # newest first
+        expect(rows.nth(1)).to_contain_text(re.compile("redrive", re.IGNORECASE))
+        for i in range(2):
+            expect(rows.nth(i).locator("td").nth(1)).to_have_text("local")
+            expect(rows.nth(i).locator("td").nth(3)).to_have_text(queue)
+        expect(rows.nth(1).locator("td").nth(5)).to_have_text("1")
+        expect(rows.nth(1)).to_contain_text(dead)  # the selection names the redriven id
+        page.shoot("audit")
+    finally:
+        call(page.base_url, "POST", f"/v1/queues/{queue}:resume", {})
+
+
+def test_api_errors_are_shown_in_a_labelled_alert(page: Page) -> None:
+    p = page.open("/tasks/no-such-task-42")
+    alert = p.get_by_role("alert", name="Error")
+    expect(alert).to_be_visible()
+    expect(alert).to_contain_text("404")
+    expect(alert).to_contain_text("no-such-task-42")
+    page.shoot("error-alert")
+
+    p = page.open("/enqueue")
+    enqueue_from_form(p, fresh_queue("invalid"), "console.ok", "{}", max_attempts="0")
+    expect(alert).to_contain_text("422")
+    expect(alert).to_contain_text("max_attempts")
+    expect(p.get_by_label("Max attempts (optional)")).to_have_attribute("aria-invalid", "true")
+    p.get_by_role("button", name="Dismiss").click()
+    expect(alert).to_be_hidden()
+
+
+def test_the_console_is_keyboard_usable(page: Page) -> None:
+    p = page.open("/queues")
+    expect(p.get_by_role("heading", name="Queues")).to_be_visible()
+    p.keyboard.press("Tab")
+    expect(p.get_by_role("link", name="Skip to content")).to_be_focused()
+    p.keyboard.press("Enter")
+    expect(p.get_by_role("heading", name="Queues")).to_be_focused()
+    p.get_by_role("link", name="Enqueue", exact=True).focus()
+    outline = p.evaluate("getComputedStyle(document.activeElement).outlineStyle")
+    assert outline != "none"  # a visible focus ring
+    p.keyboard.press("Enter")
+    expect(p.get_by_role("heading", name="Enqueue a task")).to_be_focused()  # focus follows the route
+    expect(p.get_by_role("link", name="Enqueue", exact=True)).to_have_attribute("aria-current", "page")
+    page.shoot("keyboard-enqueue")
+
+
+def test_with_a_token_the_page_is_served_and_asks_for_the_token(browser: Any, tmp_path: Path) -> None:
+    token = "console-token-5"
+    server = DevServer(tmp_path, token=token, handlers=HANDLERS)
+    page = Page(browser, server.url)
+    try:
+        with urllib.request.urlopen(f"{server.url}/", timeout=10) as response:  # no token needed
+            assert response.status == 200 and b"rdq console" in response.read()
+        assert call(server.url, "GET", "/v1/queues")[0] == 401
+        p = page.open("/queues")
+        dialog = p.locator("#token-dialog")
+        expect(dialog).to_be_visible()
+        expect(p.get_by_label("Token", exact=True)).to_be_focused()
+        page.shoot("token-dialog")
+        p.get_by_label("Token", exact=True).fill("not-the-token")
+        p.get_by_role("button", name="Use token").click()
+        expect(p.get_by_role("alert")).to_contain_text("401")
+        expect(dialog).to_be_visible()  # asked again
+        p.get_by_label("Token", exact=True).fill(token)
+        p.get_by_role("button", name="Use token").click()
+        expect(dialog).to_be_hidden()
+        expect(p.locator("table.data caption")).to_contain_text("Queues")
+        expect(p.get_by_role("alert")).to_be_hidden()
+        assert p.evaluate("sessionStorage.getItem('rdq-console-token')") == token
+        p.get_by_role("button", name="Forget token").click()
+        assert p.evaluate("sessionStorage.getItem('rdq-console-token')") is None
+        assert page.script_errors == []
+    finally:
+        page.close()
+        server.stop()
+
+
+def test_through_rdq_console_signed_with_sigv4_and_a_wrong_secret_is_refused(
+        browser: Any, dev: DevServer, tmp_path: Path) -> None:
+    proxy = Proxy(dev, sigv4=True)
+    credentials = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+    good = ConsoleProcess(tmp_path / "good", proxy.url, "--region", REGION, env=credentials)
+    bad = ConsoleProcess(tmp_path / "bad", proxy.url, "--region", REGION,
+                         env={**credentials, "AWS_SECRET_ACCESS_KEY": "not-the-secret"})
+    pages = [Page(browser, good.url), Page(browser, bad.url)]
+    try:
+        signed, refused = pages
+        queue, task_id = fresh_queue("signed"), fresh_queue("signed-task")
+        p = signed.open("/enqueue")
+        enqueue_from_form(p, queue, "console.ok", '{"via": "rdq console"}', task_id=task_id)
+        expect(p.locator("dl.summary")).to_contain_text("SUCCEEDED", timeout=WAIT_MS)
+        p = signed.open("/queues")
+        row = p.locator(f'tr[data-queue="{queue}"]')
+        expect(row.locator("td").nth(3)).to_have_text("1")  # succeeded
+        expect(p.get_by_role("alert")).to_be_hidden()
+        signed.shoot("console-queues")
+        assert ("POST", f"/v1/queues/{queue}/tasks", 201) in proxy.log
+        assert all(status != 403 for _, _, status in proxy.log)
+
+        p = refused.open("/queues")
+        alert = p.get_by_role("alert")
+        expect(alert).to_contain_text("403")
+        expect(alert).to_contain_text("signature mismatch")
+        refused.shoot("console-forbidden")
+        assert signed.script_errors == [] and refused.script_errors == []
+    finally:
+        for page in pages:
+            page.close()
+        bad.stop()
+        good.stop()
+        proxy.stop()
+
