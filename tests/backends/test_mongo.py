@@ -29,12 +29,13 @@ from rdq_core.storage.mongo import MongoStorage  # noqa: E402 - after importorsk
 
 
 class TestMongoCompliance(StorageCompliance):
-    # Each call opens with a server handshake ("hello"). claim: one findAndModify per task, as
+    # Each call opens with a server handshake ("hello"). claim: the queue's paused flag (an _id
+    # probe: findAndModify cannot read another collection), then one findAndModify per task, as
     # MongoDB has no atomic multi-document claim; settle: read, bulk update, record the rows;
-    # stats: one count per status.
+    # stats: one count per status, the oldest due task, and the paused queues (the core asks).
     capabilities = Capabilities(
-        round_trips={"enqueue": 2, "claim": PerTask(1, 1), "extend": 2, "release": 2, "settle": 4,
-                     "find_expired": 2, "get": 2, "list_dead": 1, "stats": 7, "redrive": 2},
+        round_trips={"enqueue": 2, "claim": PerTask(2, 1), "extend": 2, "release": 2, "settle": 4,
+                     "find_expired": 2, "get": 2, "list_dead": 1, "stats": 8, "redrive": 2},
         unreachable_url="mongodb://127.0.0.1:{port}/rdq?serverSelectionTimeoutMS=300",
     )
 

@@ -11,6 +11,16 @@ Layout (database from the URL path, default ``rdq``):
   ``$`` or ``.``) round-trips.
 * ``attempts`` -- one document per attempt, unique on ``(task_id, attempt_no)``.
 * ``schema``   -- the schema version written by ``migrate``.
+* ``queues``   -- per-queue flags, ``_id`` = queue name: ``paused``. A claim reads its queue's
+  flag (one ``_id`` probe) just before claiming: findAndModify cannot look at another
+  collection, so the check is a separate round trip, not part of the claim's atomic step.
+* ``audit``    -- the append-only trail of operator actions, ``_id`` = entry id (copied to
+  ``entry_id`` for indexes), ``at_ms`` from the server clock.
+
+Every status's tasks are listed by ``(queue, status, order field, task_id)`` through an index
+partial on that status (``migrations/``); ``cancel_selected`` is one ``update_many`` whose
+filter each document is re-checked against as it is written (atomic per task, not per
+selection).
 
 Time: the server's clock is the authority. Every call that needs "now" reads it once with the
 ``hello`` command's ``localTime`` and uses that value as a literal in its filters and updates.

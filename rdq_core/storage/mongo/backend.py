@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeGuard
 from urllib.parse import parse_qsl, urlsplit
 
 import pymongo
-from pymongo import ASCENDING, ReturnDocument, UpdateOne, monitoring
+from pymongo import ASCENDING, DESCENDING, ReturnDocument, UpdateOne, monitoring
 from pymongo.errors import (
     AutoReconnect,
     BulkWriteError,
@@ -28,7 +28,7 @@ from pymongo.errors import (
 from ...errors import ConfigurationError, StorageUnavailable, TaskConflict
 from ...model import ClaimRef, NewTask, Outcome, Settlement, TaskStatus
 from ..codec import RecordCodec, epoch_millis
-from ..core import DeadSelection, InsertedRecord, QueueCounts, StorageCore
+from ..core import ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore
 from ..querytext import migrations
 from ..spi import from_micros, storable_json, to_micros
 
@@ -49,6 +49,8 @@ DEFAULT_SOCKET_TIMEOUT_MS = 30_000
 PURGE_CHUNK = 500
 
 _RETAINED_STATUSES = [TaskStatus.SUCCEEDED.value, TaskStatus.CANCELLED.value]
+# A listing without history leaves out the attempt rows a task carries (codec reads none).
+_WITHOUT_HISTORY = {"pending_attempts": 0, "last_attempt": 0}
 _CLAIM_FIELDS = {"claim_token": "", "claimed_at_ms": "", "lease_expires_at_ms": ""}
 
 # Tests set this to simulate a process dying between two writes: it is called with the name of
@@ -118,6 +120,8 @@ class MongoStorage(StorageCore):
         self._tasks = self._db["tasks"]
         self._attempts = self._db["attempts"]
         self._schema = self._db["schema"]
+        self._queue_flags = self._db["queues"]
+        self._audit = self._db["audit"]
 
     def _count_round_trip(self) -> None:
         with self._round_trip_lock:
@@ -213,6 +217,12 @@ class MongoStorage(StorageCore):
         return results
 
     def _claim(self, queue: str, limit: int, lease_seconds: float) -> list[Mapping[str, Any]]:
+        # A paused queue claims nothing. findAndModify cannot read another collection, so the
+        # flag is read just before the claim (one _id probe, one round trip, nothing per task):
+        # a claim that starts after set_paused returned sees it; a claim loop already past this
+        # read when the queue is paused finishes its batch, like a claim that just returned.
+        if self._queue_flags.find_one({"_id": queue, "paused": True}, {"_id": 1}) is not None:
+            return []
         now_ms = _epoch_ms(self._server_now())
         lease_expires_at_ms = now_ms + _duration_ms(lease_seconds)
         due = {"queue": queue, "status": TaskStatus.PENDING.value, "next_attempt_at_ms": {"$lte": now_ms}}
@@ -402,18 +412,36 @@ class MongoStorage(StorageCore):
             return self._tasks.find_one({"_id": task_id}), False
         return self._with_histories([doc])[0], True
 
-    def _dead_page(self, selection: DeadSelection, limit: int) -> list[Mapping[str, Any]]:
-        query = _dead_query(selection)
+    def _page(self, selection: Selection, limit: int, history: bool) -> Sequence[Mapping[str, Any]]:
+        order = _ORDER_KEY[selection.status]
+        query = _selection_query(selection)
         if selection.after is not None:
-            after_ms = selection.after[0] // 1000  # cursors carry micros; dead_at is kept in ms
-            query["$or"] = [{"dead_at_ms": {"$gt": after_ms}},
-                            {"dead_at_ms": after_ms, "task_id": {"$gt": selection.after_id}}]
-        docs = list(self._tasks.find(query, sort=[("dead_at_ms", ASCENDING), ("task_id", ASCENDING)],
+            query.update(_keyset_after(order, "task_id", selection.after))
+        # The filter's equality on queue and status plus the sort walk the status's keyset index
+        # (see the migrations) from the cursor on: the work follows the page size (plus what an
+        # error-type or handler filter skips).
+        docs = list(self._tasks.find(query, None if history else _WITHOUT_HISTORY,
+                                     sort=[(order, ASCENDING), ("task_id", ASCENDING)],
                                      limit=limit, batch_size=limit))
-        return self._with_histories(docs)
+        return self._with_histories(docs) if history else docs
+
+    def _count(self, selection: Selection) -> int:
+        return self._tasks.count_documents(_selection_query(selection))
+
+    def _cancel_selected(self, selection: Selection) -> int:
+        # One update_many: every document is matched and changed atomically on its own, its
+        # filter (status PENDING) re-checked as it is written, so a task claimed meanwhile is
+        # never cancelled. MongoDB has no atomic multi-document update without a transaction:
+        # the selection is not cancelled as one step (a reader may see part of it cancelled, and
+        # a task that becomes PENDING while the update runs may or may not be included).
+        now_ms = _epoch_ms(self._server_now())
+        query = {**_selection_query(selection), "status": TaskStatus.PENDING.value}
+        result = self._tasks.update_many(
+            query, {"$set": {"status": TaskStatus.CANCELLED.value, "updated_at_ms": now_ms}})
+        return result.modified_count
 
     def _redrive(self, selection: DeadSelection) -> int:
-        query = _dead_query(selection)
+        query = _selection_query(selection)
         now_ms = _epoch_ms(self._server_now())
         result = self._tasks.update_many(
             query,
@@ -431,7 +459,7 @@ class MongoStorage(StorageCore):
         return result.modified_count
 
     def _purge_dead(self, selection: DeadSelection) -> int:
-        query = _dead_query(selection)
+        query = _selection_query(selection)
         purged = 0
         while True:
             docs = list(self._tasks.find(query, {"_id": 1, "incarnation": 1}, limit=PURGE_CHUNK, batch_size=PURGE_CHUNK))
@@ -465,6 +493,38 @@ class MongoStorage(StorageCore):
         if not docs:
             return 0
         return self._purge(docs, {"status": {"$in": _RETAINED_STATUSES}}, "purge_succeeded")
+
+    def _set_paused(self, queue: str, paused: bool) -> None:
+        # One document per queue ever flagged; resuming keeps it with paused false.
+        self._queue_flags.update_one({"_id": queue}, {"$set": {"paused": paused}}, upsert=True)
+
+    def _paused(self) -> list[str]:
+        return [d["_id"] for d in self._queue_flags.find({"paused": True}, {"_id": 1}) if isinstance(d["_id"], str)]
+
+    def _audit_append(self, entry: Mapping[str, Any]) -> int:
+        # An insert cannot stamp the server's clock itself without an update pipeline (which
+        # nx-27017 rejects), so the time is read with hello first, as every other write does.
+        at_ms = _epoch_ms(self._server_now())
+        self._audit.insert_one({
+            "_id": entry["id"],
+            "entry_id": entry["id"],  # a copy of _id for the compound indexes (see _new_task_doc)
+            "at_ms": at_ms,
+            "actor": entry["actor"],
+            "action": entry["action"],
+            "queue": entry["queue"],
+            "selection": entry["selection"],
+            "count": int(entry["count"]),
+        })
+        return at_ms
+
+    def _audit_page(self, queue: str | None, before: tuple[int, str] | None, limit: int) -> list[Mapping[str, Any]]:
+        query: dict[str, Any] = {} if queue is None else {"queue": queue}
+        if before is not None:
+            query.update(_keyset_before("at_ms", "entry_id", before))
+        docs = self._audit.find(query, sort=[("at_ms", DESCENDING), ("entry_id", DESCENDING)],
+                                limit=limit, batch_size=limit)
+        return [{"id": d["_id"], "at": d["at_ms"], "actor": d["actor"], "action": d["action"], "queue": d["queue"],
+                 "selection": d["selection"], "count": d["count"]} for d in docs]
 
     # -- history and purges ----------------------------------------------------------------
     def _purge(self, docs: Sequence[Mapping[str, Any]], still: dict[str, Any], name: str) -> int:
@@ -604,6 +664,10 @@ class MongoStorage(StorageCore):
         return done
 
 
+#: The stored key each status's tasks are listed by (the core's ORDER_FIELD, in this store's names).
+_ORDER_KEY = {status: MongoStorage.codec.keys.get(field, field) for status, field in ORDER_FIELD.items()}
+
+
 # -- documents ---------------------------------------------------------------------------------
 
 def _new_task_doc(new: NewTask, now_ms: int) -> dict[str, Any]:
@@ -677,8 +741,8 @@ def _holds(doc: Mapping[str, Any] | None, claim_token: str) -> TypeGuard[Mapping
     )
 
 
-def _dead_query(selection: DeadSelection) -> dict[str, Any]:
-    query: dict[str, Any] = {"queue": selection.queue, "status": TaskStatus.DEAD.value}
+def _selection_query(selection: Selection) -> dict[str, Any]:
+    query: dict[str, Any] = {"queue": selection.queue, "status": selection.status.value}
     if selection.ids is not None:
         query["_id"] = {"$in": list(selection.ids)}
     if selection.error_type is not None:
@@ -686,6 +750,27 @@ def _dead_query(selection: DeadSelection) -> dict[str, Any]:
     if selection.handler is not None:
         query["handler"] = selection.handler
     return query
+
+
+def _keyset_after(order: str, tie: str, after: tuple[int, str]) -> dict[str, Any]:
+    """The filter for positions strictly after ``after`` = (epoch micros, id) in the order
+    ``(order, tie)`` ascending, where ``order`` holds epoch milliseconds. The range on ``order``
+    bounds the index scan; the ``$or`` only skips the ties at its start."""
+    micros, after_id = after
+    if micros % 1000:  # between two milliseconds: no stored instant ties with it
+        return {order: {"$gt": micros // 1000}}
+    ms = micros // 1000
+    return {order: {"$gte": ms}, "$or": [{order: {"$gt": ms}}, {tie: {"$gt": after_id}}]}
+
+
+def _keyset_before(order: str, tie: str, before: tuple[int, str]) -> dict[str, Any]:
+    """The filter for positions strictly before ``before`` = (epoch micros, id) (see
+    ``_keyset_after``)."""
+    micros, before_id = before
+    if micros % 1000:
+        return {order: {"$lte": micros // 1000}}
+    ms = micros // 1000
+    return {order: {"$lte": ms}, "$or": [{order: {"$lt": ms}}, {tie: {"$lt": before_id}}]}
 
 
 def _carried_rows(doc: Mapping[str, Any] | None) -> list[dict[str, Any]]:
