@@ -31,9 +31,9 @@ from ...errors import (
 )
 from ...model import ClaimRef, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, decoded, instant
-from ..core import DeadSelection, InsertedRecord, QueueCounts, StorageCore
+from ..core import ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore
 from ..querytext import migrations, named_queries
-from ..spi import storable_json
+from ..spi import from_micros, storable_json
 from .pool import MAX_IDLE_CONNECTIONS, WATCHDOG, ConnectionPool
 
 QUERIES = named_queries(__package__, "queries.sql")
@@ -193,21 +193,31 @@ class PostgresStorage(StorageCore):
         # Only the refusal path pays a second round trip, to say why.
         return self._load(task_id), False
 
-    def _dead_page(self, selection: DeadSelection, limit: int) -> list[dict[str, Any]]:
-        where, params = _dead_where(selection)
+    def _page(self, selection: Selection, limit: int, history: bool) -> list[dict[str, Any]]:
+        where, params = _where(selection)
         if selection.after is not None:
-            where += " " + QUERIES["dead_after_cursor"]
-            params.update(after_dead_at=selection.after_dead_at, after_id=selection.after_id)
+            where += " " + QUERIES["after_cursor"]
+            params.update(after_time=selection.after_time, after_id=selection.after_id)
         params["limit"] = limit
-        return self._fetch_all(QUERIES["list_dead"].replace("{where}", where), params)
+        statement = QUERIES["page_with_history" if history else "page"]
+        return self._fetch_all(_spliced(statement, selection, where), params)
+
+    def _count(self, selection: Selection) -> int:
+        where, params = _where(selection)
+        count: int = self._fetch_all(_spliced(QUERIES["count"], selection, where), params)[0]["n"]
+        return count
+
+    def _cancel_selected(self, selection: Selection) -> int:
+        where, params = _where(selection)
+        return self._rowcount(_spliced(QUERIES["cancel_selected"], selection, where), params)
 
     def _redrive(self, selection: DeadSelection) -> int:
-        where, params = _dead_where(selection)
-        return self._rowcount(QUERIES["redrive"].replace("{where}", where), params)
+        where, params = _where(selection)
+        return self._rowcount(_spliced(QUERIES["redrive"], selection, where), params)
 
     def _purge_dead(self, selection: DeadSelection) -> int:
-        where, params = _dead_where(selection)
-        return self._rowcount(QUERIES["purge_dead"].replace("{where}", where), params)
+        where, params = _where(selection)
+        return self._rowcount(_spliced(QUERIES["purge_dead"], selection, where), params)
 
     def _stats(self, queue: str) -> QueueCounts:
         row = self._fetch_all(QUERIES["stats"], {"queue": queue})[0]
@@ -220,6 +230,25 @@ class PostgresStorage(StorageCore):
     def _purge_finished(self, older_than_seconds: float, limit: int) -> int:
         return self._rowcount(QUERIES["purge_succeeded"], {"older_than_seconds": older_than_seconds, "limit": limit})
 
+    def _set_paused(self, queue: str, paused: bool) -> None:
+        # Committed when this returns (autocommit): every claim that starts later sees it.
+        self._rowcount(QUERIES["pause" if paused else "resume"], {"queue": _text(queue)})
+
+    def _paused(self) -> list[str]:
+        return [row["queue"] for row in self._fetch_all(QUERIES["paused"])]
+
+    def _audit_append(self, entry: Mapping[str, Any]) -> datetime:
+        params = {"id": entry["id"], "actor": _text(entry["actor"]), "action": _text(entry["action"]),
+                  "queue": _text(entry["queue"]), "selection": _text(entry["selection"]), "count": entry["count"]}
+        at: datetime = self._fetch_all(QUERIES["audit_append"], params)[0]["at"]
+        return at
+
+    def _audit_page(self, queue: str | None, before: tuple[int, str] | None, limit: int) -> list[dict[str, Any]]:
+        params = {"queue": None if queue is None else _text(queue), "limit": limit,
+                  "before_at": None if before is None else from_micros(before[0]),
+                  "before_id": None if before is None else before[1]}
+        return self._fetch_all(QUERIES["audit_page"], params)
+
 
 @contextmanager
 def _schema_required() -> Iterator[None]:
@@ -230,20 +259,42 @@ def _schema_required() -> Iterator[None]:
         raise SchemaMissing(str(exc).splitlines()[0]) from None
 
 
-def _dead_where(selection: DeadSelection) -> tuple[str, dict[str, Any]]:
-    """The WHERE text and parameters of a dead-letter selection (fragments from queries.sql)."""
-    where = QUERIES["dead_selection"]
+#: The column each status is listed by, as it may be spliced into a statement: a fixed table,
+#: checked against the core's order when the module loads.
+_ORDER_COLUMN = {TaskStatus.PENDING: "next_attempt_at", TaskStatus.IN_FLIGHT: "lease_expires_at",
+                 TaskStatus.DEAD: "dead_at", TaskStatus.SUCCEEDED: "updated_at", TaskStatus.CANCELLED: "updated_at"}
+assert _ORDER_COLUMN == dict(ORDER_FIELD), "every status is ordered by a column of rdq_tasks"
+
+
+def _where(selection: Selection) -> tuple[str, dict[str, Any]]:
+    """The WHERE text and parameters of a selection (fragments from queries.sql); its status and
+    order column are spliced in by ``_spliced``."""
+    where = QUERIES["selection"]
     params: dict[str, Any] = {"queue": selection.queue}
     if selection.ids is not None:
-        where += " " + QUERIES["dead_filter_ids"]
+        where += " " + QUERIES["filter_ids"]
         params["ids"] = list(selection.ids)
     if selection.error_type is not None:
-        where += " " + QUERIES["dead_filter_error_type"]
+        where += " " + QUERIES["filter_error_type"]
         params["error_type"] = selection.error_type
     if selection.handler is not None:
-        where += " " + QUERIES["dead_filter_handler"]
+        where += " " + QUERIES["filter_handler"]
         params["handler"] = selection.handler
     return where, params
+
+
+def _spliced(statement: str, selection: Selection, where: str) -> str:
+    """``statement`` with its selection in place. The status goes in as a literal (a bind
+    parameter would hide from the planner which partial index the statement may use); it and the
+    order column come from ``TaskStatus`` and ``_ORDER_COLUMN``, never from request text."""
+    status = TaskStatus(selection.status)
+    return (statement.replace("{where}", where).replace("{status}", status.value)
+            .replace("{order}", _ORDER_COLUMN[status]))
+
+
+def _text(value: str) -> str:
+    """Text PostgreSQL can hold: U+0000 becomes U+FFFD (no text column can store it)."""
+    return value.replace("\x00", "\ufffd")
 
 
 def _error_json(error: ErrorInfo | None) -> str | None:

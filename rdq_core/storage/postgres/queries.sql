@@ -15,9 +15,12 @@
 -- task_columns and task_history are fragments: "{{task_columns}}" in a statement stands for
 -- that block's text (substituted when the file is loaded).
 --
--- list_dead, redrive and purge_dead share one selection: dead_selection, followed by the
--- dead_filter_* fragments a DeadFilter asks for (and dead_after_cursor for a later page),
--- replaces the {where} in those three statements.
+-- Listing, counting and the bulk actions (page, page_with_history, count, cancel_selected,
+-- redrive, purge_dead) share one selection: the selection fragment (queue and status), followed
+-- by the filter_* fragments a filter asks for (and after_cursor for a later page), replaces the
+-- {where} in those statements. The only other text spliced in comes from fixed tables in
+-- backend.py, never from a request: the status, as a literal so the planner can match the
+-- status's partial index, and the column the status is ordered by ({order}).
 
 -- name: task_columns
 -- Fragment: a task row as every statement returns it, from a relation aliased t.
@@ -102,6 +105,9 @@ FROM rdq_tasks AS t WHERE t.id = ANY(%(ids)s::text[])
 -- locking subquery as an uncorrelated ARRAY(...): it runs exactly once (an IN subquery may be
 -- re-scanned by some plans, and SKIP LOCKED is not repeatable), and "id = ANY(array)" makes the
 -- update probe the primary key per claimed row instead of joining against the whole table.
+-- A paused queue claims nothing: the NOT EXISTS is uncorrelated, so it runs once per statement
+-- (one primary-key probe of rdq_paused_queues, a one-time filter above the index scan), in the
+-- claim's own snapshot -- a claim that starts after set_paused committed sees the row.
 WITH claimed AS (
     UPDATE rdq_tasks
     SET status = 'IN_FLIGHT',
@@ -113,7 +119,8 @@ WITH claimed AS (
         SELECT id
         FROM rdq_tasks
         WHERE queue = %(queue)s AND status = 'PENDING' AND next_attempt_at <= now()
-        ORDER BY next_attempt_at
+          AND NOT EXISTS (SELECT FROM rdq_paused_queues AS p WHERE p.queue = %(queue)s)
+        ORDER BY next_attempt_at, id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ))
@@ -232,28 +239,52 @@ SELECT {{task_columns}},
        {{task_history}}
 FROM cancelled AS t
 
--- name: dead_selection
-t.queue = %(queue)s AND t.status = 'DEAD'
+-- name: selection
+t.queue = %(queue)s AND t.status = '{status}'
 
--- name: dead_filter_ids
+-- name: filter_ids
 AND t.id = ANY(%(ids)s::text[])
 
--- name: dead_filter_error_type
+-- name: filter_error_type
 AND t.last_error->>'type' = %(error_type)s
 
--- name: dead_filter_handler
+-- name: filter_handler
 AND t.handler = %(handler)s
 
--- name: dead_after_cursor
-AND (t.dead_at, t.id) > (%(after_dead_at)s, %(after_id)s)
+-- name: after_cursor
+AND (t.{order}, t.id) > (%(after_time)s, %(after_id)s)
 
--- name: list_dead
+-- name: page
+-- One keyset page of a status, walking that status's (queue, status, instant, id) index.
+SELECT {{task_columns}}
+FROM rdq_tasks AS t
+WHERE {where}
+ORDER BY t.{order}, t.id
+LIMIT %(limit)s
+
+-- name: page_with_history
+-- The same page, each task with its history (the DLQ shows why a task died).
 SELECT {{task_columns}},
        {{task_history}}
 FROM rdq_tasks AS t
 WHERE {where}
-ORDER BY t.dead_at, t.id
+ORDER BY t.{order}, t.id
 LIMIT %(limit)s
+
+-- name: count
+SELECT count(*) AS n FROM rdq_tasks AS t WHERE {where}
+
+-- name: cancel_selected
+-- What cancel does, for every selected PENDING task, in one statement. The rows are locked in id
+-- order first (like the fenced batch writes, so a concurrent batch never deadlocks with this
+-- one); a row a claim changed meanwhile is re-checked after its lock is granted and no longer
+-- matches status = 'PENDING', so a task claimed concurrently is never cancelled.
+UPDATE rdq_tasks AS t
+SET status = 'CANCELLED', updated_at = now()
+WHERE t.id = ANY (ARRAY(
+        SELECT t.id FROM rdq_tasks AS t WHERE {where} ORDER BY t.id FOR UPDATE
+    ))
+  AND t.status = 'PENDING'
 
 -- name: redrive
 UPDATE rdq_tasks AS t
@@ -301,3 +332,28 @@ WHERE id IN (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
+
+-- name: pause
+INSERT INTO rdq_paused_queues (queue) VALUES (%(queue)s) ON CONFLICT (queue) DO NOTHING
+
+-- name: resume
+DELETE FROM rdq_paused_queues WHERE queue = %(queue)s
+
+-- name: paused
+SELECT queue FROM rdq_paused_queues
+
+-- name: audit_append
+-- Stamped by the database clock; RETURNING hands back the time exactly as stored.
+INSERT INTO rdq_audit_log (id, at, actor, action, queue, selection, count)
+VALUES (%(id)s, now(), %(actor)s, %(action)s, %(queue)s, %(selection)s, %(count)s)
+RETURNING at
+
+-- name: audit_page
+-- Newest first by (at, id), strictly before the cursor; a backward walk of
+-- rdq_audit_log_queue_at_idx (one queue) or rdq_audit_log_at_idx (all).
+SELECT id, at, actor, action, queue, selection, count
+FROM rdq_audit_log
+WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(before_at)s::timestamptz IS NULL OR (at, id) < (%(before_at)s::timestamptz, %(before_id)s::text))
+ORDER BY at DESC, id DESC
+LIMIT %(limit)s

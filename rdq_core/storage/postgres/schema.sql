@@ -65,9 +65,18 @@ CREATE TABLE rdq_attempts (
 -- Partial indexes: each hot path scans only the rows in the state it looks for, so its cost
 -- follows the batch size, not the size of the backlog or of the retained history.
 
--- claim: due PENDING tasks of one queue, oldest first; stats: oldest due age.
-CREATE INDEX rdq_tasks_pending_due_idx ON rdq_tasks (queue, next_attempt_at)
+-- Each status of a queue is listed by (its instant, id); one index per status serves that
+-- order: PENDING by next_attempt_at, IN_FLIGHT by lease_expires_at, DEAD by dead_at, SUCCEEDED and
+-- CANCELLED by updated_at.
+
+-- claim: due PENDING tasks of one queue, oldest first, then by id; stats: oldest due age;
+-- PENDING listings.
+CREATE INDEX rdq_tasks_pending_due_idx ON rdq_tasks (queue, next_attempt_at, id)
     WHERE status = 'PENDING';
+
+-- IN_FLIGHT listings of one queue.
+CREATE INDEX rdq_tasks_in_flight_idx ON rdq_tasks (queue, lease_expires_at, id)
+    WHERE status = 'IN_FLIGHT';
 
 -- reaper: IN_FLIGHT tasks whose lease expired, oldest expiry first.
 CREATE INDEX rdq_tasks_lease_expiry_idx ON rdq_tasks (lease_expires_at)
@@ -77,9 +86,40 @@ CREATE INDEX rdq_tasks_lease_expiry_idx ON rdq_tasks (lease_expires_at)
 CREATE INDEX rdq_tasks_dead_idx ON rdq_tasks (queue, dead_at, id)
     WHERE status = 'DEAD';
 
+-- SUCCEEDED and CANCELLED listings of one queue.
+CREATE INDEX rdq_tasks_finished_idx ON rdq_tasks (queue, status, updated_at, id)
+    WHERE status IN ('SUCCEEDED', 'CANCELLED');
+
 -- retention: finished tasks by age.
 CREATE INDEX rdq_tasks_retention_idx ON rdq_tasks (updated_at)
     WHERE status IN ('SUCCEEDED', 'CANCELLED');
 
 -- stats counts per status and the list_queues skip scan, both index-only.
 CREATE INDEX rdq_tasks_queue_status_idx ON rdq_tasks (queue, status);
+
+-- A row per paused queue: the claim reads it by primary key inside its own statement, and a
+-- paused queue's claim returns nothing.
+CREATE TABLE rdq_paused_queues (
+    queue     text COLLATE "C" NOT NULL,
+    paused_at timestamptz NOT NULL DEFAULT now(),
+
+    CONSTRAINT rdq_paused_queues_pkey PRIMARY KEY (queue)
+);
+
+-- The operators' audit trail, append-only: who did what to which queue, when (the database
+-- clock), with what selection (JSON text, kept as given) and how many tasks it changed.
+CREATE TABLE rdq_audit_log (
+    id        text COLLATE "C" NOT NULL,
+    at        timestamptz NOT NULL DEFAULT now(),
+    actor     text NOT NULL,
+    action    text NOT NULL,
+    queue     text COLLATE "C" NOT NULL,
+    selection text NOT NULL,
+    count     bigint NOT NULL,
+
+    CONSTRAINT rdq_audit_log_pkey PRIMARY KEY (id)
+);
+
+-- Newest first by (at, id): across queues, and within one.
+CREATE INDEX rdq_audit_log_at_idx ON rdq_audit_log (at, id);
+CREATE INDEX rdq_audit_log_queue_at_idx ON rdq_audit_log (queue, at, id);

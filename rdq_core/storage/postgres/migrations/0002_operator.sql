@@ -1,0 +1,50 @@
+-- rdq schema v2: operator features -- keyset listing of any status, paused queues, audit trail.
+--
+-- Every status of a queue is now listed by (its instant, id), so each needs an index that
+-- serves (queue, status, instant, id): PENDING gains id as the tie-break (tasks enqueued by one
+-- statement share next_attempt_at, and the claim walks the same order), IN_FLIGHT and the
+-- finished statuses get one of their own, DEAD already has one.
+--
+-- The runner applies a migration in one transaction: the index builds below hold a lock that
+-- blocks writes to rdq_tasks until it commits. On a large table, build the new indexes first
+-- with CREATE INDEX CONCURRENTLY under the same names and definitions; IF NOT EXISTS then
+-- leaves them as they are.
+
+-- claim (oldest due first, then id) and PENDING listings.
+DROP INDEX rdq_tasks_pending_due_idx;
+CREATE INDEX rdq_tasks_pending_due_idx ON rdq_tasks (queue, next_attempt_at, id)
+    WHERE status = 'PENDING';
+
+-- IN_FLIGHT listings of one queue (the reaper keeps rdq_tasks_lease_expiry_idx, across queues).
+CREATE INDEX IF NOT EXISTS rdq_tasks_in_flight_idx ON rdq_tasks (queue, lease_expires_at, id)
+    WHERE status = 'IN_FLIGHT';
+
+-- SUCCEEDED and CANCELLED listings of one queue (retention keeps rdq_tasks_retention_idx).
+CREATE INDEX IF NOT EXISTS rdq_tasks_finished_idx ON rdq_tasks (queue, status, updated_at, id)
+    WHERE status IN ('SUCCEEDED', 'CANCELLED');
+
+-- A row per paused queue. The claim reads it by primary key inside its own statement.
+CREATE TABLE rdq_paused_queues (
+    queue     text COLLATE "C" NOT NULL,
+    paused_at timestamptz NOT NULL DEFAULT now(),
+
+    CONSTRAINT rdq_paused_queues_pkey PRIMARY KEY (queue)
+);
+
+-- Append-only: who did what to which queue, when (the database clock), with what selection
+-- (JSON text, kept as given) and how many tasks it changed.
+CREATE TABLE rdq_audit_log (
+    id        text COLLATE "C" NOT NULL,
+    at        timestamptz NOT NULL DEFAULT now(),
+    actor     text NOT NULL,
+    action    text NOT NULL,
+    queue     text COLLATE "C" NOT NULL,
+    selection text NOT NULL,
+    count     bigint NOT NULL,
+
+    CONSTRAINT rdq_audit_log_pkey PRIMARY KEY (id)
+);
+
+-- Newest first by (at, id): across queues, and within one.
+CREATE INDEX rdq_audit_log_at_idx ON rdq_audit_log (at, id);
+CREATE INDEX rdq_audit_log_queue_at_idx ON rdq_audit_log (queue, at, id);
