@@ -43,7 +43,7 @@ EXIT_FAILURE, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_STOPPED_AT_ONCE 
 #: Commands that may create a store; any other one says so when it would.
 CREATES_STORES = {"migrate", "dev"}
 #: Operator commands that work through a deployed API (--api) as well as on a store.
-REMOTE_COMMANDS = {"enqueue", "stats", "queues", "task", "dlq"}
+REMOTE_COMMANDS = {"enqueue", "stats", "queues", "tasks", "task", "cancel", "pause", "resume", "dlq", "audit"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rdq", description="rdq: retries, a dead-letter queue and redrive on your own datastore.")
     parser.add_argument("--storage", metavar="URL", help="storage URL (default: $RDQ_STORAGE_URL, else sqlite:///rdq.db)")
     remote = parser.add_argument_group(
-        "a deployed API instead of a store (enqueue, stats, task and dlq commands)")
+        "a deployed API instead of a store (the operator commands: " + ", ".join(sorted(REMOTE_COMMANDS)) + ")")
     remote.add_argument("--api", metavar="URL", default=os.environ.get("RDQ_API_URL") or None,
                         help="the API's base URL, e.g. https://ID.execute-api.REGION.amazonaws.com/v1 ($RDQ_API_URL); "
                              "signed with SigV4 from the standard AWS credential chain unless --api-key or --token is given")
@@ -109,6 +109,31 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("queue")
     stats.add_argument("--json", action="store_true")
 
+    tasks = commands.add_parser("tasks", help="a queue's tasks by status, a page at a time")
+    tasks.add_argument("queue")
+    tasks.add_argument("--status", choices=[s.value for s in TaskStatus],
+                       help="one status (default: every status, PENDING first)")
+    tasks.add_argument("--handler", dest="filter_handler")
+    tasks.add_argument("--error-type", help="the type of the task's last error, in full")
+    tasks.add_argument("--limit", type=int, default=50)
+    tasks.add_argument("--cursor", help="the next page: the cursor the previous page printed")
+    tasks.add_argument("--json", action="store_true")
+
+    cancel_by_filter = commands.add_parser("cancel", help="cancel the PENDING tasks of a queue that match a selection")
+    _selection_arguments(cancel_by_filter, confirm=True)
+
+    for name, text in (("pause", "stop workers claiming from a queue (enqueues are still accepted)"),
+                       ("resume", "let workers claim from a paused queue again")):
+        switch = commands.add_parser(name, help=text)
+        switch.add_argument("queue")
+        switch.add_argument("--json", action="store_true")
+
+    audit = commands.add_parser("audit", help="operator actions, newest first, with who took them")
+    audit.add_argument("--queue")
+    audit.add_argument("--limit", type=int, default=50)
+    audit.add_argument("--cursor")
+    audit.add_argument("--json", action="store_true")
+
     task = commands.add_parser("task", help="inspect or cancel one task").add_subparsers(dest="task_command", required=True)
     show = task.add_parser("show", help="a task with its attempt history")
     show.add_argument("id")
@@ -133,16 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_show.add_argument("id")
     dlq_show.add_argument("--json", action="store_true")
     for name, text in (("redrive", "send dead tasks back to PENDING with a fresh budget"), ("purge", "delete dead tasks")):
-        action = dlq.add_parser(name, help=text)
-        action.add_argument("queue")
-        action.add_argument("--id", action="append", dest="ids", metavar="ID")
-        action.add_argument("--all", action="store_true")
-        action.add_argument("--error-type")
-        action.add_argument("--handler", dest="filter_handler")
-        action.add_argument("--dry-run", action="store_true", help="say how many tasks match, change nothing")
-        if name == "purge":
-            action.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-        action.add_argument("--json", action="store_true")
+        _selection_arguments(dlq.add_parser(name, help=text), confirm=name == "purge")
 
     invoke = commands.add_parser("invoke", help="run one Lambda function locally with an event file (no Docker)")
     invoke.add_argument("function", choices=("api", "worker", "reaper"))
@@ -151,6 +167,18 @@ def build_parser() -> argparse.ArgumentParser:
     invoke.add_argument("--handlers", metavar="MODULE[,MODULE]",
                         help="handler modules (default: $RDQ_HANDLERS, else the examples)")
     return parser
+
+
+def _selection_arguments(action: argparse.ArgumentParser, *, confirm: bool) -> None:
+    action.add_argument("queue")
+    action.add_argument("--id", action="append", dest="ids", metavar="ID")
+    action.add_argument("--all", action="store_true")
+    action.add_argument("--error-type")
+    action.add_argument("--handler", dest="filter_handler")
+    action.add_argument("--dry-run", action="store_true", help="say how many tasks match, change nothing")
+    if confirm:
+        action.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    action.add_argument("--json", action="store_true")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -336,11 +364,58 @@ def cmd_queues(args: argparse.Namespace, url: str) -> int:
         _print_json({"queues": [stats.to_dict() for stats in listed]})
         return 0
     if not listed:
-        _say("no queue holds a task")
+        _say("no queue holds a task or is paused")
     for stats in listed:
         _say(f"{stats.queue:<30} pending={stats.pending} in_flight={stats.in_flight} dead={stats.dead} "
              f"succeeded={stats.succeeded} cancelled={stats.cancelled} "
-             f"oldest_pending_age_seconds={stats.oldest_pending_age_seconds:g}")
+             f"oldest_pending_age_seconds={stats.oldest_pending_age_seconds:g}{' PAUSED' if stats.paused else ''}")
+    return 0
+
+
+def cmd_tasks(args: argparse.Namespace, url: str) -> int:
+    with _client(args, url) as client:
+        page = client.list_tasks(args.queue, status=args.status, handler=args.filter_handler, error_type=args.error_type,
+                                 limit=args.limit, cursor=args.cursor)
+    if args.json:
+        _print_json(page.to_dict())
+        return 0
+    _print_table(("ID", "STATUS", "HANDLER", "ATTEMPTS", "LAST ERROR", "UPDATED AT"), [
+        (t.id, t.status.value, t.handler, str(t.attempt_count), t.last_error.type if t.last_error else "-",
+         t.updated_at.isoformat() if t.updated_at else "-")
+        for t in page.tasks], empty="no tasks")
+    if page.next_cursor:
+        _say(f"more: --cursor {page.next_cursor}")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace, url: str) -> int:
+    with _client(args, url) as client:
+        return _bulk_action(client, args, "cancel", "cancelled", "PENDING")
+
+
+def cmd_pause(args: argparse.Namespace, url: str) -> int:
+    with _client(args, url) as client:
+        stats = client.pause(args.queue) if args.command == "pause" else client.resume(args.queue)
+    if args.json:
+        _print_json(stats.to_dict())
+    else:
+        _say(f"{stats.queue} {'paused' if stats.paused else 'running'} (pending={stats.pending} "
+             f"in_flight={stats.in_flight})")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace, url: str) -> int:
+    with _client(args, url) as client:
+        page = client.list_audit(queue=args.queue, limit=args.limit, cursor=args.cursor)
+    if args.json:
+        _print_json(page.to_dict())
+        return 0
+    _print_table(("AT", "ACTOR", "ACTION", "QUEUE", "COUNT", "SELECTION"), [
+        (e.at.isoformat(), e.actor, e.action, e.queue, str(e.count),
+         json.dumps(dict(e.selection), ensure_ascii=False, separators=(",", ":")) if e.selection else "-")
+        for e in page.entries], empty="no operator actions recorded")
+    if page.next_cursor:
+        _say(f"more: --cursor {page.next_cursor}")
     return 0
 
 
@@ -409,7 +484,9 @@ def cmd_invoke(args: argparse.Namespace, url: str) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, str], int]] = {
     "migrate": cmd_migrate, "dev": cmd_dev, "worker": cmd_worker, "reaper": cmd_reaper,
-    "enqueue": cmd_enqueue, "stats": cmd_stats, "queues": cmd_queues, "task": cmd_task, "dlq": cmd_dlq, "invoke": cmd_invoke,
+    "enqueue": cmd_enqueue, "stats": cmd_stats, "queues": cmd_queues, "tasks": cmd_tasks, "task": cmd_task,
+    "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_pause, "audit": cmd_audit, "dlq": cmd_dlq,
+    "invoke": cmd_invoke,
 }
 
 
@@ -510,21 +587,29 @@ def _cancel_many(client: Client | HttpClient, ids: Sequence[str], as_json: bool)
 
 
 def _redrive_or_purge(client: Client | HttpClient, args: argparse.Namespace) -> int:
-    redrive = args.dlq_command == "redrive"
-    verb, done_key = ("redrive", "redriven") if redrive else ("purge", "purged")
-    selection = dict(ids=args.ids, error_type=args.error_type, handler=args.filter_handler, all=args.all)
     if args.ids:
         _check_dead_ids(client, args.queue, args.ids)
-    matching = _count_dead(client, args.queue, args.ids, args.error_type, args.filter_handler)
+    if args.dlq_command == "redrive":
+        return _bulk_action(client, args, "redrive", "redriven", "dead")
+    return _bulk_action(client, args, "purge", "purged", "dead", confirm="and their history for good")
+
+
+def _bulk_action(client: Client | HttpClient, args: argparse.Namespace, verb: str, done_key: str, kind: str,
+                 confirm: str = "") -> int:
+    """redrive, purge, cancel: count what the selection matches (the API's dry run), then act,
+    asking first where the action cannot be undone."""
+    act = {"redrive": client.redrive, "purge": client.purge_dead, "cancel": client.cancel_selected}[verb]
+    selection = dict(ids=args.ids, error_type=args.error_type, handler=args.filter_handler, all=args.all)
+    matching = act(args.queue, **selection, dry_run=True)
     if args.dry_run:
         if args.json:
             _print_json({"dry_run": True, "matching": matching})
         else:
-            _say(f"would {verb} {matching} dead task(s) of queue {args.queue!r} (dry run: nothing changed)")
+            _say(f"would {verb} {matching} {kind} task(s) of queue {args.queue!r} (dry run: nothing changed)")
         return 0
-    if not redrive and not args.ids and matching and not args.yes:  # naming ids is confirmation enough
-        _confirm(f"purge {matching} dead task(s) of queue {args.queue!r} and their history for good?")
-    count = client.redrive(args.queue, **selection) if redrive else client.purge_dead(args.queue, **selection)
+    if hasattr(args, "yes") and not args.ids and matching and not args.yes:  # naming ids is confirmation enough
+        _confirm(f"{verb} {matching} {kind} task(s) of queue {args.queue!r}{' ' + confirm if confirm else ''}?")
+    count = act(args.queue, **selection)
     if args.json:
         _print_json({done_key: count})
     else:
@@ -554,21 +639,6 @@ def _check_dead_ids(client: Client | HttpClient, queue: str, ids: Sequence[str])
         raise TaskConflict(f"only DEAD tasks can be redriven or purged: {'; '.join(not_dead)}; nothing was changed")
 
 
-def _count_dead(client: Client | HttpClient, queue: str, ids: Sequence[str] | None, error_type: str | None,
-                handler: str | None) -> int:
-    if ids:
-        return len(dict.fromkeys(ids))
-    if not error_type and not handler:
-        return client.stats(queue).dead
-    count, cursor = 0, None
-    while True:
-        page = client.list_dead(queue, limit=500, cursor=cursor, error_type=error_type, handler=handler)
-        count += len(page.tasks)
-        if not page.next_cursor:
-            return count
-        cursor = page.next_cursor
-
-
 def _confirm(question: str) -> None:
     if not sys.stdin.isatty():
         raise InvalidInput(f"refusing to {question.rstrip('?')} without confirmation: pass --yes "
@@ -584,15 +654,19 @@ def _hint_full_error_type(error_type: str) -> None:
 
 
 def _print_dead_table(tasks: Sequence[Any]) -> None:
-    if not tasks:
-        _say("no dead tasks")
+    _print_table(("ID", "HANDLER", "ERROR", "ATTEMPTS", "DEAD AT"), [
+        (t.id, t.handler, t.last_error.type if t.last_error else "-", str(len(t.attempts)),
+         t.dead_at.isoformat() if t.dead_at else "-")
+        for t in tasks], empty="no dead tasks")
+
+
+def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, empty: str) -> None:
+    if not rows:
+        _say(empty)
         return
-    rows = [tuple(printable(cell) for cell in (t.id, t.handler, t.last_error.type if t.last_error else "-",
-                                               str(len(t.attempts)), t.dead_at.isoformat() if t.dead_at else "-"))
-            for t in tasks]
-    header = ("ID", "HANDLER", "ERROR", "ATTEMPTS", "DEAD AT")
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
+    printed = [tuple(printable(cell) for cell in row) for row in rows]
+    widths = [max(len(row[i]) for row in [tuple(header), *printed]) for i in range(len(header))]
+    for row in [tuple(header), *printed]:
         _say("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 

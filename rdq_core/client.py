@@ -20,15 +20,36 @@ from typing import Any, Iterable, Mapping, Sequence
 from . import validation
 from .errors import InvalidCursor, InvalidInput, TaskConflict, TaskNotFound
 from .ids import new_task_id
-from .model import Backoff, DeadFilter, DeadPage, EnqueueResult, NewTask, QueueStats, Task
+from .model import (
+    AuditPage,
+    Backoff,
+    DeadFilter,
+    DeadPage,
+    EnqueueResult,
+    NewTask,
+    QueueStats,
+    Task,
+    TaskFilter,
+    TaskPage,
+    TaskStatus,
+)
 from .storage import open_storage
 from .storage.spi import Storage, decode_dead_cursor, to_micros
 
+#: Who an operator action is recorded as when the caller does not say: a process on this machine
+#: talking to the store directly (the CLI, a script). The API names the caller's IAM principal or
+#: API key instead.
+LOCAL_ACTOR = "local"
+
 
 class Client:
-    def __init__(self, storage: str | Storage | None = None) -> None:
+    """``actor`` is who the audit trail records for the operator actions this client takes
+    (redrive, purge, cancel, pause, resume)."""
+
+    def __init__(self, storage: str | Storage | None = None, *, actor: str = LOCAL_ACTOR) -> None:
         self.storage = storage if isinstance(storage, Storage) else open_storage(storage)
         self._owns_storage = not isinstance(storage, Storage)
+        self.actor = actor
 
     def close(self) -> None:
         if self._owns_storage:
@@ -103,15 +124,35 @@ class Client:
         return task
 
     def cancel(self, task_id: str) -> Task:
-        return self.storage.cancel(validation.task_id(task_id))
+        task = self.storage.cancel(validation.task_id(task_id))
+        self._audit("cancel", task.queue, {"ids": [task.id]}, 1)
+        return task
 
     def stats(self, queue: str) -> QueueStats:
         return self.storage.stats(validation.queue_name(queue))
 
     def list_queues(self) -> list[QueueStats]:
-        """Every queue that holds at least one task, by name, with its counts (one stats call per
-        queue: index lookups each)."""
-        return [self.storage.stats(queue) for queue in self.storage.list_queues()]
+        """Every queue that holds at least one task or is paused, by name, with its counts (one
+        stats call per queue: index lookups each)."""
+        names = set(self.storage.list_queues()) | self.storage.paused_queues()
+        return [self.storage.stats(queue) for queue in sorted(names)]
+
+    def list_tasks(
+        self,
+        queue: str,
+        *,
+        status: TaskStatus | str | None = None,
+        handler: str | None = None,
+        error_type: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> TaskPage:
+        """One page of a queue's tasks (without attempt history), in one status or in all; see
+        ``Storage.list_tasks`` for the order. ``next_cursor`` fetches the next page."""
+        return self.storage.list_tasks(
+            validation.queue_name(queue), status=task_status(status), limit=validation.page_size(limit),
+            cursor=_cursor_text(cursor), filter=dead_filter(error_type=error_type, handler=handler),
+        )
 
     def list_dead(
         self,
@@ -133,12 +174,61 @@ class Client:
         )
 
     def redrive(self, queue: str, *, ids: Iterable[str] | None = None, error_type: str | None = None,
-                handler: str | None = None, all: bool = False) -> int:
-        return self.storage.redrive(validation.queue_name(queue), _selection(ids, error_type, handler, all))
+                handler: str | None = None, all: bool = False, dry_run: bool = False) -> int:
+        """Dead tasks matching the selection -> PENDING (due now, budget reset, history kept);
+        the count. ``dry_run`` counts them and changes nothing."""
+        return self._bulk("redrive", TaskStatus.DEAD, self.storage.redrive, queue, ids, error_type, handler, all, dry_run)
 
     def purge_dead(self, queue: str, *, ids: Iterable[str] | None = None, error_type: str | None = None,
-                   handler: str | None = None, all: bool = False) -> int:
-        return self.storage.purge_dead(validation.queue_name(queue), _selection(ids, error_type, handler, all))
+                   handler: str | None = None, all: bool = False, dry_run: bool = False) -> int:
+        """Delete the dead tasks matching the selection, with their history; the count."""
+        return self._bulk("purge", TaskStatus.DEAD, self.storage.purge_dead, queue, ids, error_type, handler, all,
+                          dry_run)
+
+    def cancel_selected(self, queue: str, *, ids: Iterable[str] | None = None, error_type: str | None = None,
+                        handler: str | None = None, all: bool = False, dry_run: bool = False) -> int:
+        """Cancel every PENDING task matching the selection (claimed ones run on); the count."""
+        return self._bulk("cancel", TaskStatus.PENDING, self.storage.cancel_selected, queue, ids, error_type, handler,
+                          all, dry_run)
+
+    def pause(self, queue: str) -> QueueStats:
+        """Workers claim nothing from ``queue`` until it is resumed; enqueues are still accepted
+        and tasks already claimed run to their end."""
+        return self._set_paused(queue, True)
+
+    def resume(self, queue: str) -> QueueStats:
+        return self._set_paused(queue, False)
+
+    def list_audit(self, *, queue: str | None = None, limit: int = 50, cursor: str | None = None) -> AuditPage:
+        """Operator actions, newest first: who, what, which queue and selection, how many tasks."""
+        return self.storage.list_audit(
+            queue=None if queue is None else validation.queue_name(queue), limit=validation.page_size(limit),
+            cursor=_cursor_text(cursor),
+        )
+
+    # -- what the operator actions share -------------------------------------------------------
+    def _bulk(self, action: str, status: TaskStatus, act: Any, queue: str, ids: Iterable[str] | None,
+              error_type: str | None, handler: str | None, all: bool, dry_run: bool) -> int:
+        queue = validation.queue_name(queue)
+        if not isinstance(dry_run, bool):
+            raise InvalidInput("dry_run must be true or false", "dry_run")
+        selection = _selection(ids, error_type, handler, all)
+        if dry_run:
+            return self.storage.count_tasks(queue, status, selection)
+        count: int = act(queue, selection)
+        self._audit(action, queue, _described(selection, all), count)
+        return count
+
+    def _set_paused(self, queue: str, paused: bool) -> QueueStats:
+        queue = validation.queue_name(queue)
+        self.storage.set_paused(queue, paused)
+        self._audit("pause" if paused else "resume", queue, {}, 0)
+        return self.storage.stats(queue)
+
+    def _audit(self, action: str, queue: str, selection: Mapping[str, Any], count: int) -> None:
+        # After the action: the entry records what it did (the count). A failure here surfaces to
+        # the caller, who can see in the task states that the action itself took place.
+        self.storage.record_audit(actor=self.actor, action=action, queue=queue, selection=selection, count=count)
 
 
 def build_new_tasks(queue: str, items: Sequence[Mapping[str, Any]]) -> list[NewTask]:
@@ -215,7 +305,42 @@ def _check_cursor(queue: str, cursor: Any) -> None:
 
 
 def _selection(ids: Iterable[str] | None, error_type: str | None, handler: str | None, all: bool) -> DeadFilter:
-    """Redrive and purge act on an explicit selection: ids, a filter, or ``all=True``."""
+    """Bulk actions act on an explicit selection: ids, a filter, or ``all=True``."""
+    if not isinstance(all, bool):
+        raise InvalidInput("all must be true or false", "all")
     if ids is None and error_type is None and handler is None and not all:
-        raise InvalidInput("select dead tasks by ids, error_type/handler, or all", "ids")
+        raise InvalidInput("select tasks by ids, error_type/handler, or all", "ids")
     return dead_filter(ids=ids, error_type=error_type, handler=handler)
+
+
+def _described(selection: TaskFilter, all: bool) -> dict[str, Any]:
+    """The selection as the audit trail keeps it: only what was given."""
+    described: dict[str, Any] = {}
+    if selection.ids is not None:
+        described["ids"] = list(selection.ids)
+    if selection.error_type is not None:
+        described["error_type"] = selection.error_type
+    if selection.handler is not None:
+        described["handler"] = selection.handler
+    if all and not described:
+        described["all"] = True
+    return described
+
+
+def task_status(status: Any) -> TaskStatus | None:
+    """A listing's status: None (every status), a ``TaskStatus``, or its name."""
+    if status is None or isinstance(status, TaskStatus):
+        return status
+    if isinstance(status, str) and status in TaskStatus._value2member_map_:
+        return TaskStatus(status)
+    raise InvalidInput(f"status must be one of {', '.join(s.value for s in TaskStatus)}", "status")
+
+
+def _cursor_text(cursor: Any) -> str | None:
+    """A cursor is opaque, but it comes back from the caller: beyond its length bound it is refused
+    before any decoding (the store's decoder then checks what it holds)."""
+    if cursor is None:
+        return None
+    if not isinstance(cursor, str) or not 0 < len(cursor) <= 1024:
+        raise InvalidCursor()
+    return cursor

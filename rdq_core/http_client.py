@@ -63,7 +63,7 @@ from .errors import (
     UnsupportedOperation,
 )
 from .ids import new_task_id
-from .model import Backoff, DeadPage, EnqueueResult, NewTask, QueueStats, Task, TaskStatus
+from .model import AuditPage, Backoff, DeadPage, EnqueueResult, NewTask, QueueStats, Task, TaskPage, TaskStatus
 
 __all__ = ["ApiKey", "Auth", "BearerToken", "HttpClient", "SigV4"]
 
@@ -282,7 +282,7 @@ class HttpClient:
         return QueueStats.from_dict(self._call("GET", f"/v1/queues/{_segment(queue)}/stats", IDEMPOTENT).json())
 
     def list_queues(self) -> list[QueueStats]:
-        """Every queue that holds at least one task, by name, with its counts."""
+        """Every queue that holds at least one task or is paused, by name, with its counts."""
         return [QueueStats.from_dict(item) for item in self._call("GET", "/v1/queues", IDEMPOTENT).json()["queues"]]
 
     def list_dead(
@@ -297,18 +297,57 @@ class HttpClient:
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise InvalidInput("limit must be an integer", "limit")
         query = {"limit": str(limit), "cursor": cursor, "error_type": error_type, "handler": handler}
-        encoded = urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
-        return DeadPage.from_dict(self._call("GET", f"/v1/queues/{_segment(queue)}/dlq?{encoded}", IDEMPOTENT).json())
+        return DeadPage.from_dict(self._call("GET", f"/v1/queues/{_segment(queue)}/dlq?{_query(query)}", IDEMPOTENT).json())
+
+    def list_tasks(
+        self,
+        queue: str,
+        *,
+        status: TaskStatus | str | None = None,
+        handler: str | None = None,
+        error_type: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> TaskPage:
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise InvalidInput("limit must be an integer", "limit")
+        status_text = status.value if isinstance(status, TaskStatus) else status
+        query = {"status": status_text, "handler": handler, "error_type": error_type, "limit": str(limit), "cursor": cursor}
+        return TaskPage.from_dict(self._call("GET", f"/v1/queues/{_segment(queue)}/tasks?{_query(query)}", IDEMPOTENT).json())
 
     def redrive(self, queue: str, *, ids: Iterable[str] | None = None, error_type: str | None = None,
-                handler: str | None = None, all: bool = False) -> int:
-        body = _selection(ids, error_type, handler, all)
-        return int(self._call("POST", f"/v1/queues/{_segment(queue)}/dlq:redrive", ONCE, body=body).json()["redriven"])
+                handler: str | None = None, all: bool = False, dry_run: bool = False) -> int:
+        return self._bulk(f"/v1/queues/{_segment(queue)}/dlq:redrive", "redriven", ids, error_type, handler, all, dry_run)
 
     def purge_dead(self, queue: str, *, ids: Iterable[str] | None = None, error_type: str | None = None,
-                   handler: str | None = None, all: bool = False) -> int:
+                   handler: str | None = None, all: bool = False, dry_run: bool = False) -> int:
+        return self._bulk(f"/v1/queues/{_segment(queue)}/dlq:purge", "purged", ids, error_type, handler, all, dry_run)
+
+    def cancel_selected(self, queue: str, *, ids: Iterable[str] | None = None, error_type: str | None = None,
+                        handler: str | None = None, all: bool = False, dry_run: bool = False) -> int:
+        return self._bulk(f"/v1/queues/{_segment(queue)}/tasks:cancel", "cancelled", ids, error_type, handler, all,
+                          dry_run)
+
+    def pause(self, queue: str) -> QueueStats:
+        # Pausing twice is pausing: a repeat after a lost answer is harmless.
+        return QueueStats.from_dict(self._call("POST", f"/v1/queues/{_segment(queue)}:pause", IDEMPOTENT, body={}).json())
+
+    def resume(self, queue: str) -> QueueStats:
+        return QueueStats.from_dict(self._call("POST", f"/v1/queues/{_segment(queue)}:resume", IDEMPOTENT, body={}).json())
+
+    def list_audit(self, *, queue: str | None = None, limit: int = 50, cursor: str | None = None) -> AuditPage:
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise InvalidInput("limit must be an integer", "limit")
+        query = {"queue": queue, "limit": str(limit), "cursor": cursor}
+        return AuditPage.from_dict(self._call("GET", f"/v1/audit?{_query(query)}", IDEMPOTENT).json())
+
+    def _bulk(self, path: str, done_key: str, ids: Iterable[str] | None, error_type: str | None, handler: str | None,
+              all: bool, dry_run: bool) -> int:
         body = _selection(ids, error_type, handler, all)
-        return int(self._call("POST", f"/v1/queues/{_segment(queue)}/dlq:purge", ONCE, body=body).json()["purged"])
+        if dry_run:
+            body["dry_run"] = True  # read-only: safe to repeat
+            return int(self._call("POST", path, IDEMPOTENT, body=body).json()["matched"])
+        return int(self._call("POST", path, ONCE, body=body).json()[done_key])
 
     # -- the transport ---------------------------------------------------------------------
     def _call(self, method: str, path: str, retry: str, *, body: Any = None, task_id: str | None = None) -> _Response:
@@ -427,6 +466,10 @@ def _selection(ids: Iterable[str] | None, error_type: str | None, handler: str |
     if handler is not None:
         body["handler"] = handler
     return body
+
+
+def _query(params: Mapping[str, str | None]) -> str:
+    return urllib.parse.urlencode({name: value for name, value in params.items() if value is not None})
 
 
 def _segment(value: str, field: str = "queue") -> str:

@@ -62,6 +62,14 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "type": [schema["type"], "null"]}
 
 
+def _bulk_result(done: str) -> dict[str, Any]:
+    return {"oneOf": [
+        {"type": "object", "required": [done], "additionalProperties": False, "properties": {done: {"type": "integer"}}},
+        {"type": "object", "required": ["matched"], "additionalProperties": False, "description": "dry_run",
+         "properties": {"matched": {"type": "integer"}}},
+    ]}
+
+
 def _schemas() -> dict[str, Any]:
     name = {"type": "string", "pattern": f"^{validation.HANDLER_NAME.pattern}$"}
     task_id = {"type": "string", "pattern": f"^{validation.TASK_ID.pattern}$"}
@@ -165,6 +173,7 @@ def _schemas() -> dict[str, Any]:
                 "queue": {"type": "string"}, "pending": {"type": "integer"}, "in_flight": {"type": "integer"},
                 "dead": {"type": "integer"}, "succeeded": {"type": "integer"}, "cancelled": {"type": "integer"},
                 "oldest_pending_age_seconds": {"type": "number"},
+                "paused": {"type": "boolean", "description": "workers claim nothing from a paused queue"},
             },
         },
         "QueueList": {
@@ -176,9 +185,31 @@ def _schemas() -> dict[str, Any]:
             "properties": {"tasks": {"type": "array", "items": {"$ref": "#/components/schemas/Task"}},
                            "next_cursor": {"type": ["string", "null"]}},
         },
-        "DeadSelection": {
+        "TaskPage": {
+            "type": "object", "required": ["tasks", "next_cursor"],
+            "description": "tasks without their attempt history (GET /v1/tasks/{task_id} has it)",
+            "properties": {"tasks": {"type": "array", "items": {"$ref": "#/components/schemas/Task"}},
+                           "next_cursor": {"type": ["string", "null"]}},
+        },
+        "AuditEntry": {
+            "type": "object", "required": ["id", "at", "actor", "action", "queue", "selection", "count"],
+            "properties": {
+                "id": {"type": "string"}, "at": {"type": "string", "format": "date-time"},
+                "actor": {"type": "string",
+                          "description": "the IAM principal, api-key:<id>, or local (rdq dev, the CLI on a store)"},
+                "action": {"type": "string", "enum": ["redrive", "purge", "cancel", "pause", "resume"]},
+                "queue": {"type": "string"}, "selection": {"type": "object"}, "count": {"type": "integer"},
+            },
+        },
+        "AuditPage": {
+            "type": "object", "required": ["entries", "next_cursor"],
+            "properties": {"entries": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEntry"}},
+                           "next_cursor": {"type": ["string", "null"]}},
+        },
+        "TaskSelection": {
             "type": "object", "additionalProperties": False,
-            "description": "ids, a filter (error_type and/or handler), or {\"all\": true}; an empty selection is refused",
+            "description": "ids, a filter (error_type and/or handler), or {\"all\": true}; an empty selection is refused."
+                           " With dry_run the answer is {\"matched\": n} and nothing changes",
             "anyOf": [{"required": ["ids"]}, {"required": ["error_type"]}, {"required": ["handler"]},
                       {"required": ["all"], "properties": {"all": {"const": True}}}],
             "properties": {
@@ -186,10 +217,12 @@ def _schemas() -> dict[str, Any]:
                 "error_type": {"type": "string", "minLength": 1, "maxLength": 256, "pattern": _NO_NUL},
                 "handler": name,
                 "all": {"type": "boolean"},
+                "dry_run": {"type": "boolean"},
             },
         },
-        "RedriveResult": {"type": "object", "required": ["redriven"], "properties": {"redriven": {"type": "integer"}}},
-        "PurgeResult": {"type": "object", "required": ["purged"], "properties": {"purged": {"type": "integer"}}},
+        "RedriveResult": _bulk_result("redriven"),
+        "PurgeResult": _bulk_result("purged"),
+        "CancelResult": _bulk_result("cancelled"),
         "OpenApiDocument": {"type": "object"},
         "Problem": {
             "type": "object", "required": ["type", "title", "status", "detail"],

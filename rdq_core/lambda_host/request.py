@@ -45,6 +45,22 @@ class ApiRequest:
         full_path = (self.event.get("requestContext") or {}).get("path") or self.path
         return full_path[: -len(self.path)] if full_path.endswith(self.path) else ""
 
+    @property
+    def actor(self) -> str:
+        """Who the audit trail records for this request: the caller's IAM principal (SigV4), the
+        id of the API key it presented, or ``local`` for ``rdq dev``. API Gateway fills these in
+        ``requestContext.identity`` after it authenticated the caller; nothing the client sends
+        in headers or body can set them."""
+        context = self.event.get("requestContext") or {}
+        identity = context.get("identity") or {}
+        if identity.get("userArn"):
+            return str(identity["userArn"])
+        if identity.get("apiKeyId"):
+            return f"api-key:{identity['apiKeyId']}"
+        if context.get("apiId") == "local":
+            return "local"
+        return "anonymous"
+
     def header(self, name: str) -> str | None:
         wanted = name.lower()
         headers: Mapping[str, str] = self.event.get("headers") or {}

@@ -77,7 +77,16 @@ class Route:
 
 # -- what the routes share ---------------------------------------------------------------------
 def _client(request: ApiRequest) -> Client:
-    return Client(shared_storage(request.settings))
+    return Client(shared_storage(request.settings), actor=request.actor)
+
+
+def _limit(params: Mapping[str, str], default: int = 50) -> int:
+    text = params.get("limit")
+    if text is None:
+        return default
+    if not re.fullmatch(r"[0-9]{1,4}", text):
+        raise InvalidInput(f"limit must be an integer in 1..{Limits.page_size}", "limit")
+    return int(text)
 
 
 def _check_payload_size(item: Mapping[str, Any], field_name: str) -> None:
@@ -186,45 +195,96 @@ _DLQ_QUERY = ("cursor", "limit", "error_type", "handler")
 
 def list_dead(request: ApiRequest, queue: str) -> Reply:
     params = request.query(_DLQ_QUERY)
-    limit_text = params.get("limit")
-    limit = 50
-    if limit_text is not None:
-        if not re.fullmatch(r"[0-9]{1,4}", limit_text):
-            raise InvalidInput(f"limit must be an integer in 1..{Limits.page_size}", "limit")
-        limit = int(limit_text)
     page = _client(request).list_dead(
-        queue, limit=limit, cursor=params.get("cursor") or None,
+        queue, limit=_limit(params), cursor=params.get("cursor") or None,
         error_type=params.get("error_type") or None, handler=params.get("handler") or None,
     )
     return Reply(200, {"tasks": [t.to_dict() for t in page.tasks], "next_cursor": page.next_cursor})
 
 
+_TASKS_QUERY = ("status", "handler", "error_type", "cursor", "limit")
+
+
+def list_tasks(request: ApiRequest, queue: str) -> Reply:
+    params = request.query(_TASKS_QUERY)
+    page = _client(request).list_tasks(
+        queue, status=params.get("status") or None, handler=params.get("handler") or None,
+        error_type=params.get("error_type") or None, limit=_limit(params), cursor=params.get("cursor") or None,
+    )
+    return Reply(200, page.to_dict())
+
+
 def _selection(request: ApiRequest) -> dict[str, Any]:
     body = request.json_body()
-    _reject_unknown_fields(body, {"ids", "error_type", "handler", "all"})
+    _reject_unknown_fields(body, {"ids", "error_type", "handler", "all", "dry_run"})
     if "ids" in body and not (isinstance(body["ids"], list) and all(isinstance(i, str) for i in body["ids"])):
         raise InvalidInput("ids must be a list of task ids", "ids")
-    if "all" in body and not isinstance(body["all"], bool):
-        raise InvalidInput("all must be true or false", "all")
+    for flag in ("all", "dry_run"):
+        if flag in body and not isinstance(body[flag], bool):
+            raise InvalidInput(f"{flag} must be true or false", flag)
     for name in ("error_type", "handler"):
         if name in body and not isinstance(body[name], str):
             raise InvalidInput(f"{name} must be a string", name)
     return {"ids": body.get("ids"), "error_type": body.get("error_type"), "handler": body.get("handler"),
-            "all": bool(body.get("all", False))}
+            "all": bool(body.get("all", False)), "dry_run": bool(body.get("dry_run", False))}
+
+
+def _bulk_reply(action: str, queue: str, count: int, selection: Mapping[str, Any], done_key: str) -> Reply:
+    if selection["dry_run"]:
+        return Reply(200, {"matched": count})
+    logger.info(action, extra={"queue": queue, "count": count})
+    return Reply(200, {done_key: count})
 
 
 def redrive_dead(request: ApiRequest, queue: str) -> Reply:
-    count = _client(request).redrive(queue, **_selection(request))
-    if count:
+    selection = _selection(request)
+    count = _client(request).redrive(queue, **selection)
+    if count and not selection["dry_run"]:
         _wake_worker_for(request, queue)  # redriven tasks are due now
-    logger.info("redrove", extra={"queue": queue, "count": count})
-    return Reply(200, {"redriven": count})
+    return _bulk_reply("redrove", queue, count, selection, "redriven")
 
 
 def purge_dead(request: ApiRequest, queue: str) -> Reply:
-    count = _client(request).purge_dead(queue, **_selection(request))
-    logger.info("purged dead", extra={"queue": queue, "count": count})
-    return Reply(200, {"purged": count})
+    selection = _selection(request)
+    return _bulk_reply("purged dead", queue, _client(request).purge_dead(queue, **selection), selection, "purged")
+
+
+def cancel_selected(request: ApiRequest, queue: str) -> Reply:
+    selection = _selection(request)
+    return _bulk_reply("cancelled by filter", queue, _client(request).cancel_selected(queue, **selection), selection,
+                       "cancelled")
+
+
+def _no_body(request: ApiRequest) -> None:
+    """Pause and resume take no parameters: an empty body or ``{}``."""
+    if request.event.get("body"):
+        _reject_unknown_fields(request.json_body(), set())
+
+
+def pause_queue(request: ApiRequest, queue: str) -> Reply:
+    _no_body(request)
+    stats = _client(request).pause(queue)
+    logger.info("paused", extra={"queue": queue})
+    return Reply(200, stats.to_dict())
+
+
+def resume_queue(request: ApiRequest, queue: str) -> Reply:
+    _no_body(request)
+    stats = _client(request).resume(queue)
+    logger.info("resumed", extra={"queue": queue})
+    if stats.pending:
+        _wake_worker_for(request, queue)  # what waited is due now
+    return Reply(200, stats.to_dict())
+
+
+_AUDIT_QUERY = ("queue", "cursor", "limit")
+
+
+def list_audit(request: ApiRequest) -> Reply:
+    params = request.query(_AUDIT_QUERY)
+    page = _client(request).list_audit(queue=params.get("queue") or None, limit=_limit(params),
+                                       cursor=params.get("cursor") or None)
+    return Reply(200, page.to_dict())
 
 
 def openapi(request: ApiRequest) -> Reply:
@@ -256,14 +316,29 @@ ROUTES: tuple[Route, ...] = (
           responses=((200, "queues by name", "QueueList"),), problems=COMMON_PROBLEMS),
     Route("GET", "/v1/queues/{queue}/stats", "queueStats", queue_stats, "Counts per status and the oldest pending task's age",
           responses=((200, "counts per status", "QueueStats"),), problems=(422, *COMMON_PROBLEMS)),
+    Route("GET", "/v1/queues/{queue}/tasks", "listTasks", list_tasks,
+          "Tasks of a queue by status (each status in its own order), cursor-paged; no attempt history",
+          responses=((200, "one page", "TaskPage"),), problems=(400, 422, *COMMON_PROBLEMS), query=_TASKS_QUERY),
+    Route("POST", "/v1/queues/{queue}/tasks:cancel", "cancelSelected", cancel_selected,
+          "Cancel the selected PENDING tasks (dry_run: count them)",
+          responses=((200, "how many were cancelled, or matched", "CancelResult"),),
+          problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS), request_schema="TaskSelection"),
+    Route("POST", "/v1/queues/{queue}:pause", "pauseQueue", pause_queue,
+          "Pause a queue: workers claim nothing from it; enqueues are still accepted",
+          responses=((200, "the queue, paused", "QueueStats"),), problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS)),
+    Route("POST", "/v1/queues/{queue}:resume", "resumeQueue", resume_queue, "Resume a paused queue",
+          responses=((200, "the queue, running", "QueueStats"),), problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS)),
+    Route("GET", "/v1/audit", "listAudit", list_audit, "Operator actions, newest first, with who took them",
+          responses=((200, "one page", "AuditPage"),), problems=(400, 422, *COMMON_PROBLEMS), query=_AUDIT_QUERY),
     Route("GET", "/v1/queues/{queue}/dlq", "listDead", list_dead, "Dead tasks, cursor-paged by (dead_at, id)",
           responses=((200, "one page", "DeadPage"),), problems=(400, 422, *COMMON_PROBLEMS), query=_DLQ_QUERY),
-    Route("POST", "/v1/queues/{queue}/dlq:redrive", "redriveDead", redrive_dead, "Redrive the selected dead tasks",
-          responses=((200, "how many were redriven", "RedriveResult"),),
-          problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS), request_schema="DeadSelection"),
-    Route("POST", "/v1/queues/{queue}/dlq:purge", "purgeDead", purge_dead, "Delete the selected dead tasks",
-          responses=((200, "how many were deleted", "PurgeResult"),),
-          problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS), request_schema="DeadSelection"),
+    Route("POST", "/v1/queues/{queue}/dlq:redrive", "redriveDead", redrive_dead,
+          "Redrive the selected dead tasks (dry_run: count them)",
+          responses=((200, "how many were redriven, or matched", "RedriveResult"),),
+          problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS), request_schema="TaskSelection"),
+    Route("POST", "/v1/queues/{queue}/dlq:purge", "purgeDead", purge_dead, "Delete the selected dead tasks (dry_run: count them)",
+          responses=((200, "how many were deleted, or matched", "PurgeResult"),),
+          problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS), request_schema="TaskSelection"),
     Route("GET", "/v1/openapi.json", "openapi", openapi, "This document",
           responses=((200, "this document", "OpenApiDocument"),)),
 )

@@ -70,7 +70,7 @@ from ..model import (
     TaskPage,
     TaskStatus,
 )
-from ..validation import without_lone_surrogates
+from ..validation import TASK_ID, without_lone_surrogates
 
 
 class Storage(abc.ABC):
@@ -246,6 +246,10 @@ def _decode_cursor(cursor: str) -> dict[str, Any]:
         raise InvalidCursor() from None
     if not isinstance(data, dict) or type(data.get("t")) is not int or not isinstance(data.get("id"), str):
         raise InvalidCursor()
+    # A forged instant outside what every store can hold, or an id no task can have, is refused
+    # here rather than overflowing in a backend.
+    if not _CURSOR_MICROS[0] <= data["t"] <= _CURSOR_MICROS[1] or not TASK_ID.fullmatch(data["id"]):
+        raise InvalidCursor()
     return data
 
 
@@ -299,6 +303,9 @@ def from_micros(micros: int) -> datetime:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+#: The keyset instants a cursor may carry: datetime's own range.
+_CURSOR_MICROS = (to_micros(datetime(1, 1, 1, tzinfo=timezone.utc)),
+                  to_micros(datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc)))
 
 
 # -- text every store can hold -----------------------------------------------------------------
