@@ -312,7 +312,9 @@ def test_every_writing_script_refuses_bad_arguments_before_writing(storage, redi
         "claim: limit not a count": storage._queue_call("claim", "q", "all", 60_000_000, "q|x."),
         "apply: unknown action": storage._queue_call("apply", "q", "delete", "", "", 10, "", "", ""),
         "apply: ids not JSON": storage._queue_call("apply", "q", "purge", "", "", 10, "[t0", "", ""),
-        "apply: cancel with a cursor that is not a number": storage._queue_call("apply", "q", "cancel", "soon", "", 10, "", "", ""),
+        "apply: cancel after a cursor that is no number": storage._queue_call("apply", "q", "cancel", "x", "", 9, "", "", ""),
+        "audit_append: count not a count": storage._audit_call("audit_append", storage._audit_keys("q"), "e1", "me",
+                                                               "cancel", "q", "{}", "many"),
         "purge_finished: bad cutoff": storage._queue_call("purge_finished", "q", "old", 10),
         "reserve_ids: dangling id": storage._global_call("reserve_ids", "n0", "q", "n1"),
         "take_over_ids: cut short": storage._global_call("take_over_ids", "n0", "q"),
@@ -326,6 +328,112 @@ def test_every_writing_script_refuses_bad_arguments_before_writing(storage, redi
     assert storage.extend_leases([a.ref, b.ref], 120).keys() == {a.task.id, b.task.id}
     storage.release([a.ref, b.ref])
     assert storage.stats("q").pending == 2
+
+
+# -- listings, bulk cancel, pausing, the audit trail -----------------------------------------
+
+def trips(storage, action):
+    before = storage.round_trips
+    value = action()
+    return storage.round_trips - before, value
+
+
+def test_a_listing_enters_a_batch_of_equal_instants_at_its_position(storage, redis_client, redis_prefix):
+    """One enqueue batch shares its next_attempt_at: the due zset orders it by id bytes alone, and
+    a page starts at its cursor's place (even when that task has left) in one script call."""
+    ids = [f"t{i:05d}" for i in range(300)]
+    storage.enqueue([NewTask(id=i, queue="q", handler="h") for i in reversed(ids)])
+    assert len({redis_client.zscore(f"{redis_prefix}:{{q}}:due", i) for i in ids}) == 1
+    cost, first = trips(storage, lambda: storage.list_tasks("q", status=TaskStatus.PENDING, limit=250))
+    assert cost == 1 and [t.id for t in first.tasks] == ids[:250]
+    storage.cancel(ids[249])  # the cursor's own task leaves the zset: its position is found by bisection
+    cost, rest = trips(storage, lambda: storage.list_tasks("q", status=TaskStatus.PENDING, limit=10,
+                                                           cursor=first.next_cursor))
+    assert cost == 1 and [t.id for t in rest.tasks] == ids[250:260]
+
+
+def test_bulk_cancel_walks_a_large_queue_in_bounded_atomic_steps(storage):
+    from rdq_core.model import TaskFilter
+    from rdq_core.storage.redis.backend import _SCAN_BUDGET
+
+    total = 2 * _SCAN_BUDGET + 500
+    for start in range(0, total, 1000):
+        storage.enqueue(new_tasks(min(1000, total - start), prefix=f"b{start}-"))
+    (held,) = storage.claim("q", 1, 60)
+    cost, cancelled = trips(storage, lambda: storage.cancel_selected("q", TaskFilter()))
+    assert cancelled == total - 1 and cost == 3  # one script per _SCAN_BUDGET due entries
+    stats = storage.stats("q")
+    assert (stats.pending, stats.in_flight, stats.cancelled) == (0, 1, total - 1)
+    assert storage.get(held.task.id).status is TaskStatus.IN_FLIGHT
+
+
+def test_bulk_cancel_racing_claims_never_cancels_a_claimed_task(storage_url):
+    import threading
+
+    from rdq_core.model import TaskFilter
+
+    stores = [RedisStorage(storage_url) for _ in range(2)]
+    try:
+        stores[0].enqueue(new_tasks(1000) + new_tasks(1000, prefix="u"))
+        claimed: list[str] = []
+        done = threading.Event()
+
+        def claimer():
+            while not done.is_set():
+                got = stores[1].claim("q", 20, 60)
+                claimed.extend(c.task.id for c in got)
+                if not got:
+                    break
+
+        worker = threading.Thread(target=claimer)
+        worker.start()
+        try:
+            cancelled = stores[0].cancel_selected("q", TaskFilter())
+        finally:
+            done.set()
+            worker.join(30)
+        assert not worker.is_alive()
+        assert cancelled + len(claimed) + stores[0].stats("q").pending == 2000
+        assert all(stores[0].get(i).status is TaskStatus.IN_FLIGHT for i in claimed)
+    finally:
+        for store in stores:
+            store.close()
+
+
+def test_the_pause_flag_lives_in_the_queues_slot_and_claim_still_costs_one_round_trip(storage, redis_client, redis_prefix):
+    storage.enqueue(new_tasks(2, queue="emails"))
+    storage.set_paused("emails", True)
+    flag = f"{redis_prefix}:{{emails}}:paused"
+    registry = f"{redis_prefix}:{{{redis_prefix}:global}}:paused"
+    assert redis_client.exists(flag) and hash_tag(flag) == "emails"
+    assert redis_client.smembers(registry) == {"emails"}
+    assert trips(storage, lambda: storage.claim("emails", 10, 60)) == (1, [])
+    storage.set_paused("emails", False)
+    assert not redis_client.exists(flag) and not redis_client.exists(registry)
+    cost, claimed = trips(storage, lambda: storage.claim("emails", 10, 60))
+    assert cost == 1 and len(claimed) == 2
+
+
+def test_a_registered_queue_whose_flag_is_gone_is_not_listed_as_paused(storage, redis_client, redis_prefix):
+    """What a pause that failed after registering leaves behind: claims run, so it is not paused."""
+    redis_client.sadd(f"{redis_prefix}:{{{redis_prefix}:global}}:paused", "ghost")
+    storage.set_paused("real", True)
+    assert storage.paused_queues() == {"real"}
+    storage.enqueue(new_tasks(1, queue="ghost"))
+    assert len(storage.claim("ghost", 1, 60)) == 1
+
+
+def test_the_audit_trail_has_a_slot_of_its_own(storage, redis_client, redis_prefix):
+    a = storage.record_audit(actor="local", action="cancel", queue="a", selection={"handler": "h"}, count=2)
+    b = storage.record_audit(actor="local", action="purge", queue="b", selection={}, count=0)
+    tag = f"{redis_prefix}:audit"
+    base = f"{redis_prefix}:{{{tag}}}:"
+    assert keys_under(redis_client, redis_prefix) == sorted(
+        [base + "all", base + "queue:a", base + "queue:b", base + "entry:" + a.id, base + "entry:" + b.id]
+    )
+    assert redis_client.zscore(base + "all", a.id) == to_micros(a.at) == redis_client.zscore(base + "queue:a", a.id)
+    cost, page = trips(storage, lambda: storage.list_audit(queue="a", limit=10))
+    assert cost == 1 and page.entries == (a,)
 
 
 # -- every call is bounded in time ------------------------------------------------------------
