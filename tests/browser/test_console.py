@@ -155,6 +155,26 @@ def test_a_paused_queue_keeps_its_tasks_pending_until_resumed(page: Page) -> Non
     expect(row.locator("td").nth(3)).to_have_text("3", timeout=WAIT_MS)  # succeeded
 
 
+def test_pending_tasks_are_cancelled_by_handler_after_the_dry_run_count(page: Page) -> None:
+    queue = fresh_queue("cancel")
+    later = {"delay_seconds": 3600}
+    doomed = [call(page.base_url, "POST", f"/v1/queues/{queue}/tasks", {"handler": "console.ok", **later})[1]["id"]
+              for _ in range(2)]
+    kept = call(page.base_url, "POST", f"/v1/queues/{queue}/tasks", {"handler": "console.fail", **later})[1]["id"]
+    p = page.open(f"/queues/{queue}/tasks?handler=console.ok")
+    rows = p.locator("table.data tbody tr")
+    expect(rows).to_have_count(2)
+    p.get_by_role("button", name="Cancel pending…").click()
+    dialog = p.locator("#confirm-dialog")
+    expect(dialog).to_contain_text("2 task(s) match: every PENDING task with handler console.ok")
+    page.shoot("tasks-cancel-confirm")
+    dialog.get_by_role("button", name="Cancel 2").click()
+    expect(p.get_by_role("status")).to_contain_text("Cancelled: 2 task(s).")
+    assert [task_status(page.base_url, task) for task in doomed] == ["CANCELLED", "CANCELLED"]
+    assert task_status(page.base_url, kept) == "PENDING"
+    expect(rows.first.locator("td").first).to_have_text("CANCELLED")  # the list reloaded
+
+
 def test_the_audit_view_lists_the_redrive_and_the_pause_with_actor_local(page: Page) -> None:
     queue = fresh_queue("audit")
     dead = call(page.base_url, "POST", f"/v1/queues/{queue}/tasks", {"handler": "console.fail", "max_attempts": 1})[1]["id"]

@@ -150,8 +150,12 @@
     $('error-text').textContent = '';
   }
 
-  function say(text) {
+  // A message for the operator; ``carry``: it stays through the next route change (an action
+  // that navigates, e.g. enqueue, then the task page).
+  let carried = '';
+  function say(text, carry) {
     $('status-line').textContent = text;
+    carried = carry ? text : '';
   }
 
   // -- the API -----------------------------------------------------------------------------
@@ -233,6 +237,22 @@
     });
   }
 
+  // A bulk action: ask the API how many tasks match (dry_run), show that number in the dialog,
+  // act only on confirmation. Resolves to the count acted on, or null when nothing was done.
+  async function confirmedBulk({ path, body, title, describe, okVerb, danger, resultKey }) {
+    const dry = await api('POST', path, { ...body, dry_run: true });
+    if (!dry || typeof dry.matched !== 'number') {
+      throw new ApiError(0, 'Unexpected answer', 'the API did not answer the dry run with a count of matching tasks');
+    }
+    if (dry.matched === 0) {
+      say('No task matches: nothing was changed.');
+      return null;
+    }
+    if (!await confirmDialog(title, describe(dry.matched), `${okVerb} ${dry.matched}`, danger)) return null;
+    const done = await api('POST', path, body);
+    return done[resultKey];
+  }
+
   // -- routing -----------------------------------------------------------------------------
   function every(ms, fn) {
     const id = setInterval(fn, ms);
@@ -262,6 +282,8 @@
     timers.forEach(clearInterval);
     timers = [];
     clearError();
+    $('status-line').textContent = carried;
+    carried = '';
     const view = $('view');
     view.replaceChildren();
     const { parts, params } = parseHash();
@@ -435,15 +457,16 @@
     }
 
     async function toggle(queue, button) {
+      if (button.getAttribute('aria-busy') === 'true') return;
       const resume = button.dataset.paused === 'true';
-      button.disabled = true;
+      button.setAttribute('aria-busy', 'true');
       try {
         const answer = await api('POST', `v1/queues/${seg(queue)}:${resume ? 'resume' : 'pause'}`, {});
         say(`Queue ${queue} ${answer && answer.paused ? 'paused' : 'resumed'}.`);
       } catch (error) {
         showError(error);
       } finally {
-        button.disabled = false;
+        button.removeAttribute('aria-busy');
       }
       await load();
     }
@@ -488,11 +511,43 @@
           el('td', { class: 'wrap' }, task.last_error ? `${task.last_error.type}: ${task.last_error.message}` : '—'));
       },
     });
+    const cancelButton = el('button', { type: 'button', class: 'danger', 'aria-describedby': 'tasks-cancel-scope' },
+      'Cancel pending…');
+    const handlerName = ctx.params.get('handler') || '';
+    const errorType = ctx.params.get('error_type') || '';
+    const cancelScope = [handlerName && `handler ${handlerName}`, errorType && `error type ${errorType}`].filter(Boolean);
+    const scopeText = cancelScope.length ? `every PENDING task with ${cancelScope.join(' and ')}` : `every PENDING task in ${queue}`;
+    let cancelling = false;
+    cancelButton.addEventListener('click', async () => {
+      if (cancelling) return;
+      cancelling = true;
+      try {
+        const body = cancelScope.length ? { handler: handlerName || undefined, error_type: errorType || undefined } : { all: true };
+        const count = await confirmedBulk({
+          path: `v1/queues/${seg(queue)}/tasks:cancel`, body, title: 'Cancel pending tasks', okVerb: 'Cancel',
+          danger: true, resultKey: 'cancelled',
+          describe: (n) => `${n} task(s) match: ${scopeText}. Cancel them? They will not run.`,
+        });
+        if (count !== null) {
+          say(`Cancelled: ${count} task(s).`);
+          list.state.cursor = null;
+          list.state.page = 1;
+          await list.load();
+        }
+      } catch (error) {
+        showError(error);
+      } finally {
+        cancelling = false;
+      }
+    });
+    const bulkBar = el('div', { class: 'bulk', role: 'group', 'aria-label': 'Bulk actions' },
+      el('p', { class: 'scope', id: 'tasks-cancel-scope' }, `Cancel applies to ${scopeText}.`),
+      el('div', { class: 'buttons' }, cancelButton));
     ctx.view.append(heading(`Tasks in ${queue}`),
       el('p', { class: 'links' }, el('a', { href: `#/queues/${seg(queue)}/dlq` }, 'Dead-letter queue'), ' · ',
         el('a', { href: hashLink('/enqueue', { queue }) }, 'Enqueue to this queue'), ' · ',
         el('a', { href: hashLink('/audit', { queue }) }, 'Audit log of this queue')),
-      filters, list.node);
+      filters, bulkBar, list.node);
     list.load();
   }
 
@@ -645,25 +700,23 @@
       updateScope();
     });
 
+    let busy = false;
     async function bulk(action, button) {
+      // Not disabled while busy: a disabled button would drop the keyboard focus.
+      if (busy) return;
+      busy = true;
+      button.setAttribute('aria-busy', 'true');
       const verb = action === 'redrive' ? 'Redrive' : 'Purge';
       const chosen = selection();
-      button.disabled = true;
       try {
-        const dry = await api('POST', `v1/queues/${seg(queue)}/dlq:${action}`, { ...chosen.body, dry_run: true });
-        if (!dry || typeof dry.matched !== 'number') {
-          throw new ApiError(0, 'Unexpected answer', 'the API did not answer the dry run with a count of matching tasks');
-        }
-        if (dry.matched === 0) {
-          say(`No dead task matches: nothing to ${action}.`);
-          return;
-        }
-        const text = action === 'redrive'
-          ? `${dry.matched} task(s) match: ${chosen.text}. Redrive them? Each goes back to PENDING with a fresh retry budget.`
-          : `${dry.matched} task(s) match: ${chosen.text}. Purge them? They are deleted for good.`;
-        if (!await confirmDialog(`${verb} dead tasks`, text, `${verb} ${dry.matched}`, action === 'purge')) return;
-        const done = await api('POST', `v1/queues/${seg(queue)}/dlq:${action}`, chosen.body);
-        const count = action === 'redrive' ? done.redriven : done.purged;
+        const count = await confirmedBulk({
+          path: `v1/queues/${seg(queue)}/dlq:${action}`, body: chosen.body, title: `${verb} dead tasks`, okVerb: verb,
+          danger: action === 'purge', resultKey: action === 'redrive' ? 'redriven' : 'purged',
+          describe: (n) => (action === 'redrive'
+            ? `${n} task(s) match: ${chosen.text}. Redrive them? Each goes back to PENDING with a fresh retry budget.`
+            : `${n} task(s) match: ${chosen.text}. Purge them? They are deleted for good.`),
+        });
+        if (count === null) return;
         say(`${verb}: ${count} task(s) ${action === 'redrive' ? 'redriven' : 'purged'}.`);
         selected.clear();
         list.state.cursor = null;
@@ -672,7 +725,8 @@
       } catch (error) {
         showError(error);
       } finally {
-        button.disabled = false;
+        busy = false;
+        button.removeAttribute('aria-busy');
       }
     }
 
@@ -748,7 +802,7 @@
       button.disabled = true;
       try {
         const task = await api('POST', `v1/queues/${seg(queue.value.trim())}/tasks`, body);
-        say(task.created === false ? `Task ${task.id} already existed on ${task.queue}.` : `Task ${task.id} enqueued on ${task.queue}.`);
+        say(task.created === false ? `Task ${task.id} already existed on ${task.queue}.` : `Task ${task.id} enqueued on ${task.queue}.`, true);
         location.hash = `#/tasks/${seg(task.id)}`;
       } catch (error) {
         const control = error instanceof ApiError && error.field ? controls[error.field] : null;
