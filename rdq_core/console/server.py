@@ -112,8 +112,8 @@ class ConsoleServer:
         if self.auth is not None:
             try:
                 headers.update(self.auth.headers(method, url, headers, body))
-            except RdqError as exc:  # e.g. no AWS credentials: the console cannot sign
-                return _problem(502, f"the console could not sign the request: {exc}")
+            except Exception as exc:  # noqa: BLE001 - expired or missing credentials, an unknown profile: this request's 502
+                return _problem(502, f"the console could not sign the request: {type(exc).__name__}: {exc}")
         connection: http.client.HTTPConnection
         if self.scheme == "https":
             connection = http.client.HTTPSConnection(self.host, self.port, timeout=CONNECT_TIMEOUT_SECONDS,
@@ -329,6 +329,12 @@ def build(args: argparse.Namespace) -> tuple[ConsoleServer, str]:
     if not api_url:
         raise ConfigurationError("rdq console needs the API's URL: --api URL (or RDQ_API_URL)")
     auth, described = auth_from(args)
+    try:  # sign one request now, so missing credentials or an unknown profile stop the start
+        auth.headers("GET", api_url.rstrip("/") + "/v1/queues", {"Accept": "application/json"}, b"")
+    except ConfigurationError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - no credentials, botocore's ProfileNotFound, ...: the configuration's fault
+        raise ConfigurationError(f"cannot sign requests with {described}: {exc}") from None
     port = getattr(args, "console_port", DEFAULT_PORT)
     try:
         console = ConsoleServer(api_url, auth, port)

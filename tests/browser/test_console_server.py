@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -14,7 +17,8 @@ import pytest
 from rdq_core.console.assets import ASSETS
 from rdq_core.console.server import canonical_query
 from tests.browser.conftest import ConsoleProcess
-from tests.rdq_servers import DevServer, Proxy
+from tests.loopback import without_rdq_settings
+from tests.rdq_servers import REPO, DevServer, Proxy
 
 TOKEN = "console-server-token-3"
 
@@ -187,3 +191,16 @@ def test_the_query_string_is_signed_in_its_canonical_form() -> None:
     assert canonical_query("error_type=Some+Error&limit=5") == "error_type=Some%20Error&limit=5"
     assert canonical_query("cursor=a%2Fb%3D&handler=") == "cursor=a%2Fb%3D&handler="
     assert canonical_query("") == ""
+
+
+def test_rdq_console_without_credentials_stops_at_start_with_the_reason(tmp_path: Path) -> None:
+    environ = {name: value for name, value in without_rdq_settings(os.environ).items() if not name.startswith("AWS_")}
+    environ.update({"PYTHONPATH": str(REPO), "AWS_CONFIG_FILE": str(tmp_path / "none"),
+                    "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_EC2_METADATA_DISABLED": "true"})
+    for extra, reason in ((), "no AWS credentials"), (("--profile", "no-such-profile"), "no-such-profile"):
+        finished = subprocess.run(
+            [sys.executable, "-m", "rdq_core.console.server", "--api", "https://abc.execute-api.eu-west-1.amazonaws.com/prod",
+             "--region", "eu-west-1", "--port", "0", *extra],
+            cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=60)
+        assert finished.returncode == 2 and reason in finished.stderr, finished.stderr
+        assert "rdq console: http" not in finished.stdout
