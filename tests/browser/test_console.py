@@ -4,10 +4,14 @@ deadline (Playwright's ``expect`` and ``wait_until``); screenshots go to ``artif
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import re
+import threading
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from tests.browser.conftest import (
     FAILURE_TYPE, HANDLERS, WAIT_MS, ConsoleProcess, Page, call, fresh_queue, task_status, wait_status,
@@ -297,3 +301,90 @@ def test_through_rdq_console_signed_with_sigv4_and_a_wrong_secret_is_refused(
         good.stop()
         proxy.stop()
 
+
+
+class PrefixProxy:
+    """Mounts rdq dev under ``/prod`` on another loopback port, as a reverse proxy or an API stage
+    would: ``/prod/x`` is forwarded to the dev server's ``/x``, everything else is 404."""
+
+    PREFIX = "/prod"
+
+    def __init__(self, upstream: DevServer) -> None:
+        prefix = self.PREFIX
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if not self.path.startswith(prefix + "/"):
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                headers = {name: value for name, value in self.headers.items() if name.lower() not in ("host", "origin")}
+                connection = http.client.HTTPConnection("127.0.0.1", upstream.port, timeout=15)
+                try:
+                    connection.request(self.command, self.path[len(prefix):], body=body or None, headers=headers)
+                    response = connection.getresponse()
+                    payload = response.read()
+                    self.send_response(response.status)
+                    for name, value in response.getheaders():
+                        if name.lower() not in ("content-length", "connection", "transfer-encoding"):
+                            self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(payload)
+                finally:
+                    connection.close()
+
+            do_GET = do_HEAD = do_POST = do_DELETE = forward
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{prefix}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def prefixed(dev: DevServer) -> Iterator[PrefixProxy]:
+    proxy = PrefixProxy(dev)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+def test_the_console_works_under_a_path_prefix_and_rdq_console_keeps_the_apis_stage_path(
+        browser: Any, dev: DevServer, tmp_path: Path) -> None:
+    with prefixed(dev) as proxy:
+        queue, task_id = fresh_queue("prefix"), fresh_queue("prefix-task")
+        page = Page(browser, proxy.url)  # the page is /prod/, its API calls /prod/v1/...
+        try:
+            p = page.open("/enqueue")
+            enqueue_from_form(p, queue, "console.ok", "{}", task_id=task_id)
+            expect(p.locator("dl.summary")).to_contain_text("SUCCEEDED", timeout=WAIT_MS)
+            assert page.script_errors == []
+        finally:
+            page.close()
+
+        console = ConsoleProcess(tmp_path / "stage", proxy.url, "--api-key", "unused-by-rdq-dev")  # --api …/prod
+        page = Page(browser, console.url)
+        try:
+            p = page.open(f"/tasks/{task_id}")
+            expect(p.locator("dl.summary")).to_contain_text("SUCCEEDED")
+            expect(p.get_by_role("alert")).to_be_hidden()
+            assert page.script_errors == []
+        finally:
+            page.close()
+            console.stop()
