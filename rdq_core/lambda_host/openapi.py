@@ -55,6 +55,10 @@ _QUERY_PARAMS = {
                    "schema": {"type": "string", "maxLength": 256, "pattern": _NO_NUL}},
     "handler": {"name": "handler", "in": "query", "description": "exact handler name; empty means no filter",
                 "schema": {"type": "string", "pattern": f"^({validation.HANDLER_NAME.pattern})?$"}},
+    "status": {"name": "status", "in": "query", "description": "one status; empty means every status, PENDING first",
+               "schema": {"type": "string", "enum": ["", "PENDING", "IN_FLIGHT", "SUCCEEDED", "DEAD", "CANCELLED"]}},
+    "queue": {"name": "queue", "in": "query", "description": "one queue's entries; empty means every queue",
+              "schema": {"type": "string", "pattern": f"^({validation.QUEUE_NAME.pattern})?$"}},
 }
 
 

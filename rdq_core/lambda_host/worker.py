@@ -104,7 +104,8 @@ def _fan_out(storage: Storage, queues: tuple[str, ...], settings: Settings) -> i
     backlog = 0
     for queue in queues:
         stats = storage.stats(queue)
-        if stats.oldest_pending_age_seconds > 0:  # something is due now, not only delayed
+        # Something is due now (not only delayed), and a worker may claim it (not paused).
+        if stats.oldest_pending_age_seconds > 0 and not stats.paused:
             backlog += stats.pending
     extra = extra_workers_for_backlog(backlog, settings.batch_size, settings.max_worker_concurrency)
     if not extra:

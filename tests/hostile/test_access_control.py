@@ -145,6 +145,8 @@ ALL_ROUTES = [
     ("GET", "/v1/queues", None),
     ("GET", "/v1/queues/q/dlq", None), ("POST", "/v1/queues/q/dlq:redrive", {"all": True}),
     ("POST", "/v1/queues/q/dlq:purge", {"all": True}), ("GET", "/v1/openapi.json", None),
+    ("GET", "/v1/queues/q/tasks", None), ("POST", "/v1/queues/q/tasks:cancel", {"all": True}),
+    ("POST", "/v1/queues/q:pause", {}), ("POST", "/v1/queues/q:resume", {}), ("GET", "/v1/audit", None),
     ("GET", "/no/such/route", None), ("PUT", "/v1/openapi.json", None),
 ]
 

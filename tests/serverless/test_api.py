@@ -131,7 +131,8 @@ def test_openapi_event_serves_a_document_covering_every_route(store_url, lambda_
     assert set(doc["paths"]) == {
         "/v1/queues/{queue}/tasks", "/v1/queues/{queue}/tasks:batch", "/v1/tasks/{task_id}",
         "/v1/queues/{queue}/stats", "/v1/queues/{queue}/dlq", "/v1/queues/{queue}/dlq:redrive",
-        "/v1/queues/{queue}/dlq:purge", "/v1/openapi.json", "/v1/queues",
+        "/v1/queues/{queue}/dlq:purge", "/v1/openapi.json", "/v1/queues", "/v1/queues/{queue}/tasks:cancel",
+        "/v1/queues/{queue}:pause", "/v1/queues/{queue}:resume", "/v1/audit",
     }
     assert set(doc["paths"]["/v1/tasks/{task_id}"]) == {"get", "delete"}
     openapi_spec_validator = pytest.importorskip("openapi_spec_validator")
