@@ -508,6 +508,8 @@ class StorageCore(Storage, abc.ABC):
     def record_audit(self, *, actor: str, action: str, queue: str, selection: Any, count: int) -> AuditEntry:
         for name, value in (("actor", actor), ("action", action), ("queue", queue)):
             _require_text(value, name)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise InvalidInput("count must be a non-negative integer", field="count")
         entry = {"id": new_task_id(), "actor": storable_text(actor)[:_AUDIT_ACTOR_CHARS], "action": action,
                  "queue": queue, "selection": storable_json(selection if selection is not None else {}),
                  "count": int(count)}
