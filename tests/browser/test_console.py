@@ -179,6 +179,26 @@ def test_pending_tasks_are_cancelled_by_handler_after_the_dry_run_count(page: Pa
     expect(rows.first.locator("td").first).to_have_text("CANCELLED")  # the list reloaded
 
 
+def test_the_task_list_pages_by_cursor(page: Page) -> None:
+    queue = fresh_queue("pages")
+    batch = {"tasks": [{"handler": "console.ok", "delay_seconds": 3600, "payload": {"n": n}} for n in range(55)]}
+    assert call(page.base_url, "POST", f"/v1/queues/{queue}/tasks:batch", batch)[0] == 200
+    p = page.open(f"/queues/{queue}/tasks?status=PENDING")
+    rows = p.locator("table.data tbody tr")
+    expect(rows).to_have_count(50)
+    first_page = {rows.nth(i).get_attribute("data-task") for i in range(50)}
+    expect(p.get_by_role("button", name="First page")).to_be_disabled()
+    p.get_by_role("button", name="Next page").click()
+    expect(rows).to_have_count(5)
+    expect(p.locator("table.data caption")).to_contain_text("(page 2)")
+    expect(p.get_by_role("button", name="Next page")).to_be_disabled()
+    second_page = {rows.nth(i).get_attribute("data-task") for i in range(5)}
+    assert len(first_page | second_page) == 55  # no task twice, none missed
+    p.get_by_role("button", name="First page").click()
+    expect(rows).to_have_count(50)
+    call(page.base_url, "POST", f"/v1/queues/{queue}/tasks:cancel", {"all": True})
+
+
 def test_the_audit_view_lists_the_redrive_and_the_pause_with_actor_local(page: Page) -> None:
     queue = fresh_queue("audit")
     dead = call(page.base_url, "POST", f"/v1/queues/{queue}/tasks", {"handler": "console.fail", "max_attempts": 1})[1]["id"]
