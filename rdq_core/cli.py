@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence, TextIO
 from urllib.parse import urlsplit
 
 from .client import Client, build_new_task
+from .console import server as console_server
 from .http_client import ApiKey, Auth, BearerToken, HttpClient, SigV4
 from .errors import (
     ConfigurationError, InvalidInput, RdqError, StorageUnavailable, TaskConflict, TaskNotFound, UnsupportedOperation,
@@ -44,6 +45,8 @@ EXIT_FAILURE, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_STOPPED_AT_ONCE 
 CREATES_STORES = {"migrate", "dev"}
 #: Operator commands that work through a deployed API (--api) as well as on a store.
 REMOTE_COMMANDS = {"enqueue", "stats", "queues", "tasks", "task", "cancel", "pause", "resume", "dlq", "audit"}
+#: Commands that only ever talk to a deployed API (or rdq dev), never to a store.
+API_ONLY_COMMANDS = {"console"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (("redrive", "send dead tasks back to PENDING with a fresh budget"), ("purge", "delete dead tasks")):
         _selection_arguments(dlq.add_parser(name, help=text), confirm=name == "purge")
 
+    console_server.add_parser(commands)
+
     invoke = commands.add_parser("invoke", help="run one Lambda function locally with an event file (no Docker)")
     invoke.add_argument("function", choices=("api", "worker", "reaper"))
     invoke.add_argument("event", metavar="EVENT.json", help="e.g. events/api-enqueue.json; - reads standard input")
@@ -190,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.api:
                 raise ConfigurationError("give --api or --stack, not both")
             args.api = stack_api_url(args.stack, profile=args.profile, region=args.region)
+        if args.command in API_ONLY_COMMANDS:
+            return COMMANDS[args.command](args, url) or 0
         if args.api and args.command not in REMOTE_COMMANDS:
             raise ConfigurationError(f"rdq {args.command} works on a store, not through the API: "
                                      "give --storage (or RDQ_STORAGE_URL) and drop --api")
@@ -486,7 +493,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, str], int]] = {
     "migrate": cmd_migrate, "dev": cmd_dev, "worker": cmd_worker, "reaper": cmd_reaper,
     "enqueue": cmd_enqueue, "stats": cmd_stats, "queues": cmd_queues, "tasks": cmd_tasks, "task": cmd_task,
     "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_pause, "audit": cmd_audit, "dlq": cmd_dlq,
-    "invoke": cmd_invoke,
+    "invoke": cmd_invoke, "console": lambda args, url: console_server.run(args),
 }
 
 
