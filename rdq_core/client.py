@@ -134,8 +134,7 @@ class Client:
     def list_queues(self) -> list[QueueStats]:
         """Every queue that holds at least one task or is paused, by name, with its counts (one
         stats call per queue: index lookups each)."""
-        names = set(self.storage.list_queues()) | self.storage.paused_queues()
-        return [self.storage.stats(queue) for queue in sorted(names)]
+        return self.storage.queue_overview()
 
     def list_tasks(
         self,

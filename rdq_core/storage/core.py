@@ -422,6 +422,16 @@ class StorageCore(Storage, abc.ABC):
             return self._purge_dead(selection)
 
     def stats(self, queue: str) -> QueueStats:
+        return self._queue_stats(queue, self.paused_queues())
+
+    def queue_overview(self) -> list[QueueStats]:
+        # The paused set is read once for all queues, not once per queue.
+        paused = self.paused_queues()
+        with self.translated_errors():
+            names = set(self._queues()) | paused
+        return [self._queue_stats(queue, paused) for queue in sorted(names)]
+
+    def _queue_stats(self, queue: str, paused: set[str]) -> QueueStats:
         _require_text(queue, "queue")
         with self.translated_errors():
             found = self._stats(queue)
@@ -434,7 +444,7 @@ class StorageCore(Storage, abc.ABC):
             succeeded=counts.get(TaskStatus.SUCCEEDED.value, 0),
             cancelled=counts.get(TaskStatus.CANCELLED.value, 0),
             oldest_pending_age_seconds=max(0.0, float(found.oldest_due_age_seconds or 0.0)),
-            paused=queue in self.paused_queues(),
+            paused=queue in paused,
         )
 
     def list_queues(self) -> list[str]:

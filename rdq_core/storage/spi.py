@@ -173,6 +173,11 @@ class Storage(abc.ABC):
     def list_queues(self) -> list[str]:
         """Names of queues that hold at least one task."""
 
+    def queue_overview(self) -> list[QueueStats]:
+        """``stats`` of every queue that holds a task or is paused, by name. A backend may read
+        what the queues share (the paused set) once instead of once per queue."""
+        return [self.stats(queue) for queue in sorted(set(self.list_queues()) | self.paused_queues())]
+
     @abc.abstractmethod
     def purge_succeeded(self, older_than_seconds: float, limit: int) -> int:
         """Retention: delete up to ``limit`` SUCCEEDED and CANCELLED tasks (with attempts) last
