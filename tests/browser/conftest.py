@@ -77,6 +77,12 @@ class Page:
         self.base_url = base_url
         self.script_errors: list[str] = []
         self.page.on("pageerror", lambda error: self.script_errors.append(str(error)))
+        self.page.on("console", self._console_message)
+
+    def _console_message(self, message: Any) -> None:
+        # A Content-Security-Policy violation is only a console message: count it as a script error.
+        if message.type == "error" and "Content Security Policy" in message.text:
+            self.script_errors.append(message.text)
 
     def open(self, route: str) -> Any:
         self.page.goto(f"{self.base_url}/#{route}")
