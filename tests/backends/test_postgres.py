@@ -9,6 +9,7 @@ it, selected through the URL's ``search_path`` option (``tests/conftest.py``).
 
 from __future__ import annotations
 
+import threading
 import time
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -16,13 +17,22 @@ import pytest
 
 psycopg = pytest.importorskip("psycopg")
 from psycopg import errors as pg_errors  # noqa: E402 - after importorskip
+from psycopg.rows import dict_row  # noqa: E402 - after importorskip
 
 from rdq_core.compliance import Capabilities, StorageCompliance  # noqa: E402 - after importorskip
 from rdq_core.compliance.servers import pg_url_with_search_path  # noqa: E402 - after importorskip
+from rdq_core.compliance.support import wait_until  # noqa: E402 - after importorskip
 from rdq_core.errors import StorageUnavailable  # noqa: E402 - after importorskip
-from rdq_core.model import NewTask, Outcome, Settlement, TaskStatus  # noqa: E402 - after importorskip
+from rdq_core.model import NewTask, Outcome, Settlement, TaskFilter, TaskStatus  # noqa: E402 - after importorskip
 from rdq_core.storage import open_storage  # noqa: E402 - after importorskip
-from rdq_core.storage.postgres import CLAIM_SQL, FIND_EXPIRED_LEASES_SQL, PostgresStorage  # noqa: E402 - after importorskip
+from rdq_core.storage.core import Selection  # noqa: E402 - after importorskip
+from rdq_core.storage.postgres import (  # noqa: E402 - after importorskip
+    CLAIM_SQL,
+    FIND_EXPIRED_LEASES_SQL,
+    QUERIES,
+    PostgresStorage,
+    page_statement,
+)
 
 
 @pytest.fixture
@@ -148,11 +158,100 @@ def test_claim_plan_uses_the_pending_index_over_a_backlog(storage, sql_conn):
         )
     )
     assert "rdq_tasks_pending_due_idx" in claim_plan, claim_plan
+    # The paused check is uncorrelated: evaluated once per statement, above the index scan, never
+    # per task.
+    assert "rdq_paused_queues" in claim_plan and "One-Time Filter" in claim_plan, claim_plan
     reap_plan = "\n".join(
         row[0] for row in sql_conn.execute("EXPLAIN " + FIND_EXPIRED_LEASES_SQL, {"limit": 100, "queue": None})
     )
     assert "rdq_tasks_lease_expiry_idx" in reap_plan, reap_plan
     assert len(storage.claim("hot", 100, 30)) == 100
+
+
+def _plan(conn, sql: str, params) -> str:
+    return "\n".join(row[0] for row in conn.execute("EXPLAIN " + sql, params))
+
+
+def test_each_status_is_paged_through_its_own_index(storage, sql_conn):
+    # Big queues in every status, and a small one whose pages must not scan the rest.
+    sql_conn.execute(
+        """
+        INSERT INTO rdq_tasks (id, queue, handler, status, next_attempt_at, claim_token, lease_expires_at,
+                               dead_at, updated_at)
+        SELECT 'b' || g, CASE WHEN g % 100 = 0 THEN 'small' ELSE 'big' || (g % 3) END, 'h', s,
+               now() - (g || ' seconds')::interval,
+               CASE WHEN s = 'IN_FLIGHT' THEN 'token' END,
+               CASE WHEN s = 'IN_FLIGHT' THEN now() + (g || ' seconds')::interval END,
+               CASE WHEN s = 'DEAD' THEN now() - (g || ' seconds')::interval END,
+               now() - (g || ' seconds')::interval
+        FROM generate_series(1, 50000) AS g,
+             LATERAL (SELECT (ARRAY['PENDING', 'IN_FLIGHT', 'DEAD', 'SUCCEEDED', 'CANCELLED'])[1 + (g / 100) % 5] AS s) AS x
+        """
+    )
+    sql_conn.execute("ANALYZE rdq_tasks")
+    expected = {TaskStatus.PENDING: "rdq_tasks_pending_due_idx", TaskStatus.IN_FLIGHT: "rdq_tasks_in_flight_idx",
+                TaskStatus.DEAD: "rdq_tasks_dead_idx", TaskStatus.SUCCEEDED: "rdq_tasks_finished_idx",
+                TaskStatus.CANCELLED: "rdq_tasks_finished_idx"}
+    for status, index in expected.items():
+        for after in (None, (1_000_000, "b")):
+            plan = _plan(sql_conn, *page_statement(Selection(queue="small", status=status, after=after), 51, False))
+            assert index in plan and "Seq Scan" not in plan, plan
+    # Each status's page returns its own tasks in (instant, id) order.
+    for status in expected:
+        selection = Selection(queue="small", status=status)
+        with sql_conn.cursor(row_factory=dict_row) as cursor:
+            rows = cursor.execute(*page_statement(selection, 1000, False)).fetchall()
+        assert rows and {row["status"] for row in rows} == {status.value}
+        keys = [(row[selection.order_field], row["id"]) for row in rows]
+        assert keys == sorted(keys)
+
+
+def test_audit_pages_walk_their_index_newest_first(storage, sql_conn):
+    sql_conn.execute(
+        "INSERT INTO rdq_audit_log (id, at, actor, action, queue, selection, count)"
+        " SELECT 'a' || g, now() - (g || ' ms')::interval, 'local', 'redrive', 'q' || (g % 50), '{}', 1"
+        " FROM generate_series(1, 20000) AS g"
+    )
+    sql_conn.execute("ANALYZE rdq_audit_log")
+    last = sql_conn.execute("SELECT at FROM rdq_audit_log WHERE id = 'a100'").fetchone()[0]
+    for queue, index in (("q7", "rdq_audit_log_queue_at_idx"), (None, "rdq_audit_log_at_idx")):
+        for before_at, before_id in ((None, None), (last, "a100")):
+            params = {"queue": queue, "limit": 51, "before_at": before_at, "before_id": before_id}
+            plan = _plan(sql_conn, QUERIES["audit_page"], params)
+            assert f"Index Scan Backward using {index}" in plan and "Sort" not in plan, plan
+    assert [e.id for e in storage.list_audit(limit=3).entries] == ["a1", "a2", "a3"]
+
+
+def test_cancel_selected_leaves_a_task_claimed_while_it_waited_for_the_row(storage, storage_url, sql_conn):
+    storage.enqueue(new_tasks(3))
+    outcome: dict[str, int] = {}
+    with psycopg.connect(storage_url) as claimer:  # a claim in progress: the row is locked, not committed
+        claimer.execute(
+            "UPDATE rdq_tasks SET status = 'IN_FLIGHT', claim_token = 'token', claimed_at = now(),"
+            " lease_expires_at = now() + interval '1 minute' WHERE id = 't00001'"
+        )
+        canceller = threading.Thread(target=lambda: outcome.update(n=storage.cancel_selected("q", TaskFilter())))
+        canceller.start()
+        wait_until(lambda: sql_conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND query LIKE '%CANCELLED%'").fetchone()[0],
+            what="cancel_selected to wait for the claimed row")
+        claimer.commit()
+        canceller.join(timeout=10)
+    assert not canceller.is_alive()
+    assert outcome == {"n": 2}
+    statuses = dict(sql_conn.execute("SELECT id, status FROM rdq_tasks ORDER BY id").fetchall())
+    assert statuses == {"t00000": "CANCELLED", "t00001": "IN_FLIGHT", "t00002": "CANCELLED"}
+
+
+def test_a_claim_sees_a_pause_in_its_own_statement(storage, sql_conn):
+    storage.enqueue(new_tasks(2))
+    # The row alone stops the claim: no check outside the statement is involved.
+    sql_conn.execute("INSERT INTO rdq_paused_queues (queue) VALUES ('q')")
+    assert storage.claim("q", 10, 30) == []
+    assert storage.paused_queues() == {"q"}
+    storage.set_paused("q", False)
+    assert len(storage.claim("q", 10, 30)) == 2
 
 
 # -- joining the caller's transaction ----------------------------------------------------------

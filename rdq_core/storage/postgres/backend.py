@@ -194,13 +194,7 @@ class PostgresStorage(StorageCore):
         return self._load(task_id), False
 
     def _page(self, selection: Selection, limit: int, history: bool) -> list[dict[str, Any]]:
-        where, params = _where(selection)
-        if selection.after is not None:
-            where += " " + QUERIES["after_cursor"]
-            params.update(after_time=selection.after_time, after_id=selection.after_id)
-        params["limit"] = limit
-        statement = QUERIES["page_with_history" if history else "page"]
-        return self._fetch_all(_spliced(statement, selection, where), params)
+        return self._fetch_all(*page_statement(selection, limit, history))
 
     def _count(self, selection: Selection) -> int:
         where, params = _where(selection)
@@ -264,6 +258,16 @@ def _schema_required() -> Iterator[None]:
 _ORDER_COLUMN = {TaskStatus.PENDING: "next_attempt_at", TaskStatus.IN_FLIGHT: "lease_expires_at",
                  TaskStatus.DEAD: "dead_at", TaskStatus.SUCCEEDED: "updated_at", TaskStatus.CANCELLED: "updated_at"}
 assert _ORDER_COLUMN == dict(ORDER_FIELD), "every status is ordered by a column of rdq_tasks"
+
+
+def page_statement(selection: Selection, limit: int, history: bool) -> tuple[str, dict[str, Any]]:
+    """The statement and parameters of one keyset page (also what plan checks ``EXPLAIN``)."""
+    where, params = _where(selection)
+    if selection.after is not None:
+        where += " " + QUERIES["after_cursor"]
+        params.update(after_time=selection.after_time, after_id=selection.after_id)
+    params["limit"] = limit
+    return _spliced(QUERIES["page_with_history" if history else "page"], selection, where), params
 
 
 def _where(selection: Selection) -> tuple[str, dict[str, Any]]:
