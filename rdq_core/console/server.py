@@ -8,9 +8,9 @@ or a bearer token (``--token``, ``$RDQ_API_TOKEN``). The browser never holds a c
 What it refuses, before anything is forwarded:
 
 * a ``Host`` that is not a loopback name (DNS rebinding, as ``rdq dev`` without a token);
-* a request from another origin: an ``Origin`` that is not this server's own, or a
+* an API call from another origin: an ``Origin`` that is not this server's own, or a
   ``Sec-Fetch-Site`` of ``cross-site``/``same-site`` (another local page must not borrow the
-  operator's signature);
+  operator's signature); the static page itself may be opened from a link anywhere;
 * bodies over ``MAX_BODY_BYTES`` (413) and any ``Transfer-Encoding`` (411);
 * paths outside ``/v1/`` that are not static files (404).
 
@@ -190,14 +190,18 @@ def _handler_class(console: ConsoleServer) -> type[BaseHTTPRequestHandler]:
                 return self._refuse(431, f"the request headers exceed {MAX_HEADER_BYTES} bytes")
             if self.headers.get_all("Transfer-Encoding"):
                 return self._refuse(411, "send a Content-Length; Transfer-Encoding is not supported")
-            refusal = loopback_refusal(self.headers, "the console") or cross_origin_refusal(self.headers)
+            refusal = loopback_refusal(self.headers, "the console")
             if refusal:
                 return self._refuse(*refusal)
             path, _, query = self.path.partition("?")
             if self.command in ("GET", "HEAD"):
+                # The page itself holds no data: a link from another site may open it.
                 asset = asset_for(path)
                 if asset is not None:
                     return self._send(200, asset.headers(), asset.body, unread=self._declares_body())
+            refusal = cross_origin_refusal(self.headers)
+            if refusal:
+                return self._refuse(*refusal)
             if not path.startswith("/v1/") or any(part in (".", "..") for part in path.split("/")):
                 return self._refuse(404, f"the console serves its own files and forwards /v1/ only, not {printable(path)[:200]}")
             lengths = self.headers.get_all("Content-Length") or []
