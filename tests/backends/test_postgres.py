@@ -131,6 +131,9 @@ def test_constraints_reject_bad_rows(storage, sql_conn):
         sql_conn.execute(insert_attempt, ("no-such-task", 1, "SUCCESS"))
     sql_conn.execute("DELETE FROM rdq_tasks WHERE id = 't00000'")
     assert sql_conn.execute("SELECT count(*) FROM rdq_attempts").fetchone() == (0,)
+    with pytest.raises(pg_errors.CheckViolation):
+        sql_conn.execute("INSERT INTO rdq_audit_log (id, actor, action, queue, selection, count)"
+                         " VALUES ('a1', 'local', 'redrive', 'q', '{}', -1)")
 
 
 # -- query plans ------------------------------------------------------------------------------

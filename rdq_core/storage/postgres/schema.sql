@@ -117,7 +117,8 @@ CREATE TABLE rdq_audit_log (
     selection text NOT NULL,
     count     bigint NOT NULL,
 
-    CONSTRAINT rdq_audit_log_pkey PRIMARY KEY (id)
+    CONSTRAINT rdq_audit_log_pkey PRIMARY KEY (id),
+    CONSTRAINT rdq_audit_log_count_check CHECK (count >= 0)
 );
 
 -- Newest first by (at, id): across queues, and within one.
