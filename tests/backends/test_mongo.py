@@ -23,7 +23,7 @@ from rdq_core.compliance import Capabilities, PerTask, StorageCompliance  # noqa
 from rdq_core.compliance.servers import mongo_url_with_database  # noqa: E402 - after importorskip
 from rdq_core.compliance.support import wait_until  # noqa: E402 - after importorskip
 from rdq_core.errors import StorageUnavailable  # noqa: E402 - after importorskip
-from rdq_core.model import DeadFilter, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus  # noqa: E402 - after importorskip
+from rdq_core.model import DeadFilter, ErrorInfo, NewTask, Outcome, Settlement, TaskFilter, TaskStatus  # noqa: E402 - after importorskip
 from rdq_core.storage import open_storage  # noqa: E402 - after importorskip
 from rdq_core.storage.mongo import MongoStorage  # noqa: E402 - after importorskip
 
@@ -367,3 +367,96 @@ def test_timeouts_default_and_yield_to_the_url(fresh_mongo_url):
         assert (options.pool_options.socket_timeout, options.pool_options.connect_timeout) == (1.5, 2.5)
     finally:
         store.close()
+
+
+# -- operator features: listings, cancel by filter, pause ----------------------------------------
+
+def _statuses(storage, task_ids):
+    return {d["_id"]: d["status"] for d in storage._tasks.find({"_id": {"$in": list(task_ids)}}, {"status": 1})}
+
+
+def test_a_paused_claim_costs_the_flag_probe_and_the_clock_and_writes_nothing(storage):
+    task_ids = _enqueue(storage, 3)
+    storage.set_paused("q", True)
+    before = {d["_id"]: d for d in storage._tasks.find({})}
+    start = storage.round_trips
+    assert storage.claim("q", 3, 30) == []
+    assert storage.round_trips - start == 2  # the flag's _id probe, and hello alongside it
+    assert {d["_id"]: d for d in storage._tasks.find({})} == before
+    storage.set_paused("q", False)
+    start = storage.round_trips
+    assert len(storage.claim("q", 3, 30)) == 3
+    assert storage.round_trips - start == 2 + 3  # probe, hello, one findAndModify per task
+    assert set(_statuses(storage, task_ids).values()) == {TaskStatus.IN_FLIGHT.value}
+
+
+def test_the_pause_flag_is_one_document_per_queue(storage):
+    storage.set_paused("q", True)
+    storage.set_paused("q", True)
+    storage.set_paused("q", False)
+    storage.set_paused("other", True)
+    assert list(storage._queue_flags.find({}, sort=[("_id", 1)])) == [
+        {"_id": "other", "paused": True}, {"_id": "q", "paused": False}]
+    assert storage.paused_queues() == {"other"}
+
+
+def test_a_listing_without_history_never_reads_the_attempts_collection(storage):
+    task_ids = _enqueue(storage, 3, max_attempts=5)
+    for status in (TaskStatus.PENDING, TaskStatus.DEAD):  # attempt 1 recorded, attempt 2 carried
+        storage._tasks.update_many({}, {"$set": {"next_attempt_at_ms": 0}})
+        storage.settle([_fail(c, status=status) for c in storage.claim("q", 3, 30)])
+    start = storage.round_trips
+    listed = storage.list_tasks("q", status=TaskStatus.DEAD, limit=10).tasks
+    assert storage.round_trips - start == 1
+    assert sorted(t.id for t in listed) == sorted(task_ids) and all(t.attempts == () for t in listed)
+    start = storage.round_trips
+    dead = storage.list_dead("q", limit=10).tasks
+    assert storage.round_trips - start == 2  # the DLQ reads the recorded rows too
+    assert all([a.attempt_no for a in t.attempts] == [1, 2] for t in dead)
+
+
+def test_a_keyset_position_between_two_milliseconds_and_one_on_a_tie(storage):
+    from rdq_core.storage.core import Selection
+
+    ids = _enqueue(storage, 4)
+    storage._tasks.update_one({"_id": ids[0]}, {"$set": {"next_attempt_at_ms": 1_000}})
+    storage._tasks.update_many({"_id": {"$in": ids[1:]}}, {"$set": {"next_attempt_at_ms": 2_000}})
+    ties = sorted(ids[1:])
+
+    def page(after):
+        return [d["_id"] for d in storage._page(Selection("q", TaskStatus.PENDING, after=after), 10, False)]
+
+    assert page((1_000_000, ids[0])) == ties
+    assert page((999_999, "~")) == [ids[0], *ties]  # 0.999999 s: the task at 1.000 s is after it
+    assert page((1_000_001, "")) == ties  # 1.000001 s: nothing at 1.000 s is after it
+    assert page((2_000_000, ties[0])) == ties[1:]
+    assert page((2_000_000, ties[-1])) == []
+
+
+def test_cancel_selected_racing_claims_never_cancels_a_claimed_task(storage, fresh_mongo_url):
+    """A claim loop runs in another client while the whole queue is cancelled: each task ends
+    up claimed (IN_FLIGHT) or cancelled, never both, and the count is what was cancelled."""
+    import threading
+
+    task_ids = _enqueue(storage, 400)
+    claimer = open_storage(fresh_mongo_url)
+    claimed: list[str] = []
+
+    def claim_all() -> None:
+        while got := claimer.claim("q", 2, 60):
+            claimed.extend(c.task.id for c in got)
+
+    thread = threading.Thread(target=claim_all)
+    thread.start()
+    try:
+        wait_until(lambda: len(claimed) >= 10, interval=0.001, what="the claim loop to be running")
+        cancelled = storage.cancel_selected("q", TaskFilter())
+    finally:
+        thread.join(60)
+        claimer.close()
+    assert not thread.is_alive()
+    assert 10 <= len(claimed) < len(task_ids), "the cancel ran while the claim loop still had tasks to take"
+    statuses = _statuses(storage, task_ids)
+    assert {statuses[i] for i in claimed} == {TaskStatus.IN_FLIGHT.value}, "a claimed task was cancelled"
+    assert cancelled == sum(s == TaskStatus.CANCELLED.value for s in statuses.values())
+    assert cancelled + len(claimed) == len(task_ids) and len(set(claimed)) == len(claimed)

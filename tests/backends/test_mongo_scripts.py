@@ -68,3 +68,18 @@ def test_migrate_creates_what_the_migrations_declare(fresh_mongo_url):
         assert store._schema.find_one({"_id": "schema"})["version"] == migrations(PACKAGE)[-1].version
     finally:
         store.close()
+
+
+def test_every_status_is_listed_through_an_index_on_queue_its_order_field_and_id():
+    """Task listings filter on (queue, status) and sort by (order field, task_id): for each
+    status some tasks index starts with queue, ends with the order field and task_id, and holds
+    that status's tasks (partial on it, so other statuses' writes never touch it)."""
+    from rdq_core.storage.core import ORDER_FIELD
+
+    _, indexes = _declared()
+    order_key = {status: MongoStorage.codec.keys.get(field, field) for status, field in ORDER_FIELD.items()}
+    for status, key in order_key.items():
+        serving = [name for name, (keys, partial, _) in indexes["tasks"].items()
+                   if keys[0] == ("queue", 1) and keys[-2:] == ((key, 1), ("task_id", 1))
+                   and {field for field, _ in keys[1:-2]} <= {"status"} and partial == {"status": status.value}]
+        assert serving, f"no index serves the {status.value} listing"
