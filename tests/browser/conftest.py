@@ -162,12 +162,13 @@ def wait_status(base_url: str, task_id: str, wanted: str, timeout: float = 20) -
 
 
 class ConsoleProcess:
-    """``python -m rdq_core.console.server --api URL --port 0 …`` as a subprocess this test owns
-    (the same code as ``rdq console``)."""
+    """``rdq console --api URL --port 0 …`` (or, with ``global_api``, ``rdq --api URL console …``)
+    as a subprocess this test owns."""
 
     _BANNER = re.compile(r"rdq console: http://127\.0\.0\.1:(\d+)/")
 
-    def __init__(self, workdir: Path, api_url: str, *options: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, workdir: Path, api_url: str, *options: str, env: dict[str, str] | None = None,
+                 global_api: bool = False) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         # No AWS setting of the caller's: only the credentials this test gives.
         environ = {name: value for name, value in without_rdq_settings(os.environ).items() if not name.startswith("AWS_")}
@@ -176,8 +177,10 @@ class ConsoleProcess:
                         "AWS_EC2_METADATA_DISABLED": "true", **(env or {})})
         self.out, self.err = workdir / "console.out", workdir / "console.err"
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            api = ["--api", api_url]
+            command = [*api, "console"] if global_api else ["console", *api]
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "rdq_core.console.server", "--api", api_url, "--port", "0", *options],
+                [sys.executable, "-m", "rdq_core.cli", *command, "--port", "0", *options],
                 cwd=workdir, env=environ, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
 
         def ready() -> int | None:

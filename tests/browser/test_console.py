@@ -398,7 +398,8 @@ def test_the_console_works_under_a_path_prefix_and_rdq_console_keeps_the_apis_st
         finally:
             page.close()
 
-        console = ConsoleProcess(tmp_path / "stage", proxy.url, "--api-key", "unused-by-rdq-dev")  # --api …/prod
+        console = ConsoleProcess(tmp_path / "stage", proxy.url, "--api-key", "unused-by-rdq-dev",  # rdq --api …/prod console
+                                 global_api=True)
         page = Page(browser, console.url)
         try:
             p = page.open(f"/tasks/{task_id}")

@@ -201,7 +201,7 @@ def test_rdq_console_without_credentials_stops_at_start_with_the_reason(tmp_path
                     "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_EC2_METADATA_DISABLED": "true"})
     for extra, reason in ((), "no AWS credentials"), (("--profile", "no-such-profile"), "no-such-profile"):
         finished = subprocess.run(
-            [sys.executable, "-m", "rdq_core.console.server", "--api", "https://abc.execute-api.eu-west-1.amazonaws.com/prod",
+            [sys.executable, "-m", "rdq_core.cli", "console", "--api", "https://abc.execute-api.eu-west-1.amazonaws.com/prod",
              "--region", "eu-west-1", "--port", "0", *extra],
             cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=60)
         assert finished.returncode == 2 and reason in finished.stderr, finished.stderr
