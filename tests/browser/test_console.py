@@ -127,7 +127,6 @@ def test_a_paused_queue_keeps_its_tasks_pending_until_resumed(page: Page) -> Non
     wait_status(page.base_url, first, "SUCCEEDED")
     p = page.open("/queues")
     row = p.locator(f'tr[data-queue="{queue}"]')
-    cells = row.locator("td")
     row.get_by_role("button", name=f"Pause queue {queue}").click()
     expect(row.get_by_role("button", name=f"Resume queue {queue}")).to_be_visible()
     expect(row).to_contain_text("paused")
@@ -137,7 +136,7 @@ def test_a_paused_queue_keeps_its_tasks_pending_until_resumed(page: Page) -> Non
     marker = call(page.base_url, "POST", f"/v1/queues/{marker_queue}/tasks", {"handler": "console.ok"})[1]["id"]
     wait_status(page.base_url, marker, "SUCCEEDED")  # the worker has run since they were enqueued
     assert [task_status(page.base_url, task) for task in held] == ["PENDING", "PENDING"]
-    expect(cells.nth(0)).to_have_text("2", timeout=WAIT_MS)  # pending, by the overview's own refresh
+    expect(row.locator("td[data-col=pending]")).to_have_text("2", timeout=WAIT_MS)  # by the overview's own refresh
     page.shoot("queues-paused")
 
     p.get_by_role("link", name=queue, exact=True).click()
@@ -155,8 +154,8 @@ def test_a_paused_queue_keeps_its_tasks_pending_until_resumed(page: Page) -> Non
     expect(row.get_by_role("button", name=f"Pause queue {queue}")).to_be_visible()
     for task in held:
         wait_status(page.base_url, task, "SUCCEEDED")
-    expect(row.locator("td").nth(0)).to_have_text("0", timeout=WAIT_MS)
-    expect(row.locator("td").nth(3)).to_have_text("3", timeout=WAIT_MS)  # succeeded
+    expect(row.locator("td[data-col=pending]")).to_have_text("0", timeout=WAIT_MS)
+    expect(row.locator("td[data-col=succeeded]")).to_have_text("3", timeout=WAIT_MS)
 
 
 def test_pending_tasks_are_cancelled_by_handler_after_the_dry_run_count(page: Page) -> None:
@@ -302,7 +301,7 @@ def test_through_rdq_console_signed_with_sigv4_and_a_wrong_secret_is_refused(
         expect(p.locator("dl.summary")).to_contain_text("SUCCEEDED", timeout=WAIT_MS)
         p = signed.open("/queues")
         row = p.locator(f'tr[data-queue="{queue}"]')
-        expect(row.locator("td").nth(3)).to_have_text("1")  # succeeded
+        expect(row.locator("td[data-col=succeeded]")).to_have_text("1")
         expect(p.get_by_role("alert")).to_be_hidden()
         signed.shoot("console-queues")
         assert ("POST", f"/v1/queues/{queue}/tasks", 201) in proxy.log

@@ -392,8 +392,9 @@
 
   // -- views -------------------------------------------------------------------------------
   function queuesView(ctx) {
+    // State and its button come first: at phone width they stay in view, the counts scroll.
     const list = table('Queues, refreshed every 3 seconds',
-      ['Queue', 'Pending', 'In flight', 'Dead', 'Succeeded', 'Cancelled', 'Oldest pending', 'State', 'Actions']);
+      ['Queue', 'State', 'Pending', 'In flight', 'Dead', 'Oldest pending', 'Succeeded', 'Cancelled']);
     const empty = el('p', { class: 'empty', hidden: true }, 'No queue holds a task yet. ',
       el('a', { href: '#/enqueue' }, 'Enqueue one'), '.');
     const updated = el('p', { class: 'muted', id: 'queues-updated' });
@@ -404,28 +405,32 @@
     function makeRow(queue) {
       const button = el('button', { type: 'button', class: 'pause' });
       button.addEventListener('click', () => toggle(queue, button));
+      const cell = (name, cls) => el('td', { class: cls, 'data-col': name });
+      const badge = el('span');
+      const deadLink = el('a', { href: `#/queues/${seg(queue)}/dlq` });
       const cells = {
-        pending: el('td', { class: 'num' }), in_flight: el('td', { class: 'num' }), dead: el('td', { class: 'num' }),
-        succeeded: el('td', { class: 'num' }), cancelled: el('td', { class: 'num' }), oldest: el('td'), state: el('td'),
+        state: el('td', { class: 'state', 'data-col': 'state' }, badge, ' ', button),
+        pending: cell('pending', 'num'), in_flight: cell('in_flight', 'num'),
+        dead: el('td', { class: 'num', 'data-col': 'dead' }, deadLink),
+        oldest: cell('oldest', ''), succeeded: cell('succeeded', 'num'), cancelled: cell('cancelled', 'num'),
       };
       const tr = el('tr', { 'data-queue': queue },
         el('th', { scope: 'row' }, el('a', { href: `#/queues/${seg(queue)}/tasks` }, queue)),
-        cells.pending, cells.in_flight, cells.dead, cells.succeeded, cells.cancelled, cells.oldest, cells.state,
-        el('td', { class: 'actions' },
-          el('a', { href: `#/queues/${seg(queue)}/dlq`, 'aria-label': `Dead-letter queue of ${queue}` }, 'DLQ'), ' ', button));
-      return { tr, cells, button };
+        cells.state, cells.pending, cells.in_flight, cells.dead, cells.oldest, cells.succeeded, cells.cancelled);
+      return { tr, cells, button, badge, deadLink };
     }
 
     function fill(row, q) {
       row.cells.pending.textContent = q.pending;
       row.cells.in_flight.textContent = q.in_flight;
-      row.cells.dead.textContent = q.dead;
+      row.deadLink.textContent = q.dead;
+      row.deadLink.setAttribute('aria-label', `${q.dead} dead: the dead-letter queue of ${q.queue}`);
       row.cells.succeeded.textContent = q.succeeded;
       row.cells.cancelled.textContent = q.cancelled;
-      row.cells.oldest.textContent = age(q.oldest_pending_age_seconds);
+      row.cells.oldest.textContent = q.pending ? age(q.oldest_pending_age_seconds) : '—';
       const paused = q.paused === true;
-      setChildren(row.cells.state, q.paused === undefined ? '—'
-        : el('span', { class: paused ? 'badge paused' : 'badge active' }, paused ? 'paused' : 'active'));
+      row.badge.className = paused ? 'badge paused' : 'badge active';
+      row.badge.textContent = paused ? 'paused' : 'active';
       row.button.dataset.paused = String(paused);
       row.button.textContent = paused ? 'Resume' : 'Pause';
       row.button.setAttribute('aria-label', `${paused ? 'Resume' : 'Pause'} queue ${q.queue}`);
