@@ -9,7 +9,7 @@
 * the API's worker wake-up and the worker's fan-out run as local asynchronous invocations,
   bounded like the deployed reserved concurrency;
 * the embedded SQLite store by default, migrated on start; the example handlers
-  (``rdq_core.examples``) loaded unless others are named.
+  (``rdq_core.examples``) loaded unless others are named;
 * the operator console (``rdq_core.console``) at ``/``: its static files (GET/HEAD of ``/``,
   ``/index.html`` and the asset names in ``console.assets.ASSETS``, nothing else) with a strict
   Content-Security-Policy; the page calls the API at ``v1/...`` on the same origin.
