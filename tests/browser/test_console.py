@@ -89,14 +89,17 @@ def test_a_failing_task_dead_letters_is_found_by_error_type_and_redriven_through
     page.shoot("dlq-filtered")
 
     dialog = p.locator("#confirm-dialog")
+    p.get_by_label(f"Select task {task_id}").check()  # a selection by id wins over the filters
+    expect(p.locator("#dlq-scope")).to_contain_text("the 1 selected task(s)")
     p.get_by_role("button", name="Purge…").click()
     expect(dialog).to_be_visible()
-    expect(dialog).to_contain_text("1 task(s) match")
+    expect(dialog).to_contain_text("1 task(s) match: the 1 selected task(s)")
     expect(p.locator("#confirm-cancel")).to_be_focused()  # a destructive action starts on Cancel
     p.keyboard.press("Escape")
     expect(dialog).to_be_hidden()
     expect(p.get_by_role("button", name="Purge…")).to_be_focused()
     assert task_status(page.base_url, task_id) == "DEAD"  # Escape changed nothing
+    p.get_by_label(f"Select task {task_id}").uncheck()
 
     p.get_by_role("button", name="Redrive…").click()
     expect(dialog).to_be_visible()
