@@ -167,12 +167,43 @@ def test_claim_plan_uses_the_pending_index_over_a_backlog(storage, sql_conn):
     reap_plan = "\n".join(
         row[0] for row in sql_conn.execute("EXPLAIN " + FIND_EXPIRED_LEASES_SQL, {"limit": 100, "queue": None})
     )
-    assert "rdq_tasks_lease_expiry_idx" in reap_plan, reap_plan
+    assert "rdq_tasks_lease_expiry_idx" in reap_plan and "Seq Scan" not in reap_plan, reap_plan
+    reap_one_plan = _plan(sql_conn, QUERIES["find_expired_leases_in_queue"], {"limit": 100, "queue": "hot"})
+    assert "rdq_tasks_lease_expiry_idx" in reap_one_plan and "Sort" not in reap_one_plan, reap_one_plan
     assert len(storage.claim("hot", 100, 30)) == 100
 
 
 def _plan(conn, sql: str, params) -> str:
     return "\n".join(row[0] for row in conn.execute("EXPLAIN " + sql, params))
+
+
+def test_the_reaper_walks_the_lease_index_queue_by_queue(storage, sql_conn):
+    # 50 queues with tasks in flight, some leases expired; many finished tasks around them.
+    sql_conn.execute(
+        """
+        INSERT INTO rdq_tasks (id, queue, handler, status, next_attempt_at, claim_token, claimed_at, lease_expires_at)
+        SELECT 'b' || g, 'q' || (g % 50), 'h', s, now(),
+               CASE WHEN s = 'IN_FLIGHT' THEN 'token' END, CASE WHEN s = 'IN_FLIGHT' THEN now() END,
+               CASE WHEN s = 'IN_FLIGHT' THEN now() + (CASE WHEN g % 3 = 0 THEN -g ELSE g END) * interval '1 second' END
+        FROM generate_series(1, 30000) AS g,
+             LATERAL (SELECT CASE WHEN g % 4 = 0 THEN 'IN_FLIGHT' ELSE 'SUCCEEDED' END AS s) AS x
+        """
+    )
+    sql_conn.execute("ANALYZE rdq_tasks")
+    plan = _plan(sql_conn, FIND_EXPIRED_LEASES_SQL, {"limit": 100})
+    # The skip scan probes the IN_FLIGHT index only: the (queue, status) index would walk the
+    # finished rows of a queue to find none in flight.
+    assert "rdq_tasks_lease_expiry_idx" in plan, plan
+    assert "rdq_tasks_queue_status_idx" not in plan and "Seq Scan" not in plan, plan
+    # Across queues, the oldest expiries first.
+    expected = [row[0] for row in sql_conn.execute(
+        "SELECT id FROM rdq_tasks WHERE status = 'IN_FLIGHT' AND lease_expires_at <= now()"
+        " ORDER BY lease_expires_at, id LIMIT 100")]
+    assert [item.task.id for item in storage.find_expired_leases(100)] == expected
+    expected_q7 = [row[0] for row in sql_conn.execute(
+        "SELECT id FROM rdq_tasks WHERE queue = 'q7' AND status = 'IN_FLIGHT' AND lease_expires_at <= now()"
+        " ORDER BY lease_expires_at, id LIMIT 20")]
+    assert [item.task.id for item in storage.find_expired_leases(20, queue="q7")] == expected_q7
 
 
 def test_each_status_is_paged_through_its_own_index(storage, sql_conn):
@@ -192,7 +223,7 @@ def test_each_status_is_paged_through_its_own_index(storage, sql_conn):
         """
     )
     sql_conn.execute("ANALYZE rdq_tasks")
-    expected = {TaskStatus.PENDING: "rdq_tasks_pending_due_idx", TaskStatus.IN_FLIGHT: "rdq_tasks_in_flight_idx",
+    expected = {TaskStatus.PENDING: "rdq_tasks_pending_due_idx", TaskStatus.IN_FLIGHT: "rdq_tasks_lease_expiry_idx",
                 TaskStatus.DEAD: "rdq_tasks_dead_idx", TaskStatus.SUCCEEDED: "rdq_tasks_finished_idx",
                 TaskStatus.CANCELLED: "rdq_tasks_finished_idx"}
     for status, index in expected.items():

@@ -180,7 +180,9 @@ class PostgresStorage(StorageCore):
         return {refs[row["ord"] - 1].task_id for row in rows}
 
     def _expired(self, limit: int, queue: str | None) -> list[dict[str, Any]]:
-        return self._fetch_all(QUERIES["find_expired_leases"], {"limit": limit, "queue": queue})
+        if queue is None:
+            return self._fetch_all(QUERIES["find_expired_leases"], {"limit": limit})
+        return self._fetch_all(QUERIES["find_expired_leases_in_queue"], {"limit": limit, "queue": queue})
 
     def _load(self, task_id: str) -> Record | None:
         rows = self._fetch_all(QUERIES["get"], {"task_id": task_id})

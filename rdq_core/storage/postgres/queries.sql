@@ -215,11 +215,41 @@ recorded AS (
 SELECT ord FROM settled
 
 -- name: find_expired_leases
+-- The reaper across queues, oldest expiry first. rdq_tasks_lease_expiry_idx is led by the queue
+-- (one index serves the reaper and IN_FLIGHT listings, so a claim adds one entry per task, not
+-- two): a skip scan finds each queue holding an IN_FLIGHT task (one probe per queue), each queue
+-- offers at most limit expired tasks in expiry order, and the first limit of those are the
+-- answer. The cost follows the number of queues with tasks in flight and the batch, never the
+-- number of tasks.
+-- (ORDER BY queue, lease_expires_at is the order of that index alone: a probe of the (queue,
+-- status) index could walk every other-status row of a queue to find none in flight.)
+WITH RECURSIVE queues AS (
+    (SELECT queue FROM rdq_tasks WHERE status = 'IN_FLIGHT' ORDER BY queue, lease_expires_at LIMIT 1)
+    UNION ALL
+    SELECT (SELECT i.queue FROM rdq_tasks AS i
+            WHERE i.status = 'IN_FLIGHT' AND i.queue > q.queue
+            ORDER BY i.queue, i.lease_expires_at LIMIT 1)
+    FROM queues AS q
+    WHERE q.queue IS NOT NULL
+)
+SELECT {{task_columns}}
+FROM queues AS q
+CROSS JOIN LATERAL (
+    SELECT *
+    FROM rdq_tasks AS e
+    WHERE e.queue = q.queue AND e.status = 'IN_FLIGHT' AND e.lease_expires_at <= now()
+    ORDER BY e.lease_expires_at, e.id
+    LIMIT %(limit)s
+) AS t
+ORDER BY t.lease_expires_at, t.id
+LIMIT %(limit)s
+
+-- name: find_expired_leases_in_queue
+-- The reaper of one queue: a range of rdq_tasks_lease_expiry_idx.
 SELECT {{task_columns}}
 FROM rdq_tasks AS t
-WHERE t.status = 'IN_FLIGHT' AND t.lease_expires_at <= now()
-  AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
-ORDER BY t.lease_expires_at
+WHERE t.queue = %(queue)s AND t.status = 'IN_FLIGHT' AND t.lease_expires_at <= now()
+ORDER BY t.lease_expires_at, t.id
 LIMIT %(limit)s
 
 -- name: get

@@ -74,12 +74,9 @@ CREATE TABLE rdq_attempts (
 CREATE INDEX rdq_tasks_pending_due_idx ON rdq_tasks (queue, next_attempt_at, id)
     WHERE status = 'PENDING';
 
--- IN_FLIGHT listings of one queue.
-CREATE INDEX rdq_tasks_in_flight_idx ON rdq_tasks (queue, lease_expires_at, id)
-    WHERE status = 'IN_FLIGHT';
-
--- reaper: IN_FLIGHT tasks whose lease expired, oldest expiry first.
-CREATE INDEX rdq_tasks_lease_expiry_idx ON rdq_tasks (lease_expires_at)
+-- reaper: IN_FLIGHT tasks whose lease expired, oldest expiry first, in one queue or queue by
+-- queue (a skip scan over this index); IN_FLIGHT listings.
+CREATE INDEX rdq_tasks_lease_expiry_idx ON rdq_tasks (queue, lease_expires_at, id)
     WHERE status = 'IN_FLIGHT';
 
 -- DLQ keyset paging by (dead_at, id) within a queue.

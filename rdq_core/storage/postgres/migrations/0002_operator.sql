@@ -2,21 +2,24 @@
 --
 -- Every status of a queue is now listed by (its instant, id), so each needs an index that
 -- serves (queue, status, instant, id): PENDING gains id as the tie-break (tasks enqueued by one
--- statement share next_attempt_at, and the claim walks the same order), IN_FLIGHT and the
--- finished statuses get one of their own, DEAD already has one.
+-- statement share next_attempt_at, and the claim walks the same order); the IN_FLIGHT index is
+-- led by the queue instead of shared by all queues (the reaper across queues walks it queue by
+-- queue), so a claim still adds one index entry per task; the finished statuses get one of their
+-- own; DEAD already has one.
 --
 -- The runner applies a migration in one transaction: the index builds below hold a lock that
--- blocks writes to rdq_tasks until it commits. On a large table, build the new indexes first
--- with CREATE INDEX CONCURRENTLY under the same names and definitions; IF NOT EXISTS then
--- leaves them as they are.
+-- blocks writes to rdq_tasks until it commits. On a large table, build rdq_tasks_finished_idx
+-- first with CREATE INDEX CONCURRENTLY under the same name and definition; IF NOT EXISTS then
+-- leaves it as it is. (The two redefined indexes cover only PENDING and IN_FLIGHT rows.)
 
 -- claim (oldest due first, then id) and PENDING listings.
 DROP INDEX rdq_tasks_pending_due_idx;
 CREATE INDEX rdq_tasks_pending_due_idx ON rdq_tasks (queue, next_attempt_at, id)
     WHERE status = 'PENDING';
 
--- IN_FLIGHT listings of one queue (the reaper keeps rdq_tasks_lease_expiry_idx, across queues).
-CREATE INDEX IF NOT EXISTS rdq_tasks_in_flight_idx ON rdq_tasks (queue, lease_expires_at, id)
+-- The reaper (of one queue, or queue by queue) and IN_FLIGHT listings.
+DROP INDEX rdq_tasks_lease_expiry_idx;
+CREATE INDEX rdq_tasks_lease_expiry_idx ON rdq_tasks (queue, lease_expires_at, id)
     WHERE status = 'IN_FLIGHT';
 
 -- SUCCEEDED and CANCELLED listings of one queue (retention keeps rdq_tasks_retention_idx).
