@@ -49,7 +49,7 @@ from ..errors import (
     TaskNotFound,
     UnsupportedOperation,
 )
-from ..ids import new_task_id
+from ..ids import new_sequential_id
 from ..model import (
     AuditEntry,
     AuditPage,
@@ -520,7 +520,7 @@ class StorageCore(Storage, abc.ABC):
             _require_text(value, name)
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise InvalidInput("count must be a non-negative integer", field="count")
-        entry = {"id": new_task_id(), "actor": storable_text(actor)[:_AUDIT_ACTOR_CHARS], "action": action,
+        entry = {"id": new_sequential_id(), "actor": storable_text(actor)[:_AUDIT_ACTOR_CHARS], "action": action,
                  "queue": queue, "selection": storable_json(selection if selection is not None else {}),
                  "count": int(count)}
         with self.translated_errors():
