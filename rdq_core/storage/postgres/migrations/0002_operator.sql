@@ -7,10 +7,11 @@
 -- queue), so a claim still adds one index entry per task; the finished statuses get one of their
 -- own; DEAD already has one.
 --
--- The runner applies a migration in one transaction: the index builds below hold a lock that
--- blocks writes to rdq_tasks until it commits. On a large table, build rdq_tasks_finished_idx
--- first with CREATE INDEX CONCURRENTLY under the same name and definition; IF NOT EXISTS then
--- leaves it as it is. (The two redefined indexes cover only PENDING and IN_FLIGHT rows.)
+-- The runner applies a migration in one transaction, and DROP INDEX locks rdq_tasks against
+-- reads and writes until it commits, so workers wait for the index builds below. The two
+-- redefined indexes hold only PENDING and IN_FLIGHT rows; rdq_tasks_finished_idx holds every
+-- retained finished task. On a large table, build that one first with CREATE INDEX CONCURRENTLY
+-- under the same name and definition (IF NOT EXISTS then leaves it as it is).
 
 -- claim (oldest due first, then id) and PENDING listings.
 DROP INDEX rdq_tasks_pending_due_idx;
