@@ -325,6 +325,17 @@ class QueueStats:
 
 
 @dataclass(frozen=True)
+class Document:
+    """A small JSON document the engine keeps in the store (bulk operations, their per-queue
+    locks), versioned for compare-and-set: ``version`` starts at 1 and grows by one per write."""
+
+    kind: str
+    key: str
+    version: int
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class AuditEntry:
     """One operator action as the audit trail keeps it: who did what to which queue, when (by
     the store's clock), with what selection, and how many tasks it changed."""

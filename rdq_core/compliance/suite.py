@@ -13,6 +13,7 @@ one promise of the storage SPI (see ``spi.py``); a backend's test class subclass
 | ``dlq.py``            | paging, filters, cursors, redrive, purge                            |
 | ``operator.py``       | get, cancel, stats, queues, retention                               |
 | ``browsing.py``       | listings by status, counts, cancel by filter, pause, the audit trail |
+| ``documents.py``      | engine documents: compare-and-set, delete, paging               |
 | ``bounds.py``         | round-trip budgets, an unreachable server                           |
 | ``engine.py``         | the runner on this backend                                          |
 | ``runner_paths.py``   | the runner's own paths (buffers, heartbeats, deadlines)             |
@@ -30,6 +31,7 @@ from ..storage import open_storage
 from ..storage.spi import Storage
 from .bounds import BoundsCompliance
 from .browsing import BrowsingCompliance
+from .documents import DocumentCompliance
 from .capabilities import Capabilities
 from .chaos_compliance import ChaosCompliance
 from .claim import ClaimCompliance
@@ -56,6 +58,7 @@ class StorageCompliance(
     DeadLetterCompliance,
     OperatorCompliance,
     BrowsingCompliance,
+    DocumentCompliance,
     BoundsCompliance,
     EngineCompliance,
     StatefulCompliance,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import abc
 import json
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -52,6 +53,7 @@ from ..errors import (
 from ..ids import new_sequential_id
 from ..model import (
     AuditEntry,
+    Document,
     AuditPage,
     ClaimedTask,
     ClaimRef,
@@ -272,6 +274,24 @@ class StorageCore(Storage, abc.ABC):
     def _audit_append(self, entry: Mapping[str, Any]) -> Any:
         """Store one audit entry (``id, actor, action, queue, selection`` as JSON text, ``count``),
         stamped with the store's clock; returns that time as the store keeps it."""
+
+    @abc.abstractmethod
+    def _doc_get(self, kind: str, key: str) -> tuple[int, str] | None:
+        """``(version, body)`` of the document, or None."""
+
+    @abc.abstractmethod
+    def _doc_put(self, kind: str, key: str, body: str, expected: int | None) -> int | None:
+        """Compare-and-set in one atomic step: with ``expected`` None, insert unless the document
+        exists; else replace it only while its version is ``expected``. The new version (1 for an
+        insert, ``expected + 1`` after), or None when the condition did not hold."""
+
+    @abc.abstractmethod
+    def _doc_delete(self, kind: str, key: str, expected: int) -> bool:
+        """Delete the document if its version is still ``expected``; whether it was deleted."""
+
+    @abc.abstractmethod
+    def _doc_page(self, kind: str, after: str | None, limit: int) -> Sequence[tuple[str, int, str]]:
+        """Up to ``limit`` ``(key, version, body)`` of ``kind`` ordered by key bytes, after ``after``."""
 
     @abc.abstractmethod
     def _audit_page(self, queue: str | None, before: tuple[int, str] | None, limit: int) -> Sequence[Record]:
@@ -541,6 +561,33 @@ class StorageCore(Storage, abc.ABC):
         return AuditPage(entries=entries, next_cursor=next_cursor)
 
     # -- helpers ---------------------------------------------------------------------------
+    def get_document(self, kind: str, key: str) -> Document | None:
+        _require_document_key(kind, key)
+        with self.translated_errors():
+            found = self._doc_get(kind, key)
+        return None if found is None else Document(kind, key, found[0], json.loads(found[1]))
+
+    def put_document(self, kind: str, key: str, body: Mapping[str, Any], *, expected_version: int | None) -> Document | None:
+        _require_document_key(kind, key)
+        if expected_version is not None and (isinstance(expected_version, bool) or not isinstance(expected_version, int)):
+            raise InvalidInput("expected_version must be an integer or None", field="expected_version")
+        text = storable_json(dict(body))
+        with self.translated_errors():
+            version = self._doc_put(kind, key, text, expected_version)
+        return None if version is None else Document(kind, key, version, json.loads(text))
+
+    def delete_document(self, kind: str, key: str, *, expected_version: int) -> bool:
+        _require_document_key(kind, key)
+        with self.translated_errors():
+            return bool(self._doc_delete(kind, key, int(expected_version)))
+
+    def list_documents(self, kind: str, *, limit: int, after: str | None = None) -> list[Document]:
+        _require_document_key(kind, after if after is not None else kind)
+        _require_limit(limit)
+        with self.translated_errors():
+            rows = self._doc_page(kind, after, limit)
+        return [Document(kind, key, version, json.loads(body)) for key, version, body in rows]
+
     def _audit_entry(self, record: Record) -> AuditEntry:
         at = self.codec.time(record["at"])
         assert at is not None, "an audit entry has a time"
@@ -599,6 +646,15 @@ _SETTLED_STATUSES = frozenset({TaskStatus.SUCCEEDED, TaskStatus.PENDING, TaskSta
 
 #: An actor is an IAM principal ARN, an API key id or ``local``: kept whole up to this length.
 _AUDIT_ACTOR_CHARS = 512
+
+
+_DOCUMENT_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:~-]{0,199}")
+
+
+def _require_document_key(kind: Any, key: Any) -> None:
+    for field, value in (("kind", kind), ("key", key)):
+        if not isinstance(value, str) or not _DOCUMENT_KEY.fullmatch(value):
+            raise InvalidInput(f"a document {field} is 1..200 characters of [A-Za-z0-9._:~-]", field=field)
 
 
 def _require_limit(limit: Any) -> None:

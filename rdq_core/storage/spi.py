@@ -50,11 +50,12 @@ import base64
 import binascii
 import json
 from datetime import datetime, timezone
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from ..errors import InvalidCursor
 from ..model import (
     AuditEntry,
+    Document,
     AuditPage,
     ClaimedTask,
     ClaimRef,
@@ -214,6 +215,25 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def paused_queues(self) -> set[str]:
         """Names of the paused queues (whether or not they hold tasks)."""
+
+    # -- engine documents ------------------------------------------------------------------
+    @abc.abstractmethod
+    def get_document(self, kind: str, key: str) -> Document | None:
+        """A document the engine keeps (see ``Document``), or None."""
+
+    @abc.abstractmethod
+    def put_document(self, kind: str, key: str, body: Mapping[str, Any], *, expected_version: int | None) -> Document | None:
+        """Compare-and-set, atomic: ``expected_version=None`` inserts only if absent; a version
+        replaces only while the stored one is that version. The stored document, or None when
+        the condition failed (someone else wrote first)."""
+
+    @abc.abstractmethod
+    def delete_document(self, kind: str, key: str, *, expected_version: int) -> bool:
+        """Delete only while the stored version is ``expected_version``; whether it was deleted."""
+
+    @abc.abstractmethod
+    def list_documents(self, kind: str, *, limit: int, after: str | None = None) -> list[Document]:
+        """Documents of ``kind`` by key (byte order), after ``after``."""
 
     @abc.abstractmethod
     def record_audit(self, *, actor: str, action: str, queue: str, selection: Any, count: int) -> AuditEntry:

@@ -317,6 +317,26 @@ class SQLiteStorage(StorageCore):
             self._execute(conn, _Q["audit_append"], {**entry, "at": now})
         return now
 
+    def _doc_get(self, kind: str, key: str) -> tuple[int, str] | None:
+        row = self._execute(self._conn(), _Q["doc_get"], (kind, key)).fetchone()
+        return None if row is None else (int(row[0]), str(row[1]))
+
+    def _doc_put(self, kind: str, key: str, body: str, expected: int | None) -> int | None:
+        with self._write() as (conn, _):
+            if expected is None:
+                row = self._execute(conn, _Q["doc_insert"], (kind, key, body)).fetchone()
+            else:
+                row = self._execute(conn, _Q["doc_replace"], (body, kind, key, expected)).fetchone()
+        return None if row is None else int(row[0])
+
+    def _doc_delete(self, kind: str, key: str, expected: int) -> bool:
+        with self._write() as (conn, _):
+            return self._execute(conn, _Q["doc_delete"], (kind, key, expected)).rowcount == 1
+
+    def _doc_page(self, kind: str, after: str | None, limit: int) -> Sequence[tuple[str, int, str]]:
+        rows = self._execute(self._conn(), _Q["doc_page"], (kind, after or "", limit)).fetchall()
+        return [(str(k), int(v), str(b)) for k, v, b in rows]
+
     def _audit_page(self, queue: str | None, before: tuple[int, str] | None, limit: int) -> Sequence[Record]:
         where: list[str] = [_Q["audit_any"]]
         params: list[Any] = []

@@ -159,3 +159,20 @@ AND queue = ?
 
 -- name: audit_before
 AND (at, id) < (?, ?)
+
+-- name: doc_get
+SELECT version, body FROM rdq_documents WHERE kind = ? AND key = ?
+
+-- name: doc_insert
+INSERT INTO rdq_documents (kind, key, version, body) VALUES (?, ?, 1, ?)
+ON CONFLICT (kind, key) DO NOTHING RETURNING version
+
+-- name: doc_replace
+UPDATE rdq_documents SET version = version + 1, body = ? WHERE kind = ? AND key = ? AND version = ?
+RETURNING version
+
+-- name: doc_delete
+DELETE FROM rdq_documents WHERE kind = ? AND key = ? AND version = ?
+
+-- name: doc_page
+SELECT key, version, body FROM rdq_documents WHERE kind = ? AND key > ? ORDER BY key LIMIT ?

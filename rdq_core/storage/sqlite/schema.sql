@@ -56,4 +56,11 @@ CREATE TABLE rdq_audit (
 );
 CREATE INDEX rdq_audit_by_time ON rdq_audit (at, id);
 CREATE INDEX rdq_audit_by_queue ON rdq_audit (queue, at, id);
-PRAGMA user_version = 2;
+CREATE TABLE rdq_documents (
+    kind    TEXT NOT NULL,
+    key     TEXT NOT NULL,
+    version INTEGER NOT NULL CHECK (version >= 1),
+    body    TEXT NOT NULL,
+    PRIMARY KEY (kind, key)
+) WITHOUT ROWID;
+PRAGMA user_version = 3;
