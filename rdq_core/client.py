@@ -17,6 +17,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
+from . import payloads as payload_objects
 from . import validation
 from .errors import InvalidCursor, InvalidInput, TaskConflict, TaskNotFound
 from .ids import new_task_id
@@ -46,10 +47,14 @@ class Client:
     """``actor`` is who the audit trail records for the operator actions this client takes
     (redrive, purge, cancel, pause, resume)."""
 
-    def __init__(self, storage: str | Storage | None = None, *, actor: str = LOCAL_ACTOR) -> None:
+    def __init__(self, storage: str | Storage | None = None, *, actor: str = LOCAL_ACTOR,
+                 payload_store: payload_objects.PayloadStore | None | bool = True) -> None:
         self.storage = storage if isinstance(storage, Storage) else open_storage(storage)
         self._owns_storage = not isinstance(storage, Storage)
         self.actor = actor
+        # -- large payloads (rdq_core/payloads.py): True = the process's store ($RDQ_PAYLOAD_BUCKET
+        # or $RDQ_PAYLOAD_DIR), None/False = none (payloads stay inline, 256 KiB at most).
+        self._payload_store = payload_store
 
     def close(self) -> None:
         if self._owns_storage:
@@ -81,20 +86,31 @@ class Client:
         Raises ``TaskConflict`` if ``id`` is taken on another queue. ``connection`` (PostgreSQL)
         writes inside the caller's open transaction.
         """
-        item = build_new_task(
-            queue,
-            {
-                "handler": handler, "payload": payload, "id": id, "delay_seconds": delay_seconds,
-                "run_at": run_at, "max_attempts": max_attempts, "backoff": backoff, "headers": headers,
-            },
-        )
-        return self.enqueue_new(item, connection=connection).task
+        fields = {
+            "handler": handler, "payload": payload, "id": id, "delay_seconds": delay_seconds,
+            "run_at": run_at, "max_attempts": max_attempts, "backoff": backoff, "headers": headers,
+        }
+        (item,), uploaded = self._offloaded(queue, [fields], single=True)
+        try:
+            result = self.enqueue_new(item, connection=connection)
+        except BaseException:
+            self._forget_uploads(uploaded)
+            raise
+        self._forget_uploads(uploaded, [result])
+        return result.task
 
     def enqueue_many(
         self, queue: str, items: Sequence[Mapping[str, Any]], *, connection: Any = None
     ) -> list[EnqueueResult]:
         """Enqueue up to ``Limits.batch_items`` tasks in one round trip; per-item results."""
-        return self.enqueue_new_many(build_new_tasks(queue, items), connection=connection)
+        new_tasks, uploaded = self._offloaded(queue, items)
+        try:
+            results = self.enqueue_new_many(new_tasks, connection=connection)
+        except BaseException:
+            self._forget_uploads(uploaded)
+            raise
+        self._forget_uploads(uploaded, results)
+        return results
 
     def enqueue_new(self, new_task: NewTask, *, connection: Any = None) -> EnqueueResult:
         """Write one task already validated by ``build_new_task``; ``created`` is False when the id
@@ -116,16 +132,21 @@ class Client:
         return self.storage.enqueue(new_tasks)
 
     # -- reading and operating -------------------------------------------------------------
-    def get(self, task_id: str) -> Task:
+    def get(self, task_id: str, *, resolve: bool = False) -> Task:
+        """The task with its history. A payload or result kept in the payload store is a reference
+        (``headers["rdq.payload_ref"]``, ``{"$rdq_s3": …}``); ``resolve=True`` fetches and checks them."""
         validation.task_id(task_id)
         task = self.storage.get(task_id)
         if task is None:
             raise TaskNotFound(task_id)
+        if resolve:
+            return payload_objects.resolved(task, self.payload_store)
         return task
 
     def cancel(self, task_id: str) -> Task:
         task = self.storage.cancel(validation.task_id(task_id))
         self._audit("cancel", task.queue, {"ids": [task.id]}, 1)
+        payload_objects.finished(task, self.payload_store)  # its payload object expires with retention
         return task
 
     def stats(self, queue: str) -> QueueStats:
@@ -180,7 +201,10 @@ class Client:
 
     def purge_dead(self, queue: str, *, ids: Iterable[str] | None = None, error_type: str | None = None,
                    handler: str | None = None, all: bool = False, dry_run: bool = False) -> int:
-        """Delete the dead tasks matching the selection, with their history; the count."""
+        """Delete the dead tasks matching the selection, with their history; the count. Their
+        payload and result objects in the payload store are deleted with them."""
+        if self.payload_store is not None and not dry_run:
+            return self._purge_dead_with_objects(queue, ids, error_type, handler, all)
         return self._bulk("purge", TaskStatus.DEAD, self.storage.purge_dead, queue, ids, error_type, handler, all,
                           dry_run)
 
@@ -205,6 +229,94 @@ class Client:
             cursor=_cursor_text(cursor),
         )
 
+    # -- large payloads (rdq_core/payloads.py) ------------------------------------------------
+    @property
+    def payload_store(self) -> payload_objects.PayloadStore | None:
+        """Where payloads over the threshold go; None keeps every payload inline."""
+        store = self._payload_store
+        if store is True:
+            return payload_objects.default_store()
+        return store or None
+
+    def _offloaded(self, queue: str, items: Sequence[Mapping[str, Any]], *, single: bool = False
+                   ) -> tuple[list[NewTask], list[payload_objects.PayloadRef | None]]:
+        """Validate ``items`` (payloads over the threshold as null), then write those payloads to
+        the store: the tasks carry references instead. Nothing is written if validation fails."""
+        store = self.payload_store
+        large = [isinstance(item, Mapping) and payload_objects.should_offload(item.get("payload"), store)
+                 for item in items] if isinstance(items, Sequence) else []
+        slim = [{**item, "payload": None} if big else item for item, big in zip(items, large, strict=True)
+                ] if any(large) else items
+        new_tasks = [build_new_task(queue, slim[0])] if single else build_new_tasks(queue, slim)
+        if not any(large):
+            return new_tasks, []
+        refs: list[payload_objects.PayloadRef | None] = []
+        try:
+            for index, (item, big) in enumerate(zip(items, large, strict=True)):
+                if not big:
+                    refs.append(None)
+                    continue
+                assert store is not None
+                try:
+                    ref = payload_objects.offload_payload(store, queue, item.get("payload"))
+                except InvalidInput as exc:
+                    raise (exc if single else
+                           InvalidInput(f"tasks[{index}]: {exc}", f"tasks[{index}].{exc.field}")) from None
+                refs.append(ref)
+                new_tasks[index] = payload_objects.with_ref(new_tasks[index], ref)
+        except BaseException:
+            self._forget_uploads(refs)
+            raise
+        return new_tasks, refs
+
+    def _forget_uploads(self, refs: Sequence[payload_objects.PayloadRef | None],
+                        results: Sequence[EnqueueResult] | None = None) -> None:
+        """Delete the objects no new task points at: all of them when the write failed, else those
+        of ids that already existed (an idempotent repeat keeps the first task's object)."""
+        if not refs:
+            return
+        unused = [ref for index, ref in enumerate(refs)
+                  if ref is not None and (results is None or not results[index].created)]
+        try:
+            payload_objects.delete_objects(self.payload_store, unused)
+        except Exception:  # noqa: BLE001 - an orphan object costs storage, never the enqueue's answer
+            payload_objects.log.warning("could not delete %d unused payload object(s)", len(unused))
+
+    def _purge_dead_with_objects(self, queue: str, ids: Iterable[str] | None, error_type: str | None,
+                                 handler: str | None, all: bool) -> int:
+        """Purge page by page: read up to 500 matching dead tasks (the bounded extra read), purge
+        exactly those ids, then delete the objects of the ones that are gone."""
+        queue = validation.queue_name(queue)
+        selection = _selection(ids, error_type, handler, all)
+        store = self.payload_store
+        total = 0
+        if selection.ids is not None:
+            pages: Iterable[list[Task]] = [[t for t in map(self.storage.get, selection.ids)
+                                           if t is not None and t.queue == queue and t.status is TaskStatus.DEAD]]
+        else:
+            pages = self._dead_pages(queue, selection)
+        for page in pages:
+            if not page:
+                break
+            count = self.storage.purge_dead(queue, DeadFilter(ids=tuple(t.id for t in page)))
+            total += count
+            with_objects = [t for t in page if payload_objects.object_refs([t])]
+            if count < len(page):  # some left the DLQ meanwhile (redriven): keep their objects
+                with_objects = [t for t in with_objects if self.storage.get(t.id) is None]
+            payload_objects.delete_objects(store, payload_objects.object_refs(with_objects))
+        self._audit("purge", queue, _described(selection, all), total)
+        return total
+
+    def _dead_pages(self, queue: str, selection: DeadFilter) -> Iterable[list[Task]]:
+        """The first page of the matching dead tasks, again and again: each page is purged before
+        the next is read, so the loop ends when none is left."""
+        while True:
+            page = self.storage.list_dead(queue, limit=validation.Limits.page_size, cursor=None,
+                                          filter=DeadFilter(error_type=selection.error_type, handler=selection.handler))
+            yield list(page.tasks)
+            if not page.tasks:
+                return
+
     # -- what the operator actions share -------------------------------------------------------
     def _bulk(self, action: str, status: TaskStatus, act: Any, queue: str, ids: Iterable[str] | None,
               error_type: str | None, handler: str | None, all: bool, dry_run: bool) -> int:
@@ -215,7 +327,7 @@ class Client:
         if dry_run:
             return self.storage.count_tasks(queue, status, selection)
         count: int = act(queue, selection)
-        self._audit(action, queue, _described(selection, all), count)
+        self._audit(action, queue, selection.described(all), count)
         return count
 
     def _set_paused(self, queue: str, paused: bool) -> QueueStats:
@@ -310,20 +422,6 @@ def _selection(ids: Iterable[str] | None, error_type: str | None, handler: str |
     if ids is None and error_type is None and handler is None and not all:
         raise InvalidInput("select tasks by ids, error_type/handler, or all", "ids")
     return dead_filter(ids=ids, error_type=error_type, handler=handler)
-
-
-def _described(selection: TaskFilter, all: bool) -> dict[str, Any]:
-    """The selection as the audit trail keeps it: only what was given."""
-    described: dict[str, Any] = {}
-    if selection.ids is not None:
-        described["ids"] = list(selection.ids)
-    if selection.error_type is not None:
-        described["error_type"] = selection.error_type
-    if selection.handler is not None:
-        described["handler"] = selection.handler
-    if all and not described:
-        described["all"] = True
-    return described
 
 
 def task_status(status: Any) -> TaskStatus | None:
