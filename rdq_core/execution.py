@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from . import payloads
 from . import outcomes
 from .handlers import HandlerSpec, TaskContext
 from .logs import task_log_keys
@@ -46,12 +47,13 @@ def run_handler(item: ClaimedTask, spec: HandlerSpec, ctx: TaskContext, policies
     try:
         # The handler's own log lines carry the task's keys (on this thread only).
         with task_log_keys(task_id=task.id, queue=task.queue, attempt=ctx.attempt):
-            result = spec.func(task.payload, ctx)
+            # A payload kept in the payload store is fetched and hash-checked here (rdq_core/payloads.py).
+            result = spec.func(payloads.task_payload(task), ctx)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - a crashing handler is a failed attempt, never a dead loop
         return outcomes.from_exception(item, exc, policies)
-    return outcomes.from_result(item, result, policies)
+    return payloads.handler_outcome(item, result, policies)  # a large result goes to the payload store
 
 
 class HandlerExecution:
