@@ -39,9 +39,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from . import validation
+from . import outcomes, validation
 from .errors import ConfigurationError, InvalidInput, PermanentError, StorageUnavailable
-from .model import NewTask, Task
+from .model import ClaimedTask, NewTask, Outcome, Settlement, Task, TaskStatus
+from .retry import PolicyBook
 
 log = logging.getLogger("rdq.payloads")
 
@@ -518,3 +519,22 @@ def delete_objects(store: PayloadStore | None, refs: Sequence[PayloadRef]) -> in
     if keys and store is not None:
         store.delete(keys)
     return len(keys)
+
+
+def handler_outcome(item: ClaimedTask, result: Any, policies: PolicyBook) -> Settlement:
+    """What the worker settles for a handler that returned ``result``: a result too large to keep
+    inline is written to the store first (its reference is the task's result); a handler's own
+    use of the reserved key is an ``rdq.InvalidResult`` failure; a success tags the payload object."""
+    task = item.task
+    problem = reserved_result_problem(result)
+    if problem is not None:
+        return outcomes.failed_attempt(policies, task, item.claim_token, Outcome.RETRYABLE_FAILURE,
+                                       outcomes.truncated_error(outcomes.INVALID_RESULT, problem))
+    try:
+        result = stored_result(task, result)
+    except Exception as exc:  # noqa: BLE001 - the bucket failed: a retryable failed attempt
+        return outcomes.from_exception(item, exc, policies)
+    settlement = outcomes.from_result(item, result, policies)
+    if settlement.status is TaskStatus.SUCCEEDED and REF_HEADER in task.headers:
+        finished(task)
+    return settlement
