@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
 from . import payloads as payload_objects
-from . import validation
+from . import tracecontext, validation
 from .errors import InvalidCursor, InvalidInput, TaskConflict, TaskNotFound
 from .ids import new_task_id
 from .model import (
@@ -80,17 +80,22 @@ class Client:
         backoff: Backoff | Mapping[str, float] | None = None,
         headers: Mapping[str, str] | None = None,
         connection: Any = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> Task:
         """Enqueue one task; an existing id on the same queue returns the existing task.
 
         Raises ``TaskConflict`` if ``id`` is taken on another queue. ``connection`` (PostgreSQL)
-        writes inside the caller's open transaction.
+        writes inside the caller's open transaction. ``traceparent``/``tracestate`` (W3C) are the
+        trace the task continues; by default the current OpenTelemetry span's (docs/handlers.md,
+        "Tracing"); an invalid one is dropped, never refused.
         """
         fields = {
             "handler": handler, "payload": payload, "id": id, "delay_seconds": delay_seconds,
             "run_at": run_at, "max_attempts": max_attempts, "backoff": backoff, "headers": headers,
         }
         (item,), uploaded = self._offloaded(queue, [fields], single=True)
+        (item,) = tracecontext.stamped([item], tracecontext.enqueue_headers(traceparent, tracestate))
         try:
             result = self.enqueue_new(item, connection=connection)
         except BaseException:
@@ -100,10 +105,13 @@ class Client:
         return result.task
 
     def enqueue_many(
-        self, queue: str, items: Sequence[Mapping[str, Any]], *, connection: Any = None
+        self, queue: str, items: Sequence[Mapping[str, Any]], *, connection: Any = None,
+        traceparent: str | None = None, tracestate: str | None = None,
     ) -> list[EnqueueResult]:
-        """Enqueue up to ``Limits.batch_items`` tasks in one round trip; per-item results."""
+        """Enqueue up to ``Limits.batch_items`` tasks in one round trip; per-item results. Every
+        task carries one trace context, as ``enqueue`` chooses it."""
         new_tasks, uploaded = self._offloaded(queue, items)
+        new_tasks = tracecontext.stamped(list(new_tasks), tracecontext.enqueue_headers(traceparent, tracestate))
         try:
             results = self.enqueue_new_many(new_tasks, connection=connection)
         except BaseException:
@@ -335,6 +343,37 @@ class Client:
         self.storage.set_paused(queue, paused)
         self._audit("pause" if paused else "resume", queue, {}, 0)
         return self.storage.stats(queue)
+
+    # -- schedules (rdq_core.schedules) ----------------------------------------------------
+    @property
+    def schedule_book(self) -> Any:
+        """Where schedules live: EventBridge Scheduler on a deployed API (``RDQ_SCHEDULE_GROUP``),
+        else the local schedules file (``RDQ_SCHEDULES_FILE``, default ``./rdq-schedules.json``)."""
+        from .schedules import schedule_book_from_env
+
+        if getattr(self, "_schedule_book", None) is None:
+            self._schedule_book = schedule_book_from_env()
+        return self._schedule_book
+
+    @schedule_book.setter
+    def schedule_book(self, book: Any) -> None:
+        self._schedule_book = book
+
+    def put_schedule(self, definition: Any) -> Any:
+        """Create or replace a schedule (a ``Schedule`` or its fields as a mapping); returns it as stored."""
+        from .schedules import put_schedule
+
+        return put_schedule(self.schedule_book, definition)
+
+    def list_schedules(self) -> list[Any]:
+        """Every schedule, by name."""
+        return list(self.schedule_book.list())
+
+    def delete_schedule(self, name: str) -> None:
+        """Delete a schedule; ``ScheduleNotFound`` (a ``TaskNotFound``) if there is none by that name."""
+        from .schedules import delete_schedule
+
+        delete_schedule(self.schedule_book, name)
 
     def _audit(self, action: str, queue: str, selection: Mapping[str, Any], count: int) -> None:
         # After the action: the entry records what it did (the count). A failure here surfaces to

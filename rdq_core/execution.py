@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import payloads
-from . import outcomes
+from . import outcomes, tracecontext
 from .handlers import HandlerSpec, TaskContext
 from .logs import task_log_keys
 from .model import ClaimedTask, Settlement
@@ -45,8 +45,13 @@ def run_handler(item: ClaimedTask, spec: HandlerSpec, ctx: TaskContext, policies
     """Call the handler on this thread and have its result or exception decided."""
     task = item.task
     try:
-        # The handler's own log lines carry the task's keys (on this thread only).
-        with task_log_keys(task_id=task.id, queue=task.queue, attempt=ctx.attempt):
+        # The handler's own log lines carry the task's keys (on this thread only); it runs inside
+        # the attempt's span when OpenTelemetry is in use (``rdq_core.tracecontext``).
+        with task_log_keys(task_id=task.id, queue=task.queue, attempt=ctx.attempt), tracecontext.attempt_span(
+            task_id=task.id, queue=task.queue, handler=task.handler, attempt=ctx.attempt,
+            redrive_count=ctx.redrive_count, headers=task.headers,
+        ) as traceparent:
+            ctx.traceparent = traceparent
             # A payload kept in the payload store is fetched and hash-checked here (rdq_core/payloads.py).
             result = spec.func(payloads.task_payload(task), ctx)
     except KeyboardInterrupt:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from .errors import ConfigurationError
-from .validation import handler_name
+from .validation import TRACEPARENT_HEADER, TRACESTATE_HEADER, handler_name
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 
@@ -99,6 +99,12 @@ class TaskContext:
         self.attempt = attempt
         self.redrive_count = redrive_count
         self.headers = dict(headers)
+        #: The W3C ``traceparent`` this run belongs to, or None: the run's own span when the worker
+        #: opened one (OpenTelemetry in use), else the context stored at enqueue. A handler without
+        #: OpenTelemetry passes it on (an HTTP header, a child task) to continue the trace.
+        self.traceparent: str | None = self.headers.get(TRACEPARENT_HEADER)
+        #: The W3C ``tracestate`` stored with it, or None.
+        self.tracestate: str | None = self.headers.get(TRACESTATE_HEADER)
         self._deadline = deadline
         self._extend = extend
 

@@ -19,6 +19,12 @@ QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,119}")
 HANDLER_NAME = QUEUE_NAME
 TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]{0,127}")
 
+#: The task headers that carry the W3C trace context (``rdq_core.tracecontext``). They are set by
+#: the engine only (every ``rdq.`` name is refused from callers) and do not count toward
+#: ``Limits.headers_count``.
+TRACEPARENT_HEADER = "rdq.traceparent"
+TRACESTATE_HEADER = "rdq.tracestate"
+
 
 class Limits:
     """Documented limits (docs/limits.md). Each violation raises InvalidInput naming the field."""

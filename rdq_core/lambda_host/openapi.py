@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from .. import validation
 from ..validation import Limits
+from ..schedules import SCHEDULE_NAME
 
 if TYPE_CHECKING:  # routes.py imports this module (its openapi route serves the document)
     from .routes import Route
@@ -43,6 +44,8 @@ _PATH_PARAMS = {
               "schema": {"type": "string", "pattern": f"^{validation.QUEUE_NAME.pattern}$"}},
     "task_id": {"name": "task_id", "in": "path", "required": True,
                 "schema": {"type": "string", "pattern": f"^{validation.TASK_ID.pattern}$"}},
+    "schedule": {"name": "schedule", "in": "path", "required": True,  # schedules (rdq_core.schedules)
+                 "schema": {"type": "string", "pattern": f"^{SCHEDULE_NAME.pattern}$"}},
 }
 #: Every query parameter a route may accept, by name.
 _QUERY_PARAMS = {
@@ -236,6 +239,33 @@ def _schemas() -> dict[str, Any]:
     }
 
 
+# -- schedules (rdq_core.schedules) ----------------------------------------------------------
+def _schedule_schemas() -> dict[str, Any]:
+    name = {"type": "string", "pattern": f"^{SCHEDULE_NAME.pattern}$"}
+    fields: dict[str, Any] = {
+        "name": name,
+        "expression": {"type": "string", "minLength": 1, "maxLength": 256,
+                       "description": "rate(value unit) or cron(minutes hours day-of-month month day-of-week year), "
+                                      "EventBridge Scheduler syntax; rate(N seconds) only under rdq dev"},
+        "timezone": {"type": "string", "maxLength": 50, "default": "UTC", "description": "IANA time zone of a cron"},
+        "queue": {"type": "string", "pattern": f"^{validation.QUEUE_NAME.pattern}$"},
+        "handler": {"type": "string", "pattern": f"^{validation.HANDLER_NAME.pattern}$"},
+        "payload": {"description": f"any JSON value, at most {Limits.payload_bytes} bytes encoded"},
+        "max_attempts": {"type": ["integer", "null"], "minimum": 1, "maximum": Limits.max_attempts},
+    }
+    instant = {"type": ["string", "null"], "format": "date-time"}
+    return {
+        "NewSchedule": {"type": "object", "required": ["name", "expression", "queue", "handler"],
+                        "additionalProperties": False, "properties": fields},
+        "Schedule": {"type": "object", "required": ["name", "expression", "timezone", "queue", "handler"],
+                     "properties": {**fields, "created_at": instant, "next_fire_at": instant,
+                                    "next_task_id": {"type": ["string", "null"]}}},
+        "ScheduleList": {"type": "object", "required": ["schedules"],
+                         "properties": {"schedules": {"type": "array", "items": {"$ref": "#/components/schemas/Schedule"}}}},
+        "ScheduleDeleted": {"type": "object", "required": ["deleted"], "properties": {"deleted": name}},
+    }
+
+
 def _operation(route: Route) -> dict[str, Any]:
     operation: dict[str, Any] = {"operationId": route.operation_id, "summary": route.summary}
     parameters = [_PATH_PARAMS[name] for name in route.path_parameters] + [_QUERY_PARAMS[name] for name in route.query]
@@ -280,7 +310,7 @@ def openapi_document(
         "servers": [{"url": server_url}],
         "paths": paths,
         "components": {
-            "schemas": _schemas(),
+            "schemas": {**_schemas(), **_schedule_schemas()},
             "responses": {"Problem": {
                 "description": "an RFC 9457 problem",
                 "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},

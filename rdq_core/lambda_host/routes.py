@@ -30,10 +30,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
+from .. import tracecontext
+from .. import payloads
 from ..client import Client, build_new_task, build_new_tasks
 from ..errors import InvalidInput
 from ..model import EnqueueResult, NewTask
 from ..problems import ApiProblem
+from ..schedules import schedule_body
 from ..validation import Limits
 from .connection import shared_storage
 from .invoker import invoker
@@ -136,7 +139,11 @@ def _reject_unknown_fields(body: Mapping[str, Any], known: set[str]) -> None:
 def enqueue_task(request: ApiRequest, queue: str) -> Reply:
     body = request.json_body()
     _check_payload_size(body, "payload")
+    body, ref = _payload_ref_of(body, queue, "payload_ref")  # a large payload uploaded beforehand
     new_task = build_new_task(queue, body)
+    if ref is not None:
+        new_task = payloads.with_ref(new_task, ref)
+    (new_task,) = tracecontext.stamped([new_task], tracecontext.request_headers(request.header))  # trace context
     result = _client(request).enqueue_new(new_task)  # TaskConflict (409) if the id is taken on another queue
     _wake_worker(request, queue, [new_task], [result])
     extra: dict[str, Any] = {"task_id": new_task.id, "queue": queue, "is_new": result.created}
@@ -157,7 +164,18 @@ def enqueue_batch(request: ApiRequest, queue: str) -> Reply:
     for index, item in enumerate(items[: Limits.batch_items]):
         if isinstance(item, Mapping):
             _check_payload_size(item, f"tasks[{index}].payload")
+    refs: dict[int, payloads.PayloadRef] = {}
+    if any(isinstance(item, Mapping) and "payload_ref" in item for item in items):
+        items = list(items)
+        for index, item in enumerate(items[: Limits.batch_items]):
+            if isinstance(item, Mapping) and "payload_ref" in item:
+                items[index], ref = _payload_ref_of(item, queue, f"tasks[{index}].payload_ref")
+                if ref is not None:
+                    refs[index] = ref
     new_tasks = build_new_tasks(queue, items)
+    for index, ref in refs.items():
+        new_tasks[index] = payloads.with_ref(new_tasks[index], ref)
+    new_tasks = tracecontext.stamped(new_tasks, tracecontext.request_headers(request.header))  # trace context
     results = _client(request).enqueue_new_many(new_tasks)  # one round trip for the whole batch
     _wake_worker(request, queue, new_tasks, results)
     # A conflict's task belongs to another queue: say only that the id is taken, not where or
@@ -287,6 +305,69 @@ def list_audit(request: ApiRequest) -> Reply:
     return Reply(200, page.to_dict())
 
 
+# -- schedules (rdq_core.schedules) ----------------------------------------------------------
+_SCHEDULE_FIELDS = {"name", "expression", "timezone", "queue", "handler", "payload", "max_attempts"}
+
+
+def put_schedule(request: ApiRequest) -> Reply:
+    """Create or replace a schedule: an EventBridge Scheduler schedule when deployed
+    (``RDQ_SCHEDULE_GROUP``), the local schedules file under ``rdq dev``."""
+    body = request.json_body()
+    _reject_unknown_fields(body, _SCHEDULE_FIELDS)
+    _check_payload_size(body, "payload")
+    schedule = _client(request).put_schedule(body)
+    logger.info("schedule put", extra={"schedule": schedule.name, "queue": schedule.queue})
+    return Reply(200, schedule_body(schedule), {"Location": f"/v1/schedules/{schedule.name}"})
+
+
+def list_schedules(request: ApiRequest) -> Reply:
+    return Reply(200, {"schedules": [schedule_body(s) for s in _client(request).list_schedules()]})
+
+
+def delete_schedule(request: ApiRequest, schedule: str) -> Reply:
+    _client(request).delete_schedule(schedule)
+    logger.info("schedule deleted", extra={"schedule": schedule})
+    return Reply(200, {"deleted": schedule})
+
+
+# -- large payloads (rdq_core.payloads) ---------------------------------------------------------
+def _payload_ref_of(body: Mapping[str, Any], queue: str, field_name: str
+                    ) -> tuple[dict[str, Any], payloads.PayloadRef | None]:
+    """``body`` without its ``payload_ref``, and the reference checked against the store: issued
+    for this queue, and the object is there with the size it names."""
+    rest = dict(body)
+    data = rest.pop("payload_ref", None)
+    if data is None:
+        return rest, None
+    if rest.get("payload") is not None:
+        raise InvalidInput("give payload or payload_ref, not both", field_name)
+    try:
+        return rest, payloads.checked_upload(payloads.default_store(), queue, data)
+    except InvalidInput as exc:
+        raise InvalidInput(str(exc), field_name) from None
+
+
+def create_payload_upload(request: ApiRequest, queue: str) -> Reply:
+    """Where to PUT a large payload (a presigned URL) and the reference to enqueue it with."""
+    body = request.json_body()
+    _reject_unknown_fields(body, {"size", "sha256"})
+    offer = payloads.upload_offer(payloads.default_store(), queue, body.get("size"), body.get("sha256"))
+    logger.info("payload upload offered", extra={"queue": queue, "size": body.get("size")})
+    return Reply(201, offer)
+
+
+def get_task_objects(request: ApiRequest, task_id: str) -> Reply:
+    """Presigned download URLs of a task's payload and result when they are kept in the store."""
+    task = _client(request).get(task_id)
+    store = payloads.default_store()
+    answer: dict[str, Any] = {"payload": None, "result": None}
+    for name, ref in (("payload", payloads.payload_ref(task)), ("result", payloads.result_ref(task.result))):
+        if ref is not None and store is not None and ref.bucket == store.bucket:
+            answer[name] = {"payload_ref": ref.to_dict(), "url": store.download_url(ref.key),
+                            "expires_in_seconds": payloads.PRESIGN_SECONDS}
+    return Reply(200, answer)
+
+
 def openapi(request: ApiRequest) -> Reply:
     settings = request.settings
     return Reply(200, openapi_document(ROUTES, server_url=request.stage_prefix or "/", auth_mode=settings.auth_mode,
@@ -339,6 +420,24 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/queues/{queue}/dlq:purge", "purgeDead", purge_dead, "Delete the selected dead tasks (dry_run: count them)",
           responses=((200, "how many were deleted, or matched", "PurgeResult"),),
           problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS), request_schema="TaskSelection"),
+    # schedules (rdq_core.schedules)
+    Route("POST", "/v1/schedules", "putSchedule", put_schedule,
+          "Create or replace a schedule (cron or rate); each period enqueues one task, id sched.<name>.<instant>",
+          responses=((200, "the schedule as stored", "Schedule"),),
+          problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS), request_schema="NewSchedule"),
+    Route("GET", "/v1/schedules", "listSchedules", list_schedules, "Every schedule, by name, with its next fire time",
+          responses=((200, "schedules by name", "ScheduleList"),), problems=COMMON_PROBLEMS),
+    Route("DELETE", "/v1/schedules/{schedule}", "deleteSchedule", delete_schedule, "Delete a schedule",
+          responses=((200, "deleted", "ScheduleDeleted"),), problems=(404, 422, *COMMON_PROBLEMS)),
+    # large payloads (rdq_core.payloads)
+    Route("POST", "/v1/queues/{queue}/payloads", "createPayloadUpload", create_payload_upload,
+          "A presigned PUT URL for a large payload, and the payload_ref to enqueue it with",
+          responses=((201, "where to upload, and the reference", "PayloadUpload"),),
+          problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS), request_schema="PayloadUploadRequest"),
+    Route("GET", "/v1/tasks/{task_id}/objects", "getTaskObjects", get_task_objects,
+          "Presigned download URLs of a task's payload and result kept in the payload store",
+          responses=((200, "a URL per stored object (null when inline)", "TaskObjects"),),
+          problems=(404, 422, *COMMON_PROBLEMS)),
     Route("GET", "/v1/openapi.json", "openapi", openapi, "This document",
           responses=((200, "this document", "OpenApiDocument"),)),
 )
