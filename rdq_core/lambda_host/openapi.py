@@ -112,6 +112,9 @@ def _schemas() -> dict[str, Any]:
             "properties": {
                 "handler": name,
                 "payload": {"$ref": "#/components/schemas/JsonValue"},
+                "payload_ref": {"anyOf": [{"$ref": "#/components/schemas/PayloadRef"}, {"type": "null"}],
+                                "description": "instead of payload: a large payload uploaded through "
+                                               "POST /v1/queues/{queue}/payloads (not with a payload)"},
                 "id": _nullable(task_id),
                 "delay_seconds": {"type": ["number", "null"], "minimum": 0, "maximum": Limits.delay_seconds},
                 "run_at": {"type": ["string", "null"], "format": "date-time"},
@@ -230,6 +233,37 @@ def _schemas() -> dict[str, Any]:
         "RedriveResult": _bulk_result("redriven"),
         "PurgeResult": _bulk_result("purged"),
         "CancelResult": _bulk_result("cancelled"),
+        # -- large payloads (rdq_core.payloads) --
+        "PayloadRef": {
+            "type": "object", "additionalProperties": False, "required": ["bucket", "key", "size", "sha256"],
+            "description": "an object in the payload store, as POST /v1/queues/{queue}/payloads issued it",
+            "properties": {"bucket": {"type": "string", "minLength": 1, "maxLength": 255},
+                           "key": {"type": "string", "pattern": "^payloads/[a-z0-9][a-z0-9._-]{0,119}/[A-Za-z0-9._~/-]{1,300}$"},
+                           "size": {"type": "integer", "minimum": 0},
+                           "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
+        },
+        "PayloadUploadRequest": {
+            "type": "object", "additionalProperties": False, "required": ["size", "sha256"],
+            "properties": {"size": {"type": "integer", "minimum": 1,
+                                    "description": "bytes of the payload's JSON (UTF-8); at most RDQ_PAYLOAD_MAX_BYTES"},
+                           "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
+        },
+        "PayloadUpload": {
+            "type": "object", "required": ["upload", "payload_ref"],
+            "properties": {
+                "upload": {"type": "object", "required": ["url", "method", "headers", "expires_in_seconds"],
+                           "properties": {"url": {"type": "string"}, "method": {"const": "PUT"},
+                                          "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+                                          "expires_in_seconds": {"type": "integer"}}},
+                "payload_ref": {"$ref": "#/components/schemas/PayloadRef"},
+            },
+        },
+        "TaskObjects": {
+            "type": "object", "required": ["payload", "result"],
+            "properties": {name: {"type": ["object", "null"], "properties": {
+                "payload_ref": {"type": "object"}, "url": {"type": "string"}, "expires_in_seconds": {"type": "integer"}}}
+                for name in ("payload", "result")},
+        },
         "OpenApiDocument": {"type": "object"},
         "Problem": {
             "type": "object", "required": ["type", "title", "status", "detail"],
