@@ -30,11 +30,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
+from .. import tracecontext
 from .. import payloads
 from ..client import Client, build_new_task, build_new_tasks
 from ..errors import InvalidInput
 from ..model import EnqueueResult, NewTask
 from ..problems import ApiProblem
+from ..schedules import schedule_body
 from ..validation import Limits
 from .connection import shared_storage
 from .invoker import invoker
@@ -141,6 +143,7 @@ def enqueue_task(request: ApiRequest, queue: str) -> Reply:
     new_task = build_new_task(queue, body)
     if ref is not None:
         new_task = payloads.with_ref(new_task, ref)
+    (new_task,) = tracecontext.stamped([new_task], tracecontext.request_headers(request.header))  # trace context
     result = _client(request).enqueue_new(new_task)  # TaskConflict (409) if the id is taken on another queue
     _wake_worker(request, queue, [new_task], [result])
     extra: dict[str, Any] = {"task_id": new_task.id, "queue": queue, "is_new": result.created}
@@ -172,6 +175,7 @@ def enqueue_batch(request: ApiRequest, queue: str) -> Reply:
     new_tasks = build_new_tasks(queue, items)
     for index, ref in refs.items():
         new_tasks[index] = payloads.with_ref(new_tasks[index], ref)
+    new_tasks = tracecontext.stamped(new_tasks, tracecontext.request_headers(request.header))  # trace context
     results = _client(request).enqueue_new_many(new_tasks)  # one round trip for the whole batch
     _wake_worker(request, queue, new_tasks, results)
     # A conflict's task belongs to another queue: say only that the id is taken, not where or
@@ -301,6 +305,31 @@ def list_audit(request: ApiRequest) -> Reply:
     return Reply(200, page.to_dict())
 
 
+# -- schedules (rdq_core.schedules) ----------------------------------------------------------
+_SCHEDULE_FIELDS = {"name", "expression", "timezone", "queue", "handler", "payload", "max_attempts"}
+
+
+def put_schedule(request: ApiRequest) -> Reply:
+    """Create or replace a schedule: an EventBridge Scheduler schedule when deployed
+    (``RDQ_SCHEDULE_GROUP``), the local schedules file under ``rdq dev``."""
+    body = request.json_body()
+    _reject_unknown_fields(body, _SCHEDULE_FIELDS)
+    _check_payload_size(body, "payload")
+    schedule = _client(request).put_schedule(body)
+    logger.info("schedule put", extra={"schedule": schedule.name, "queue": schedule.queue})
+    return Reply(200, schedule_body(schedule), {"Location": f"/v1/schedules/{schedule.name}"})
+
+
+def list_schedules(request: ApiRequest) -> Reply:
+    return Reply(200, {"schedules": [schedule_body(s) for s in _client(request).list_schedules()]})
+
+
+def delete_schedule(request: ApiRequest, schedule: str) -> Reply:
+    _client(request).delete_schedule(schedule)
+    logger.info("schedule deleted", extra={"schedule": schedule})
+    return Reply(200, {"deleted": schedule})
+
+
 # -- large payloads (rdq_core.payloads) ---------------------------------------------------------
 def _payload_ref_of(body: Mapping[str, Any], queue: str, field_name: str
                     ) -> tuple[dict[str, Any], payloads.PayloadRef | None]:
@@ -391,6 +420,15 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/queues/{queue}/dlq:purge", "purgeDead", purge_dead, "Delete the selected dead tasks (dry_run: count them)",
           responses=((200, "how many were deleted, or matched", "PurgeResult"),),
           problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS), request_schema="TaskSelection"),
+    # schedules (rdq_core.schedules)
+    Route("POST", "/v1/schedules", "putSchedule", put_schedule,
+          "Create or replace a schedule (cron or rate); each period enqueues one task, id sched.<name>.<instant>",
+          responses=((200, "the schedule as stored", "Schedule"),),
+          problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS), request_schema="NewSchedule"),
+    Route("GET", "/v1/schedules", "listSchedules", list_schedules, "Every schedule, by name, with its next fire time",
+          responses=((200, "schedules by name", "ScheduleList"),), problems=COMMON_PROBLEMS),
+    Route("DELETE", "/v1/schedules/{schedule}", "deleteSchedule", delete_schedule, "Delete a schedule",
+          responses=((200, "deleted", "ScheduleDeleted"),), problems=(404, 422, *COMMON_PROBLEMS)),
     # large payloads (rdq_core.payloads)
     Route("POST", "/v1/queues/{queue}/payloads", "createPayloadUpload", create_payload_upload,
           "A presigned PUT URL for a large payload, and the payload_ref to enqueue it with",
