@@ -22,9 +22,13 @@ costs only its own task (LEASE_EXPIRED once its lease ends), never its batch nei
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..claiming import ClaimLoop
+from ..client import Client
+from ..errors import StorageUnavailable
+from ..schedules import fire, scheduled_firing
 from ..handlers import registry
 from ..runner import BatchRunner
 from ..storage.spi import Storage
@@ -62,9 +66,13 @@ def run_worker_invocation(
     storage = shared_storage(settings)
     telemetry = MetricsTelemetry()
 
-    queues = settings.queues or _requested_queues(event) or tuple(storage.list_queues())
+    fired = _fire_schedule(event, storage, deadline)  # an EventBridge Scheduler trigger (schedules.py)
+    queues = settings.queues or _requested_queues(event) or ((fired.queue,) if fired else ()) \
+        or tuple(storage.list_queues())
     summary: dict[str, Any] = {"queues": list(queues), "claimed": 0, "started": 0, "released": 0, "too_long": 0,
                                "outcomes": {}, "fanned_out": 0}
+    if fired:
+        summary["scheduled"] = {"schedule": fired.schedule, "task_id": fired.task_id, "created": fired.created}
     if not queues:
         return summary
 
@@ -93,6 +101,42 @@ def run_worker_invocation(
     # A tick that found nothing is the common case; keep it out of the INFO log.
     log_invocation("worker invocation done", summary, busy=bool(summary["claimed"]))
     return summary
+
+
+# -- schedules (rdq_core.schedules) ----------------------------------------------------------
+@dataclass(frozen=True)
+class _FiredHere:
+    schedule: str
+    queue: str
+    task_id: str
+    created: bool
+
+
+def _fire_schedule(event: Mapping[str, Any], storage: Storage, deadline: InvocationClock) -> _FiredHere | None:
+    """An invocation by an EventBridge Scheduler schedule enqueues that period's task (id
+    ``sched.<name>.<scheduled time>``) before working. Idempotent, so a duplicate or retried
+    trigger makes no second task. The worker's async invocations are not retried by Lambda
+    (EventInvokeConfig), so a store that fails is retried here while time remains."""
+    firing = scheduled_firing(event)
+    if firing is None:
+        return None
+    schedule, instant = firing
+    client = Client(storage)
+    pause = 0.5
+    while True:
+        try:
+            fired = fire(client, schedule, instant)
+            break
+        except StorageUnavailable:
+            if deadline.remaining() < pause + 10:
+                logger.error("schedule not fired: the store is unavailable",
+                             extra={"schedule": schedule.name, "task_id": schedule.task_id(instant)})
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 4.0)
+    logger.info("schedule fired" if fired.created else "schedule period already fired",
+                extra={"schedule": schedule.name, "task_id": fired.task_id, "queue": schedule.queue})
+    return _FiredHere(schedule.name, schedule.queue, fired.task_id, fired.created)
 
 
 def _lease_seconds(invocation_end: float, settings: Settings, clock: Callable[[], float]) -> float:
