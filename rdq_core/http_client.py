@@ -41,13 +41,16 @@ connect timeout and a read timeout. botocore is needed only for ``SigV4`` and im
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
+import os
 import random
 import ssl
 import time
 import urllib.parse
-from dataclasses import dataclass
+import urllib.request
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
@@ -62,6 +65,7 @@ from .errors import (
     TaskNotFound,
     UnsupportedOperation,
 )
+from . import payloads as payload_objects
 from .ids import new_task_id
 from .model import AuditPage, Backoff, DeadPage, EnqueueResult, NewTask, QueueStats, Task, TaskPage, TaskStatus
 
@@ -185,6 +189,7 @@ class HttpClient:
         backoff_initial: float = 0.2,
         backoff_max: float = 5.0,
         ssl_context: ssl.SSLContext | None = None,
+        payload_threshold_bytes: int | None = None,
     ) -> None:
         parts = urllib.parse.urlsplit(api_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -201,6 +206,8 @@ class HttpClient:
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self.retry_seconds, self.backoff_initial, self.backoff_max = retry_seconds, backoff_initial, backoff_max
         self._ssl_context = ssl_context or ssl.create_default_context()  # verifies certificate and host name
+        #: Payloads that encode to more than this are uploaded first (None: $RDQ_PAYLOAD_THRESHOLD_BYTES or 200 KiB).
+        self.payload_threshold_bytes = payload_threshold_bytes
 
     def close(self) -> None:
         """Nothing to release (one connection per request); here for ``Client``'s interface."""
@@ -233,6 +240,7 @@ class HttpClient:
         _no_connection(connection)
         item = _task_body({"handler": handler, "payload": payload, "id": id, "delay_seconds": delay_seconds,
                            "run_at": run_at, "max_attempts": max_attempts, "backoff": backoff, "headers": headers})
+        item = self._offloaded(queue, item)  # a payload over the threshold is uploaded first
         response = self._call("POST", f"/v1/queues/{_segment(queue)}/tasks", IDEMPOTENT, body=item)
         return Task.from_dict(response.json())
 
@@ -258,6 +266,7 @@ class HttpClient:
             raise InvalidInput("tasks must be a list", "tasks")
         # Items that are not objects are sent as they are: the API refuses them with their index.
         bodies = [_task_body(item) if isinstance(item, Mapping) else item for item in items]
+        bodies = [self._offloaded(queue, body) if isinstance(body, dict) else body for body in bodies]  # large payloads
         response = self._call("POST", f"/v1/queues/{_segment(queue)}/tasks:batch", IDEMPOTENT, body={"tasks": bodies})
         results = []
         for sent, answer in zip(bodies, response.json()["results"], strict=True):
@@ -272,8 +281,11 @@ class HttpClient:
         return results
 
     # -- reading and operating -------------------------------------------------------------
-    def get(self, task_id: str) -> Task:
-        return Task.from_dict(self._call("GET", f"/v1/tasks/{_segment(task_id, 'id')}", IDEMPOTENT, task_id=task_id).json())
+    def get(self, task_id: str, *, resolve: bool = False) -> Task:
+        """``resolve=True`` downloads a payload or result kept in the payload store (presigned URLs
+        from ``GET /v1/tasks/{id}/objects``) and checks its size and SHA-256."""
+        task = Task.from_dict(self._call("GET", f"/v1/tasks/{_segment(task_id, 'id')}", IDEMPOTENT, task_id=task_id).json())
+        return self._resolved(task) if resolve else task
 
     def cancel(self, task_id: str) -> Task:
         return Task.from_dict(self._call("DELETE", f"/v1/tasks/{_segment(task_id, 'id')}", ONCE, task_id=task_id).json())
@@ -348,6 +360,42 @@ class HttpClient:
             body["dry_run"] = True  # read-only: safe to repeat
             return int(self._call("POST", path, IDEMPOTENT, body=body).json()["matched"])
         return int(self._call("POST", path, ONCE, body=body).json()[done_key])
+
+    # -- large payloads (rdq_core/payloads.py) -----------------------------------------------
+    def _offloaded(self, queue: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` with a payload over the threshold uploaded through a presigned URL and replaced
+        by its ``payload_ref``. An API without a payload bucket gets the payload inline."""
+        size = payload_objects.encoded_size(body.get("payload"))
+        threshold = self.payload_threshold_bytes
+        if size is None or size <= (payload_objects.threshold_bytes() if threshold is None else threshold):
+            return body
+        data = payload_objects.encoded(body["payload"])
+        sha256 = hashlib.sha256(data).hexdigest()
+        try:
+            offer = self._call("POST", f"/v1/queues/{_segment(queue)}/payloads", IDEMPOTENT,
+                               body={"size": len(data), "sha256": sha256}).json()
+        except InvalidInput as exc:
+            if "no payload bucket" in str(exc):
+                return body  # inline: the API refuses it (413) if it is over 256 KiB
+            raise InvalidInput(str(exc), "payload") from None
+        upload = offer["upload"]
+        _transfer(upload["method"], upload["url"], upload.get("headers") or {}, data, self.read_timeout)
+        slim = {name: value for name, value in body.items() if name != "payload"}
+        slim["payload_ref"] = offer["payload_ref"]
+        return slim
+
+    def _resolved(self, task: Task) -> Task:
+        if payload_objects.REF_HEADER not in task.headers and payload_objects.result_ref(task.result) is None:
+            return task
+        objects = self._call("GET", f"/v1/tasks/{_segment(task.id, 'id')}/objects", IDEMPOTENT, task_id=task.id).json()
+        values: dict[str, Any] = {}
+        for name in ("payload", "result"):
+            entry = objects.get(name)
+            if entry:
+                ref = payload_objects.PayloadRef.from_dict(entry["payload_ref"])
+                data = _transfer("GET", entry["url"], {}, b"", self.read_timeout)
+                values[name] = payload_objects.checked_value(data, ref, name)
+        return replace(task, **values)
 
     # -- the transport ---------------------------------------------------------------------
     def _call(self, method: str, path: str, retry: str, *, body: Any = None, task_id: str | None = None) -> _Response:
@@ -436,6 +484,43 @@ class HttpClient:
         if status >= 500 or status == 429:
             return ApiUnavailable(f"rdq API at {self.api} answered {status}: {detail}")
         return RdqError(f"rdq API at {self.api} answered {status}: {detail}")
+
+
+# -- presigned transfers (large payloads) ------------------------------------------------------
+def _transfer(method: str, url: str, headers: Mapping[str, str], data: bytes, timeout: float) -> bytes:
+    """One presigned PUT or GET (no rdq credentials: the URL carries its own signature), or the
+    same on a ``file:`` URL of ``rdq dev``'s local payload directory."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "file":
+        path = urllib.request.url2pathname(parts.path)
+        try:
+            if method == "PUT":
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as file:
+                    file.write(data)
+                return b""
+            with open(path, "rb") as file:
+                return file.read()
+        except OSError as exc:
+            raise ApiUnavailable(f"payload store: {method} of a local object failed ({exc.strerror})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ApiUnavailable("payload store: the API answered an upload URL that is not http(s) or file")
+    connection: http.client.HTTPConnection = (
+        http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout, context=ssl.create_default_context())
+        if parts.scheme == "https" else http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout))
+    target = parts.path + (f"?{parts.query}" if parts.query else "")
+    try:
+        connection.request(method, target, body=data if method == "PUT" else None,
+                           headers={**headers, **({"Content-Length": str(len(data))} if method == "PUT" else {})})
+        response = connection.getresponse()
+        body = response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise ApiUnavailable(f"payload store at {parts.hostname}: {method} failed ({type(exc).__name__})") from None
+    finally:
+        connection.close()
+    if response.status >= 300:
+        raise ApiUnavailable(f"payload store at {parts.hostname} answered {response.status} to the presigned {method}")
+    return body
 
 
 # -- request bodies ----------------------------------------------------------------------------

@@ -423,6 +423,11 @@ def fetch(store: PayloadStore | None, ref: PayloadRef, what: str) -> Any:
     if data is None:
         raise PayloadIntegrityError(f"the {what} object {ref.bucket}/{ref.key} does not exist (deleted, or never "
                                     "uploaded)")
+    return checked_value(data, ref, what)
+
+
+def checked_value(data: bytes, ref: PayloadRef, what: str) -> Any:
+    """The JSON value of ``data``, read from the object ``ref`` names, once size and hash match."""
     if len(data) != ref.size:
         raise PayloadIntegrityError(f"the {what} object {ref.bucket}/{ref.key} holds {len(data)} bytes; its reference "
                                     f"says {ref.size}")
