@@ -138,6 +138,13 @@ class DevHost:
         self.reaper_every = float(os.environ.get("RDQ_DEV_REAPER_EVERY_SECONDS", "5"))
         self.worker_timeout = float(os.environ.get("RDQ_DEV_WORKER_TIMEOUT_SECONDS", "30"))
         invoker.invoker.client = LocalAsyncInvoker(self._invoke_worker, self.settings.max_worker_concurrency)
+        # Schedules (rdq_core.schedules): fired here from the local schedules file, with the ids a
+        # deployed stack's EventBridge Scheduler trigger and `rdq worker` use.
+        from .client import Client
+        from .schedules import LocalScheduleBook, ScheduleFirer
+
+        self.schedules_every = float(os.environ.get("RDQ_DEV_SCHEDULES_EVERY_SECONDS", "1"))
+        self.schedule_firer = ScheduleFirer(Client(self.storage), LocalScheduleBook())
         self.stopping = threading.Event()
         # The resolver keeps the current event on a module-level app, like one Lambda container
         # serving one request at a time; serialize requests the same way.
@@ -188,6 +195,8 @@ class DevHost:
                 name="rdq-dev-worker-schedule", daemon=True),
             threading.Thread(target=self._schedule, args=(self.reaper_every, self._invoke_reaper),
                              name="rdq-dev-reaper-schedule", daemon=True),
+            threading.Thread(target=self.schedule_firer.run, args=(self.stopping, self.schedules_every),
+                             name="rdq-dev-schedules", daemon=True),
         ]
         for thread in self._threads:
             thread.start()
@@ -208,7 +217,8 @@ class DevHost:
             f"rdq dev: API on {base}  (store: {redact_url(os.environ['RDQ_STORAGE_URL'])},"
             f" handlers: {os.environ['RDQ_HANDLERS']})",
             f"  console: {base}/" + ("  (it asks for RDQ_API_TOKEN)" if self.settings.api_token else ""),
-            f"  worker every {self.worker_every:g}s, reaper every {self.reaper_every:g}s; Ctrl-C to stop",
+            f"  worker every {self.worker_every:g}s, reaper every {self.reaper_every:g}s,"
+            f" schedules from {self.schedule_firer.book.path} every {self.schedules_every:g}s; Ctrl-C to stop",
             "try:",
             f"  curl -s{auth} -X POST {base}/v1/queues/demo/tasks -H 'Content-Type: application/json'"
             " -d '{\"handler\": \"greet\", \"payload\": {\"name\": \"Ada\"}}'",
