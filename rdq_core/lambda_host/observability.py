@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from contextlib import ExitStack
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
@@ -28,6 +29,7 @@ from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from ..handlers import HandlerRegistry, HandlerSpec, TaskContext
 from ..logs import task_log_keys
 from ..telemetry import Telemetry
+from ..tracecontext import parse_traceparent
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "rdq")
 NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "rdq")
@@ -164,7 +166,7 @@ class LoggedRegistry(HandlerRegistry):
         cached = self._wrapped.get(name)
         if (cached is None or cached.timeout_seconds != spec.timeout_seconds
                 or getattr(cached.func, "__wrapped__", None) is not spec.func):
-            cached = HandlerSpec(spec.name, _with_task_keys(spec.func), spec.timeout_seconds)
+            cached = HandlerSpec(spec.name, _with_task_keys(spec.func, spec.name), spec.timeout_seconds)
             self._wrapped[name] = cached
         return cached
 
@@ -172,15 +174,16 @@ class LoggedRegistry(HandlerRegistry):
         return self._inner.names()
 
 
-def _with_task_keys(func: Any) -> Any:
+def _with_task_keys(func: Any, handler: str = "") -> Any:
     # No "task finished" line: the engine writes one ``rdq.task`` line per outcome (with the
     # task, handler, try, outcome, duration and error type); this only puts the task keys on
-    # the lines the handler itself logs while it runs.
+    # the lines the handler itself logs while it runs (and, with tracing on, the X-Ray subsegment).
     def run(payload: Any, ctx: TaskContext) -> Any:
         keys = {"task_id": ctx.task_id, "queue": ctx.queue, "attempt": ctx.attempt}
         logger.thread_safe_append_keys(**keys)
         try:
-            with task_log_keys(**keys):
+            with task_log_keys(**keys), ExitStack() as stack:
+                _xray_subsegment(stack, ctx, handler)
                 logger.debug("task started", extra={"redrive_count": ctx.redrive_count})
                 return func(payload, ctx)
         finally:
@@ -188,3 +191,31 @@ def _with_task_keys(func: Any) -> Any:
 
     run.__wrapped__ = func  # type: ignore[attr-defined]  # the marker _wrapped compares against
     return run
+
+
+# -- X-Ray: the task's trace id (rdq_core.tracecontext) -------------------------------------------
+def _xray_subsegment(stack: ExitStack, ctx: TaskContext, handler: str) -> None:
+    """With tracing on (``EnableTracing``), the handler runs in an X-Ray subsegment ``## rdq
+    <handler>`` of the invocation's trace, annotated with the task and, when the task carries a
+    trace context, ``rdq_trace_id``: its W3C trace id in X-Ray's spelling, so the X-Ray console
+    finds every run of one enqueue (``annotation.rdq_trace_id = "1-…"``). An X-Ray trace is one
+    invocation: a worker runs many tasks of many traces, so the task's trace cannot be the
+    invocation's own. A failure here never fails the task."""
+    if isinstance(tracer, _TracingOff):
+        return
+    try:
+        subsegment = stack.enter_context(tracer.provider.in_subsegment(name=f"## rdq {handler or ctx.queue}"))
+        annotate_xray(subsegment, ctx)
+    except Exception:  # the X-Ray SDK refusing (no segment, a full buffer) is logged, not raised
+        logger.debug("could not open the task's X-Ray subsegment", exc_info=True)
+
+
+def annotate_xray(subsegment: Any, ctx: TaskContext) -> None:
+    """The task's X-Ray annotations (indexed, searchable) and its ``traceparent`` as metadata."""
+    subsegment.put_annotation("rdq_task_id", ctx.task_id)
+    subsegment.put_annotation("rdq_queue", ctx.queue)
+    subsegment.put_annotation("rdq_attempt", ctx.attempt)
+    parent = parse_traceparent(ctx.traceparent)
+    if parent is not None:
+        subsegment.put_annotation("rdq_trace_id", parent.xray_trace_id)
+        subsegment.put_metadata("traceparent", parent.header, "rdq")
