@@ -16,6 +16,11 @@ Layout (database from the URL path, default ``rdq``):
   collection, so the check is a separate round trip, not part of the claim's atomic step.
 * ``audit``    -- the append-only trail of operator actions, ``_id`` = entry id (copied to
   ``entry_id`` for indexes), ``at_ms`` from the server clock.
+* ``documents`` -- engine documents (bulk operations, their per-queue locks): ``_id`` = kind and
+  key joined by a space, plus ``kind``, ``key``, ``version`` and ``body`` (JSON text), unique
+  on ``(kind, key)``. Insert-if-absent is an ``insert_one``, replace and delete at a version
+  are single-document commands filtered on ``version``: each one command, atomic on its own;
+  a page is one ``find`` on the ``(kind, key)`` index.
 
 Every status's tasks are listed by ``(queue, status, order field, task_id)`` through an index
 partial on that status (``migrations/``); ``cancel_selected`` is one ``update_many`` whose

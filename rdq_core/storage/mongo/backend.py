@@ -18,6 +18,7 @@ from pymongo.errors import (
     BulkWriteError,
     CollectionInvalid,
     ConnectionFailure,
+    DuplicateKeyError,
     InvalidURI,
     NetworkTimeout,
     OperationFailure,
@@ -122,6 +123,7 @@ class MongoStorage(StorageCore):
         self._schema = self._db["schema"]
         self._queue_flags = self._db["queues"]
         self._audit = self._db["audit"]
+        self._documents = self._db["documents"]
 
     def _count_round_trip(self) -> None:
         with self._round_trip_lock:
@@ -528,6 +530,37 @@ class MongoStorage(StorageCore):
         return [{"id": d["_id"], "at": d["at_ms"], "actor": d["actor"], "action": d["action"], "queue": d["queue"],
                  "selection": d["selection"], "count": d["count"]} for d in docs]
 
+    # -- engine documents: each call is one single-document command, atomic on its own --------
+    def _doc_get(self, kind: str, key: str) -> tuple[int, str] | None:
+        doc = self._documents.find_one({"_id": _document_id(kind, key)}, {"version": 1, "body": 1})
+        return None if doc is None else (int(doc["version"]), str(doc["body"]))
+
+    def _doc_put(self, kind: str, key: str, body: str, expected: int | None) -> int | None:
+        if expected is None:
+            # Insert if absent: the unique _id (and the unique (kind, key) index) refuses a second.
+            try:
+                self._documents.insert_one(
+                    {"_id": _document_id(kind, key), "kind": kind, "key": key, "version": 1, "body": body})
+            except DuplicateKeyError:
+                return None
+            return 1
+        # Replace at a version: the filter is re-checked as the document is written, so of two
+        # writers at the same version exactly one matches.
+        result = self._documents.update_one(
+            {"_id": _document_id(kind, key), "version": expected},
+            {"$set": {"version": expected + 1, "body": body}},
+        )
+        return expected + 1 if result.matched_count == 1 else None
+
+    def _doc_delete(self, kind: str, key: str, expected: int) -> bool:
+        return self._documents.delete_one({"_id": _document_id(kind, key), "version": expected}).deleted_count == 1
+
+    def _doc_page(self, kind: str, after: str | None, limit: int) -> Sequence[tuple[str, int, str]]:
+        # Strings compare by their UTF-8 bytes (no collation), walking rdq_document_key.
+        docs = self._documents.find({"kind": kind, "key": {"$gt": after or ""}}, {"key": 1, "version": 1, "body": 1},
+                                    sort=[("key", ASCENDING)], limit=limit, batch_size=limit)
+        return [(str(d["key"]), int(d["version"]), str(d["body"])) for d in docs]
+
     # -- history and purges ----------------------------------------------------------------
     def _purge(self, docs: Sequence[Mapping[str, Any]], still: dict[str, Any], name: str) -> int:
         """Delete the tasks ``docs`` (those still matching ``still``), then the attempt rows of
@@ -701,6 +734,12 @@ def _new_task_doc(new: NewTask, now_ms: int) -> dict[str, Any]:
         "created_at_ms": now_ms,
         "updated_at_ms": now_ms,
     }
+
+
+def _document_id(kind: str, key: str) -> str:
+    """An engine document's _id: kind and key cannot contain a space, so the join is unambiguous
+    (nx-27017 cannot index _id inside a compound key, hence one string rather than a sub-document)."""
+    return f"{kind} {key}"
 
 
 def _settle_update(
