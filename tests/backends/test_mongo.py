@@ -460,3 +460,34 @@ def test_cancel_selected_racing_claims_never_cancels_a_claimed_task(storage, fre
     assert {statuses[i] for i in claimed} == {TaskStatus.IN_FLIGHT.value}, "a claimed task was cancelled"
     assert cancelled == sum(s == TaskStatus.CANCELLED.value for s in statuses.values())
     assert cancelled + len(claimed) == len(task_ids) and len(set(claimed)) == len(claimed)
+
+
+# -- engine documents ----------------------------------------------------------------------------
+
+def test_each_document_call_is_one_command_and_a_page_costs_one_find(storage):
+    def cost(call):
+        start = storage.round_trips
+        result = call()
+        return storage.round_trips - start, result
+
+    assert cost(lambda: storage.put_document("op", "a", {"n": 1}, expected_version=None))[0] == 1
+    assert cost(lambda: storage.put_document("op", "a", {"n": 1}, expected_version=None)) == (1, None)
+    assert cost(lambda: storage.put_document("op", "a", {"n": 2}, expected_version=1))[0] == 1
+    assert cost(lambda: storage.put_document("op", "a", {"n": 3}, expected_version=1)) == (1, None)
+    assert cost(lambda: storage.get_document("op", "a"))[0] == 1
+    assert cost(lambda: storage.delete_document("op", "a", expected_version=1)) == (1, False)
+    for n in range(30):
+        storage.put_document("op", f"k{n:02d}", {}, expected_version=None)
+    trips, page = cost(lambda: storage.list_documents("op", limit=25, after="k02"))
+    assert trips == 1 and [d.key for d in page] == [f"k{n:02d}" for n in range(3, 28)]
+    assert cost(lambda: storage.delete_document("op", "a", expected_version=2)) == (1, True)
+
+
+def test_documents_are_one_per_kind_and_key_with_the_body_as_stored_text(storage):
+    storage.put_document("op", "a", {"$where": "x", "a.b": [1, 2]}, expected_version=None)
+    storage.put_document("lock", "a", {}, expected_version=None)
+    stored = storage._documents.find_one({"kind": "op", "key": "a"})
+    assert stored["version"] == 1 and isinstance(stored["body"], str)
+    assert storage.get_document("op", "a").body == {"$where": "x", "a.b": [1, 2]}
+    with pytest.raises(pymongo.errors.DuplicateKeyError):  # the unique (kind, key) index
+        storage._documents.insert_one({"_id": "another id", "kind": "op", "key": "a", "version": 1, "body": "{}"})
