@@ -66,6 +66,7 @@ from .errors import (
     UnsupportedOperation,
 )
 from . import payloads as payload_objects
+from . import tracecontext
 from .ids import new_task_id
 from .model import AuditPage, Backoff, DeadPage, EnqueueResult, NewTask, QueueStats, Task, TaskPage, TaskStatus
 
@@ -232,16 +233,20 @@ class HttpClient:
         backoff: Backoff | Mapping[str, float] | None = None,
         headers: Mapping[str, str] | None = None,
         connection: Any = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> Task:
         """Enqueue one task; an existing id on the same queue returns the existing task.
 
-        Raises ``TaskConflict`` if ``id`` is taken on another queue.
+        Raises ``TaskConflict`` if ``id`` is taken on another queue. The trace context (as
+        ``Client.enqueue`` chooses it) travels as the request's ``traceparent`` header.
         """
         _no_connection(connection)
         item = _task_body({"handler": handler, "payload": payload, "id": id, "delay_seconds": delay_seconds,
                            "run_at": run_at, "max_attempts": max_attempts, "backoff": backoff, "headers": headers})
         item = self._offloaded(queue, item)  # a payload over the threshold is uploaded first
-        response = self._call("POST", f"/v1/queues/{_segment(queue)}/tasks", IDEMPOTENT, body=item)
+        trace = tracecontext.http_headers(tracecontext.enqueue_headers(traceparent, tracestate))
+        response = self._call("POST", f"/v1/queues/{_segment(queue)}/tasks", IDEMPOTENT, body=item, headers=trace)
         return Task.from_dict(response.json())
 
     def enqueue_new(self, new_task: NewTask, *, connection: Any = None) -> EnqueueResult:
@@ -249,25 +254,32 @@ class HttpClient:
         ``created`` is False when the id already existed on that queue. A conflict is the API's
         409, raised as ``TaskConflict``."""
         _no_connection(connection)
+        # A stored trace context travels as the traceparent header (the API refuses rdq.* in the body).
+        trace = tracecontext.http_headers(new_task.headers)
         item = _task_body({"id": new_task.id, "handler": new_task.handler, "payload": new_task.payload,
-                           "headers": dict(new_task.headers) or None, "max_attempts": new_task.max_attempts,
+                           "headers": tracecontext.with_trace(new_task.headers, {}) or None,
+                           "max_attempts": new_task.max_attempts,
                            "backoff": new_task.backoff, "run_at": new_task.run_at,
                            "delay_seconds": new_task.delay_seconds or None})
-        response = self._call("POST", f"/v1/queues/{_segment(new_task.queue)}/tasks", IDEMPOTENT, body=item)
+        response = self._call("POST", f"/v1/queues/{_segment(new_task.queue)}/tasks", IDEMPOTENT, body=item, headers=trace)
         body = response.json()
         return EnqueueResult(task=Task.from_dict(body), created=bool(body.get("created", response.status == 201)))
 
     def enqueue_many(
-        self, queue: str, items: Sequence[Mapping[str, Any]], *, connection: Any = None
+        self, queue: str, items: Sequence[Mapping[str, Any]], *, connection: Any = None,
+        traceparent: str | None = None, tracestate: str | None = None,
     ) -> list[EnqueueResult]:
-        """Enqueue up to ``Limits.batch_items`` tasks in one request; per-item results."""
+        """Enqueue up to ``Limits.batch_items`` tasks in one request; per-item results (one trace
+        context for all of them, as ``enqueue``)."""
         _no_connection(connection)
         if not isinstance(items, Sequence) or isinstance(items, (str, bytes)):
             raise InvalidInput("tasks must be a list", "tasks")
         # Items that are not objects are sent as they are: the API refuses them with their index.
         bodies = [_task_body(item) if isinstance(item, Mapping) else item for item in items]
         bodies = [self._offloaded(queue, body) if isinstance(body, dict) else body for body in bodies]  # large payloads
-        response = self._call("POST", f"/v1/queues/{_segment(queue)}/tasks:batch", IDEMPOTENT, body={"tasks": bodies})
+        trace = tracecontext.http_headers(tracecontext.enqueue_headers(traceparent, tracestate))
+        response = self._call("POST", f"/v1/queues/{_segment(queue)}/tasks:batch", IDEMPOTENT, body={"tasks": bodies},
+                              headers=trace)
         results = []
         for sent, answer in zip(bodies, response.json()["results"], strict=True):
             task = Task(
@@ -398,7 +410,8 @@ class HttpClient:
         return replace(task, **values)
 
     # -- the transport ---------------------------------------------------------------------
-    def _call(self, method: str, path: str, retry: str, *, body: Any = None, task_id: str | None = None) -> _Response:
+    def _call(self, method: str, path: str, retry: str, *, body: Any = None, task_id: str | None = None,
+              headers: Mapping[str, str] | None = None) -> _Response:
         data = b"" if body is None else json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
         deadline = time.monotonic() + self.retry_seconds
         attempt = 0
@@ -407,7 +420,7 @@ class HttpClient:
             failure: str
             retry_after: float | None = None
             try:
-                response = self._send(method, path, data)
+                response = self._send(method, path, data, headers)
             except _NotSent as exc:
                 failure = f"could not connect ({exc.__cause__.__class__.__name__})"
             except (OSError, http.client.HTTPException) as exc:  # a read timeout is an OSError too
@@ -430,12 +443,13 @@ class HttpClient:
                 raise ApiUnavailable(f"rdq API at {self.api}: {failure}; gave up after {attempt} attempt(s)")
             time.sleep(pause)
 
-    def _send(self, method: str, path: str, data: bytes) -> _Response:
+    def _send(self, method: str, path: str, data: bytes, extra: Mapping[str, str] | None = None) -> _Response:
         target = self._base_path + path
         url = f"{self._scheme}://{self._netloc()}{target}"
         headers = {"Accept": "application/json"}
         if data:
             headers["Content-Type"] = "application/json"
+        headers.update(extra or {})  # the trace context of an enqueue (traceparent, tracestate)
         if self.auth is not None:
             headers.update(self.auth.headers(method, url, headers, data))
         connection: http.client.HTTPConnection

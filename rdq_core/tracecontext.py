@@ -231,6 +231,17 @@ def stamped(new_tasks: list[NewTask], trace: Mapping[str, str]) -> list[NewTask]
     return [replace(task, headers=with_trace(task.headers, trace)) for task in new_tasks]
 
 
+def http_headers(trace: Mapping[str, str]) -> dict[str, str]:
+    """The reserved task headers as the HTTP request headers the API reads (``traceparent``,
+    ``tracestate``): how ``HttpClient`` sends a trace context."""
+    out = {}
+    if TRACEPARENT_HEADER in trace:
+        out["traceparent"] = trace[TRACEPARENT_HEADER]
+        if TRACESTATE_HEADER in trace:
+            out["tracestate"] = trace[TRACESTATE_HEADER]
+    return out
+
+
 def request_headers(header: Callable[[str], str | None]) -> dict[str, str]:
     """What an HTTP enqueue stores, from ``header(name)`` (case-insensitive): ``traceparent`` (with
     ``tracestate``) when valid, else ``X-Amzn-Trace-Id`` converted, else nothing."""
