@@ -436,6 +436,28 @@ def test_the_audit_trail_has_a_slot_of_its_own(storage, redis_client, redis_pref
     assert cost == 1 and page.entries == (a,)
 
 
+def test_engine_documents_have_a_slot_of_their_own_and_cost_one_round_trip_each(storage, redis_client, redis_prefix):
+    base = f"{redis_prefix}:{{{redis_prefix}:docs}}:"
+    cost, first = trips(storage, lambda: storage.put_document("locks", "q:a", {"n": 1}, expected_version=None))
+    assert cost == 1 and first is not None and first.version == 1
+    storage.put_document("locks", "q:b", {"n": 2}, expected_version=None)
+    storage.put_document("ops", "x", {}, expected_version=None)
+    assert keys_under(redis_client, redis_prefix) == sorted(
+        [base + "kind:locks", base + "keys:locks", base + "kind:ops", base + "keys:ops"]
+    )
+    assert {hash_tag(k) for k in keys_under(redis_client, redis_prefix)} == {f"{redis_prefix}:docs"}
+    assert redis_client.hget(base + "kind:locks", "q:a") == '1:{"n":1}'
+    assert redis_client.zrange(base + "keys:locks", 0, -1, withscores=True) == [("q:a", 0.0), ("q:b", 0.0)]
+    for call in (lambda: storage.get_document("locks", "q:a"),
+                 lambda: storage.put_document("locks", "q:a", {"n": 3}, expected_version=1),
+                 lambda: storage.list_documents("locks", limit=10, after="q:a"),
+                 lambda: storage.delete_document("locks", "q:b", expected_version=1)):
+        assert trips(storage, call)[0] == 1
+    assert storage.delete_document("locks", "q:a", expected_version=2)
+    storage.delete_document("ops", "x", expected_version=1)
+    assert keys_under(redis_client, redis_prefix) == [], "the last document of a kind takes its keys with it"
+
+
 # -- every call is bounded in time ------------------------------------------------------------
 
 def _through(proxy, url: str, **query: str) -> str:

@@ -22,13 +22,13 @@ SCRIPT_DIR = resources.files("rdq_core.storage.redis").joinpath("scripts")
 def test_every_script_file_is_loaded_or_included():
     files = {entry.name[:-len(".lua")] for entry in SCRIPT_DIR.iterdir() if entry.name.endswith(".lua")}
     assert files == set(lua.SCRIPTS) | set(lua.INCLUDES)
-    kinds = (set(lua.QUEUE_SCRIPTS), set(lua.GLOBAL_SCRIPTS), set(lua.AUDIT_SCRIPTS))
+    kinds = (set(lua.QUEUE_SCRIPTS), set(lua.GLOBAL_SCRIPTS), set(lua.AUDIT_SCRIPTS), set(lua.DOC_SCRIPTS))
     assert sum(len(kind) for kind in kinds) == len(set().union(*kinds)), "a script is of one kind only"
 
 
 def test_every_script_the_backend_calls_exists():
     source = Path(backend.__file__).read_text(encoding="utf-8")
-    called = set(re.findall(r'_(?:queue|global|audit)_call\(\s*"([a-z_]+)"', source))
+    called = set(re.findall(r'_(?:queue|global|audit|doc)_call\(\s*"([a-z_]+)"', source))
     called |= set(re.findall(r'_fenced\(\s*"([a-z_]+)"', source))
     assert called and called <= set(lua.SCRIPTS), sorted(called - set(lua.SCRIPTS))
     unused = set(lua.SCRIPTS) - called

@@ -18,6 +18,8 @@ all keys of one queue live in one Redis Cluster slot and one script may touch th
 ``P:{P:audit}:all``            zset of every audit entry's id scored by its ``at`` (µs)
 ``P:{P:audit}:queue:<q>``      zset of the audit entries of queue ``q``, scored the same way
 ``P:{P:audit}:entry:<id>``     hash: the audit entry's fields
+``P:{P:docs}:kind:<k>``        hash: the engine documents of kind ``k``, key -> ``<version>:<body>``
+``P:{P:docs}:keys:<k>``        zset of kind ``k``'s document keys, all at score 0 (lex order)
 =============================  ====================================================================
 
 Every status has its own zset, so a task's status field and zset membership are changed together
@@ -28,7 +30,9 @@ maintained by separate scripts in an order that tolerates races (see ``_forget_i
 ``docs/redis-backend.md`` explains the trade-off. The paused flag lives in the queue's slot, so
 the claim script reads it in its own atomic step; the set that lists paused queues lives in
 another slot and is kept in step by ordering (see ``_set_paused``). The audit trail has a slot
-of its own: one script writes an entry and both of its index zsets.
+of its own: one script writes an entry and both of its index zsets. Engine documents have a slot
+of their own too: one script per compare-and-set put or delete checks the stored version and
+writes the hash and the lex index together; a page is one script over the index and the hash.
 
 There is no schema to migrate: every key is created by the first write that needs it, and an
 absent key reads as empty (not paused, no audit entries); ``migrate`` checks the server and loads
@@ -38,7 +42,8 @@ Round trips (``round_trips`` counts one per command or per pipeline sent, howeve
 the pipeline holds): claim 1 (the paused check is one EXISTS inside the claim script),
 settle/extend/release 1 per batch (a pipeline of one script per queue when a batch spans
 queues), enqueue 2 per batch, get 2, a page or count 1 per 1,000 entries examined, paused queues
-1 (2 when any is listed), stats 2 (3 when any queue is listed as paused: stats asks for them).
+1 (2 when any is listed), stats 2 (3 when any queue is listed as paused: stats asks for them),
+a document's get, put or delete 1, a page of documents 1.
 """
 
 from __future__ import annotations
@@ -94,6 +99,7 @@ class RedisStorage(StorageCore):
         self._global_keys = (f"{self.prefix}:{{{self.prefix}:global}}:ids", f"{self.prefix}:{{{self.prefix}:global}}:queues")
         self._paused_registry = f"{self.prefix}:{{{self.prefix}:global}}:paused"
         self._audit_base = f"{self.prefix}:{{{self.prefix}:audit}}:"
+        self._docs_base = f"{self.prefix}:{{{self.prefix}:docs}}:"
         self._counter_lock = threading.Lock()
         self.round_trips = 0
 
@@ -443,6 +449,31 @@ class RedisStorage(StorageCore):
         replies = self._run(self._audit_call("audit_page", keys[-1:], score, entry_id, limit))
         return [dict(zip(fields[::2], fields[1::2], strict=True)) for fields in replies]
 
+    # -- engine documents -----------------------------------------------------------------------
+    def _doc_keys(self, kind: str) -> tuple[str, str]:
+        """The kind's hash (key -> ``<version>:<body>``) and its lex index. The core checks kinds
+        against ``[A-Za-z0-9._:~-]``: no brace can move them out of the documents' slot."""
+        return f"{self._docs_base}kind:{kind}", f"{self._docs_base}keys:{kind}"
+
+    def _doc_call(self, name: str, kind: str, *args: Any) -> Call:
+        return Call(SCRIPTS[name], self._doc_keys(kind), args)
+
+    def _doc_get(self, kind: str, key: str) -> tuple[int, str] | None:
+        """One HGET: the version and body are one value, so they are read together."""
+        stored = self._send(self._client.hget, self._doc_keys(kind)[0], key)
+        return None if stored is None else _document(stored)
+
+    def _doc_put(self, kind: str, key: str, body: str, expected: int | None) -> int | None:
+        version = self._run(self._doc_call("doc_put", kind, key, body, "" if expected is None else str(expected)))
+        return None if version is None else int(version)
+
+    def _doc_delete(self, kind: str, key: str, expected: int) -> bool:
+        return bool(self._run(self._doc_call("doc_delete", kind, key, str(expected))) == 1)
+
+    def _doc_page(self, kind: str, after: str | None, limit: int) -> list[tuple[str, int, str]]:
+        flat = self._run(self._doc_call("doc_page", kind, after or "", limit))
+        return [(key, *_document(stored)) for key, stored in zip(flat[::2], flat[1::2], strict=True)]
+
     # -- the global index and registry ---------------------------------------------------------
     def _queue_of(self, task_id: str) -> str | None:
         queue: str | None = self._send(self._client.hget, self._global_keys[0], task_id)
@@ -536,6 +567,12 @@ def _group_by_token_queue(refs: Sequence[Any]) -> dict[str, list[Any]]:
         if sep and _QUEUE_NAME.match(queue):
             by_queue.setdefault(queue, []).append(ref)
     return by_queue
+
+
+def _document(stored: str) -> tuple[int, str]:
+    """A document as the kind's hash holds it, ``<version>:<body>``, as ``(version, body)``."""
+    version, _, body = stored.partition(":")
+    return int(version), body
 
 
 def _record(reply: Sequence[Any]) -> Mapping[str, Any]:

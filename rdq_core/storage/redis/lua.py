@@ -2,8 +2,8 @@
 
 A queue script is sent as ``_checks.lua`` + ``_keyset.lua`` + ``_queue_prelude.lua`` + its own
 file and runs with the queue's five sorted sets as ``KEYS``; a global script (the id index and
-queue registry) or an audit script (the audit trail) is ``_checks.lua`` + ``_keyset.lua`` + its
-own file. Scripts are sent by SHA1 and loaded on ``NOSCRIPT``.
+queue registry), an audit script (the audit trail) or a document script (engine documents) is
+``_checks.lua`` + ``_keyset.lua`` + its own file. Scripts are sent by SHA1 and loaded on ``NOSCRIPT``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ QUEUE_SCRIPTS = (
 GLOBAL_SCRIPTS = ("reserve_ids", "unindex", "take_over_ids")
 #: Scripts that run on the audit trail (its own hash-tag slot).
 AUDIT_SCRIPTS = ("audit_append", "audit_page")
+#: Scripts that run on one kind of engine document: its hash and lex index (their own slot).
+DOC_SCRIPTS = ("doc_put", "doc_delete", "doc_page")
 #: Files included before scripts, not run on their own.
 INCLUDES = ("_checks", "_keyset", "_queue_prelude")
 #: The sorted sets a queue script gets as KEYS, in this order (see ``_queue_prelude.lua``).
@@ -49,7 +51,7 @@ class Script:
 def _load_all() -> dict[str, Script]:
     common, prelude = script_file("_checks") + script_file("_keyset"), script_file("_queue_prelude")
     scripts = [Script.of(name, common + prelude + script_file(name)) for name in QUEUE_SCRIPTS]
-    scripts += [Script.of(name, common + script_file(name)) for name in GLOBAL_SCRIPTS + AUDIT_SCRIPTS]
+    scripts += [Script.of(name, common + script_file(name)) for name in GLOBAL_SCRIPTS + AUDIT_SCRIPTS + DOC_SCRIPTS]
     return {s.name: s for s in scripts}
 
 
