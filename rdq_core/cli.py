@@ -47,6 +47,8 @@ CREATES_STORES = {"migrate", "dev"}
 REMOTE_COMMANDS = {"enqueue", "stats", "queues", "tasks", "task", "cancel", "pause", "resume", "dlq", "audit"}
 #: Commands that only ever talk to a deployed API (or rdq dev), never to a store.
 API_ONLY_COMMANDS = {"console"}
+#: Commands that choose for themselves: the API with --api, else a local file (no store).
+OWN_TARGET_COMMANDS = {"schedules"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,6 +92,29 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--overrun-grace", type=_positive_float, default=2.0, metavar="SECONDS",
                         help="how long a handler may run past its timeout, keeping its task, before the worker "
                              "restarts its process to stop it (default 2)")
+
+    # schedules (rdq_core.schedules): the worker fires a local schedules file's periods
+    worker.add_argument("--schedules", metavar="FILE", dest="schedules_file",
+                        help="schedules file to fire (default: $RDQ_SCHEDULES_FILE, else ./rdq-schedules.json)")
+    worker.add_argument("--schedules-every", type=float, default=1.0, metavar="SECONDS",
+                        help="seconds between schedule checks (default 1; 0 fires none)")
+    schedules = commands.add_parser("schedules", help="periodic tasks: list, add (or replace), remove")
+    schedules.add_argument("--file", metavar="FILE", dest="schedules_file",
+                           help="the local schedules file (default: $RDQ_SCHEDULES_FILE, else ./rdq-schedules.json); "
+                                "with --api/--stack the API's schedules instead")
+    schedule_actions = schedules.add_subparsers(dest="schedules_command", required=True)
+    schedule_actions.add_parser("list", help="every schedule with its next fire time").add_argument(
+        "--json", action="store_true")
+    schedule_add = schedule_actions.add_parser("add", help="create or replace a schedule")
+    schedule_add.add_argument("name")
+    schedule_add.add_argument("expression", help="'rate(5 minutes)' or 'cron(0 9 ? * MON-FRI *)'")
+    schedule_add.add_argument("--queue", required=True)
+    schedule_add.add_argument("--handler", required=True)
+    schedule_add.add_argument("--payload", default="null", help="JSON, @FILE or - (standard input)")
+    schedule_add.add_argument("--timezone", default="UTC", help="IANA time zone of a cron expression (default UTC)")
+    schedule_add.add_argument("--max-attempts", type=_positive_int)
+    schedule_add.add_argument("--json", action="store_true")
+    schedule_actions.add_parser("remove", help="delete a schedule").add_argument("name")
 
     reaper = commands.add_parser("reaper", help="reap expired leases (and apply retention)")
     reaper.add_argument("--once", action="store_true", help="one pass, then exit")
@@ -195,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.api:
                 raise ConfigurationError("give --api or --stack, not both")
             args.api = stack_api_url(args.stack, profile=args.profile, region=args.region)
-        if args.command in API_ONLY_COMMANDS:
+        if args.command in API_ONLY_COMMANDS or args.command in OWN_TARGET_COMMANDS:
             return COMMANDS[args.command](args, url) or 0
         if args.api and args.command not in REMOTE_COMMANDS:
             raise ConfigurationError(f"rdq {args.command} works on a store, not through the API: "
@@ -261,7 +286,8 @@ def cmd_worker(args: argparse.Namespace, url: str) -> int:
     _import_handler_modules(_module_list(args.handlers))
     queues = args.queues or []
     config = WorkerConfig(queues=queues, batch_size=args.batch, lease_seconds=args.lease, concurrency=args.concurrency,
-                          overrun_grace_seconds=args.overrun_grace)
+                          overrun_grace_seconds=args.overrun_grace,
+                          schedules_file=args.schedules_file, schedules_every_seconds=max(args.schedules_every, 0.0))
     signals = _SignalCount()
     with _open_storage(url) as storage:
         worker = Worker(storage, config, policies=_policies())
@@ -489,11 +515,41 @@ def cmd_invoke(args: argparse.Namespace, url: str) -> int:
     return 0
 
 
+# -- schedules (rdq_core.schedules) ----------------------------------------------------------------
+def cmd_schedules(args: argparse.Namespace, url: str) -> int:
+    from .schedules import LocalScheduleBook, ScheduleClient, schedule_body
+
+    # With --api the API's schedules; else the local file, and no store is opened.
+    client: Any = _client(args, url) if args.api else ScheduleClient(LocalScheduleBook(args.schedules_file))
+    if args.schedules_command == "list":
+        bodies = [schedule_body(s) for s in client.list_schedules()]
+        if args.json:
+            _print_json({"schedules": bodies})
+        for body in [] if args.json else bodies:
+            _say(f"{body['name']:<24} {body['expression']:<28} {body['timezone']:<18} {body['queue']}/{body['handler']}"
+                 f"  next {body['next_fire_at'] or '-'}")
+    elif args.schedules_command == "add":
+        schedule = client.put_schedule({
+            "name": args.name, "expression": args.expression, "timezone": args.timezone, "queue": args.queue,
+            "handler": args.handler, "payload": _read_payload(args.payload), "max_attempts": args.max_attempts})
+        body = schedule_body(schedule)
+        if args.json:
+            _print_json(body)
+        else:
+            _say(f"{body['name']}: {body['expression']} ({body['timezone']}) -> {body['queue']}/{body['handler']};"
+                 f" next {body['next_fire_at'] or 'never'} as task {body['next_task_id'] or '-'}")
+    else:
+        client.delete_schedule(args.name)
+        _say(f"{args.name}: deleted")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, str], int]] = {
     "migrate": cmd_migrate, "dev": cmd_dev, "worker": cmd_worker, "reaper": cmd_reaper,
     "enqueue": cmd_enqueue, "stats": cmd_stats, "queues": cmd_queues, "tasks": cmd_tasks, "task": cmd_task,
     "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_pause, "audit": cmd_audit, "dlq": cmd_dlq,
     "invoke": cmd_invoke, "console": lambda args, url: console_server.run(args),
+    "schedules": cmd_schedules,
 }
 
 

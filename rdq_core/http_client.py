@@ -365,6 +365,29 @@ class HttpClient:
         query = {"queue": queue, "limit": str(limit), "cursor": cursor}
         return AuditPage.from_dict(self._call("GET", f"/v1/audit?{_query(query)}", IDEMPOTENT).json())
 
+    # -- schedules (rdq_core.schedules) ----------------------------------------------------
+    def put_schedule(self, definition: Any) -> Any:
+        """Create or replace a schedule (a ``Schedule`` or its fields); returns it as stored.
+        Replacing is idempotent: a repeat after a lost answer stores the same definition."""
+        from .schedules import Schedule, schedule_from_body
+
+        body = dict(definition.to_dict() if isinstance(definition, Schedule) else definition)
+        body.pop("created_at", None)
+        return schedule_from_body(self._call("POST", "/v1/schedules", IDEMPOTENT, body=body).json())
+
+    def list_schedules(self) -> list[Any]:
+        from .schedules import schedule_from_body
+
+        return [schedule_from_body(item) for item in self._call("GET", "/v1/schedules", IDEMPOTENT).json()["schedules"]]
+
+    def delete_schedule(self, name: str) -> None:
+        from .schedules import ScheduleNotFound
+
+        try:
+            self._call("DELETE", f"/v1/schedules/{_segment(name, 'name')}", IDEMPOTENT, task_id=name)
+        except TaskNotFound:
+            raise ScheduleNotFound(name) from None
+
     def _bulk(self, path: str, done_key: str, ids: Iterable[str] | None, error_type: str | None, handler: str | None,
               all: bool, dry_run: bool) -> int:
         body = _selection(ids, error_type, handler, all)

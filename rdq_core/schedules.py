@@ -625,6 +625,22 @@ def delete_schedule(book: "ScheduleBook", name: Any) -> None:
     book.delete(name)
 
 
+class ScheduleClient:
+    """The schedule methods of ``Client`` over one book, without a store (``rdq schedules``)."""
+
+    def __init__(self, book: "ScheduleBook") -> None:
+        self.schedule_book = book
+
+    def put_schedule(self, definition: "Schedule | Mapping[str, Any]") -> Schedule:
+        return put_schedule(self.schedule_book, definition)
+
+    def list_schedules(self) -> list[Schedule]:
+        return list(self.schedule_book.list())
+
+    def delete_schedule(self, name: str) -> None:
+        delete_schedule(self.schedule_book, name)
+
+
 # -- EventBridge Scheduler (the deployed stack) ------------------------------------------------
 #: The key of a Scheduler target's input that marks an rdq firing for the worker function.
 EVENT_KEY = "rdq_schedule"

@@ -115,6 +115,11 @@ class WorkerConfig:
     #: between 0.5 s and 30 s. 0 turns the built-in reaper off.
     reap_interval_seconds: float | None = None
     reap_batch_size: int = 100
+    #: Schedules (rdq_core.schedules) this worker fires from a local file, every
+    #: ``schedules_every_seconds`` (0: none); None: ``$RDQ_SCHEDULES_FILE`` or ./rdq-schedules.json.
+    #: Ids are per period, so any number of workers (and ``rdq dev``) firing one file make one task.
+    schedules_file: str | None = None
+    schedules_every_seconds: float = 1.0
 
 
 class Worker:
@@ -165,6 +170,8 @@ class Worker:
         ]
         if self._reap_interval() > 0:
             threads.append(threading.Thread(target=self._reap_loop, name="rdq-reaper", daemon=True))
+        if self.config.schedules_every_seconds > 0:
+            threads.append(threading.Thread(target=self._schedules_loop, name="rdq-schedules", daemon=True))
         for thread in threads:
             thread.start()
         try:
@@ -241,6 +248,14 @@ class Worker:
                 self.health.failed("reaper", exc)
             except Exception:  # reaping is retried next pass
                 log.exception("unexpected error reaping expired leases; retrying in %gs", interval)
+
+    def _schedules_loop(self) -> None:
+        """Fire the schedules file's due periods until the worker stops (schedules.ScheduleFirer)."""
+        from .client import Client
+        from .schedules import LocalScheduleBook, ScheduleFirer
+
+        firer = ScheduleFirer(Client(self.storage), LocalScheduleBook(self.config.schedules_file))
+        firer.run(self.stop_event, self.config.schedules_every_seconds)
 
     def _heartbeat_loop(self) -> None:
         """Renews every held claim until the claim loops have ended *and* nothing is held: a
