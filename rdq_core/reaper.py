@@ -61,6 +61,7 @@ def reap_expired_leases(
             # Another reaper got there first, or the worker renewed its lease in time.
             refused = set(exc.task_ids)
         tasks = {item.task.id: item.task for item in expired}
+        dead_in_batch = 0
         for s in settlements:
             if s.task_id in refused:
                 report.contended += 1
@@ -69,10 +70,14 @@ def reap_expired_leases(
             report.expired += 1
             if s.status is TaskStatus.DEAD:
                 report.dead_lettered += 1
+                dead_in_batch += 1
             else:
                 report.rescheduled += 1
         if telemetry:
             telemetry.count("lease_expired", len(settlements) - len(refused))
+            # A lease that expired on the last attempt dead-letters its task: counted with every
+            # other dead-lettering, so the dead-lettered rate covers both ways a task dies.
+            telemetry.count("dead_lettered", dead_in_batch)
         if len(expired) < batch_size:
             break
     if report.expired:

@@ -1,0 +1,350 @@
+"""The stack's CloudWatch dashboard and alarms name only metrics that really exist.
+
+The metrics rdq publishes are not listed here by hand: they are read back from the EMF lines the
+worker, reaper and settler print while they run a scenario that makes every one of them happen.
+Every widget of the dashboard (rendered from its ``Fn::Sub`` the way CloudFormation would) and
+every alarm must name one of those, with the same namespace and dimensions, or an AWS/Lambda or
+AWS/ApiGateway metric of a function or API this stack creates.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from typing import Any, Iterator
+
+import pytest
+
+from rdq_core import Client, handler
+from rdq_core.lambda_host import connection, observability, reaper, worker
+from rdq_core.outcomes import from_result
+from rdq_core.retry import PolicyBook
+from rdq_core.settling import BatchReport, ClaimLedger, Settler
+
+from .conftest import load_event
+from .test_template import _tool, created, of_type, transformed
+
+STACK = "orders"
+REGION = "eu-west-1"
+ACCOUNT = "123456789012"
+
+#: Parameter choices the dashboard must survive (each is one transform + condition evaluation).
+CHOICES = {
+    "defaults": {},
+    "no-per-queue-alarms": {"PerQueueAlarms": "false"},
+    "api-key-in-vpc-traced": {"AuthMode": "API_KEY", "SubnetIds": "subnet-1", "SecurityGroupIds": "sg-1",
+                              "EnableTracing": "true"},
+    "bundled-redis-alarm-topic": {"Packaging": "bundled", "StorageBackend": "redis",
+                                  "AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops"},
+}
+
+#: What Ref / GetAtt would answer for the stack's own resources (the physical names CloudFormation
+#: would give them; the worker's is set by the template itself).
+PHYSICAL = {
+    "ApiFunction": f"{STACK}-ApiFunction-Q1w2E3r4T5y6",
+    "WorkerFunction": f"{STACK}-worker",
+    "ReaperFunction": f"{STACK}-ReaperFunction-A1s2D3f4G5h6",
+}
+
+
+# -- rendering what CloudFormation would deploy ------------------------------------------------------
+
+def _substitutions(template: dict, parameters: dict[str, str], resources: dict) -> dict[str, str]:
+    values = {"AWS::StackName": STACK, "AWS::Region": REGION, "AWS::AccountId": ACCOUNT, "AWS::Partition": "aws"}
+    for name, declared in template["Parameters"].items():
+        values[name] = str(parameters.get(name, declared.get("Default", "")))
+    values.update(PHYSICAL)
+    for name, resource in resources.items():
+        if resource["Type"] == "AWS::CloudWatch::Alarm":
+            values[f"{name}.Arn"] = f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:{STACK}-{name}"
+    return values
+
+
+def _sub(node: Any, values: dict[str, str]) -> str:
+    """``Fn::Sub`` (string form, or [string, {variables}]) as CloudFormation renders it; a name the
+    stack cannot resolve fails the test instead of rendering as text."""
+    if isinstance(node, str):
+        return node
+    text, local = (node["Fn::Sub"], {}) if isinstance(node["Fn::Sub"], str) else node["Fn::Sub"]
+    scope = {**values, **local}
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        assert name in scope, f"${{{name}}} is not a parameter, pseudo parameter or resource of the stack"
+        return str(scope[name])
+
+    return re.sub(r"\$\{([^}!]+)\}", one, text)
+
+
+@pytest.fixture(scope="module", params=list(CHOICES), ids=list(CHOICES))
+def stack(request: pytest.FixtureRequest) -> dict[str, Any]:
+    parameters = CHOICES[request.param]
+    template = transformed(parameters)
+    resources = created(parameters)
+    values = _substitutions(template, parameters, resources)
+    return {"parameters": parameters, "template": template, "resources": resources, "values": values}
+
+
+def _dashboard(stack: dict[str, Any]) -> tuple[str, dict]:
+    (dashboard,) = of_type(stack["resources"], "AWS::CloudWatch::Dashboard").values()
+    props = dashboard["Properties"]
+    return _sub(props["DashboardName"], stack["values"]), json.loads(_sub(props["DashboardBody"], stack["values"]))
+
+
+# -- what the code publishes ---------------------------------------------------------------------------
+
+@handler("dashboard-transient-failure", timeout_seconds=2)
+def transient_failure(payload: Any, ctx: Any) -> None:
+    raise ConnectionError("the downstream service is away for a moment")  # retried with backoff
+
+
+Metric = tuple[str, str, tuple[tuple[str, str], ...]]
+
+
+def _emf_metrics(output: str) -> set[Metric]:
+    """(namespace, name, dimensions) of every metric in the EMF blobs printed to ``output``."""
+    found: set[Metric] = set()
+    for line in output.splitlines():
+        if not line.startswith('{"_aws"'):
+            continue
+        blob = json.loads(line)
+        for directive in blob["_aws"]["CloudWatchMetrics"]:
+            for dimension_set in directive["Dimensions"]:
+                dims = tuple(sorted((key, str(blob[key])) for key in dimension_set))
+                for metric in directive["Metrics"]:
+                    found.add((directive["Namespace"], metric["Name"], dims))
+    return found
+
+
+def _wait_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met before the deadline"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def published(store_url, lambda_context, monkeypatch, capsys) -> Iterator[set[Metric]]:
+    """Runs a scenario in which every outcome the dashboard shows happens once at least, and
+    yields the metrics the code printed as EMF along the way."""
+    client = Client(connection.shared_storage())
+    storage = client.storage
+    client.enqueue("emails", "quick", {"n": 1}, id="ok-1")                              # Claimed, Succeeded
+    client.enqueue("emails", "always-permanent", id="dead-1")                           # DeadLettered
+    client.enqueue("emails", "dashboard-transient-failure", id="retry-1")              # Retried
+    client.enqueue("reports", "needs-twenty-seconds", id="long-1")                     # Released, then too long
+    # A 30 s function with 10 s left: the 20 s task does not fit this invocation and is handed back.
+    monkeypatch.setenv("RDQ_WORKER_TIMEOUT_SECONDS", "30")
+    worker.lambda_handler(load_event("worker-scheduled"), lambda_context("rdq-worker", 10))
+    # A 10 s function can never run it: dead-lettered as too long for the worker.
+    monkeypatch.setenv("RDQ_WORKER_TIMEOUT_SECONDS", "10")
+    worker.lambda_handler(load_event("worker-scheduled"), lambda_context("rdq-worker", 10))
+    assert client.get("long-1").status.value == "DEAD"
+
+    # A worker that claimed and died on the task's last attempt: the reaper dead-letters it.
+    client.enqueue("emails", "quick", id="crashed-1", max_attempts=1)
+    (held,) = storage.claim("emails", 10, 0.05)
+    _wait_until(lambda: len(storage.find_expired_leases(10)) == 1)
+    summary = reaper.lambda_handler(load_event("reaper-scheduled"), lambda_context("rdq-reaper", 60))
+    assert summary["expired"] == 1 and summary["dead_lettered"] == 1
+
+    # That worker's late outcome arrives after the reap: fenced off, counted as stale.
+    settler = Settler(storage, observability.MetricsTelemetry(), lease_seconds=30)
+    report = BatchReport()
+    settler.settle([from_result(held, {"late": True}, PolicyBook())], report, ClaimLedger())
+    assert report.stale == 1
+    observability.metrics.flush_metrics()
+
+    yield _emf_metrics(capsys.readouterr().out)
+
+
+def test_the_scenario_publishes_every_rate_and_gauge(published):
+    names = {name for _, name, _ in published}
+    assert {"Claimed", "Succeeded", "Retried", "DeadLettered", "LeaseExpired", "Released", "TooLongForWorker",
+            "StaleSettlements", "ClaimLatency", "QueueDepth", "DeadTasks", "OldestPendingAge"} <= names
+    assert ("rdq", "QueueDepth", (("queue", "reports"), ("service", "rdq"))) in published
+
+
+def test_a_lease_that_expires_on_the_last_attempt_counts_as_dead_lettered(store_url, lambda_context, capsys):
+    """The dead-lettered rate covers tasks the reaper dead-letters, not only the worker's."""
+    client = Client(connection.shared_storage())
+    client.enqueue("emails", "quick", id="crashed-1", max_attempts=1)
+    client.enqueue("emails", "quick", id="crashed-2", max_attempts=3)
+    client.storage.claim("emails", 10, 0.05)
+    _wait_until(lambda: len(client.storage.find_expired_leases(10)) == 2)
+    capsys.readouterr()
+
+    reaper.lambda_handler(load_event("reaper-scheduled"), lambda_context("rdq-reaper", 60))
+
+    blobs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
+    counted = [blob for blob in blobs if "DeadLettered" in blob]
+    assert [blob["DeadLettered"] for blob in counted] in ([1], [1.0], [[1.0]]), blobs
+    assert [blob["LeaseExpired"] for blob in counted] in ([2], [2.0], [[2.0]]), "one reap, both leases"
+    assert client.get("crashed-1").status.value == "DEAD" and client.get("crashed-2").status.value == "PENDING"
+
+
+# -- the dashboard -------------------------------------------------------------------------------------
+
+_QUERY = re.compile(r"^SELECT (?P<stat>AVG|COUNT|MAX|MIN|SUM)\((?P<name>\w+)\) FROM SCHEMA\((?P<schema>[^)]*)\)"
+                    r" GROUP BY (?P<group>[\w, ]+?)(?: ORDER BY \w+\(\) (?:ASC|DESC))?(?: LIMIT \d+)?$")
+
+
+def _query_metric(expression: str) -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
+    """(namespace, metric, schema dimensions, GROUP BY keys) of a Metrics Insights query."""
+    match = _QUERY.match(expression)
+    assert match, f"not a grouped Metrics Insights query: {expression!r}"
+    namespace, *dims = (part.strip().strip('"') for part in match["schema"].split(","))
+    group = tuple(key.strip() for key in match["group"].split(","))
+    assert set(group) <= set(dims), expression
+    return namespace, match["name"], tuple(sorted(dims)), group
+
+
+def _row_metric(row: list) -> Metric:
+    namespace, name, *rest = row
+    if rest and isinstance(rest[-1], dict):
+        rest = rest[:-1]
+    assert len(rest) % 2 == 0 and "." not in (namespace, name), row
+    return namespace, name, tuple(sorted(zip(rest[0::2], rest[1::2], strict=True)))
+
+
+def _stack_owns(stack: dict[str, Any], metric: Metric) -> bool:
+    """An AWS metric of a function or of the API this stack creates."""
+    namespace, _, dims = metric
+    resources, values = stack["resources"], stack["values"]
+    if namespace == "AWS/Lambda":
+        functions = {values[name] for name in of_type(resources, "AWS::Lambda::Function")}
+        return len(dims) == 1 and dims[0][0] == "FunctionName" and dims[0][1] in functions
+    if namespace == "AWS/ApiGateway":
+        (api,) = of_type(resources, "AWS::ApiGateway::RestApi").values()
+        stages = {s["Properties"]["StageName"] for s in of_type(resources, "AWS::ApiGateway::Stage").values()}
+        wanted = {"ApiName": _sub(api["Properties"]["Name"], values)}
+        return dict(dims) in ({**wanted}, *({**wanted, "Stage": stage} for stage in stages))
+    return False
+
+
+def test_every_parameter_choice_creates_one_dashboard_named_after_the_stack(stack):
+    name, body = _dashboard(stack)
+    assert name == f"{STACK}-{REGION}", "dashboards are global to an account: the region keeps two stacks apart"
+    assert stack["template"]["Outputs"]["DashboardName"]["Value"] == {"Ref": "RdqDashboard"}
+    widgets = body["widgets"]
+    assert all(w["x"] + w["width"] <= 24 for w in widgets), "the grid is 24 columns wide"
+    cells = [(w["x"] + dx, w["y"] + dy) for w in widgets for dx in range(w["width"]) for dy in range(w["height"])]
+    assert len(cells) == len(set(cells)), "no two widgets overlap"
+    titles = " | ".join(w["properties"].get("title", "") for w in widgets).lower()
+    for subject in ("queue depth", "oldest pending age", "dead tasks", "claimed", "succeeded", "retried",
+                    "dead-lettered", "claim latency", "lease expiries", "errors", "throttles", "duration",
+                    "4xx", "5xx", "api latency"):
+        assert subject in titles, subject
+
+
+def test_every_widget_names_a_metric_the_code_publishes_or_one_of_the_stacks_resources(stack, published):
+    _, body = _dashboard(stack)
+    shown = 0
+    for widget in body["widgets"]:
+        props = widget["properties"]
+        if widget["type"] == "text":
+            continue
+        if widget["type"] == "alarm":
+            alarm_arns = {stack["values"][f"{name}.Arn"] for name in of_type(stack["resources"], "AWS::CloudWatch::Alarm")}
+            assert props["alarms"] and set(props["alarms"]) <= alarm_arns, props["alarms"]
+            continue
+        assert widget["type"] == "metric" and props["region"] == REGION, widget
+        for row in props["metrics"]:
+            if len(row) == 1 and "expression" in row[0]:
+                namespace, name, dims, _ = _query_metric(row[0]["expression"])
+                assert any((ns, n) == (namespace, name) and tuple(k for k, _ in d) == dims for ns, n, d in published), \
+                    f"{props['title']}: nothing publishes {name} in {namespace} with dimensions {dims}"
+            else:
+                metric = _row_metric(row)
+                assert metric in published or _stack_owns(stack, metric), f"{props['title']}: {metric} is not published"
+            shown += 1
+    assert shown >= 20
+
+
+def test_the_per_queue_widgets_group_by_queue(stack):
+    _, body = _dashboard(stack)
+    grouped = {_query_metric(row[0]["expression"])[1]: _query_metric(row[0]["expression"])[3]
+               for w in body["widgets"] if w["type"] == "metric" for row in w["properties"]["metrics"]
+               if len(row) == 1 and "expression" in row[0]}
+    assert grouped == {"QueueDepth": ("queue",), "OldestPendingAge": ("queue",), "DeadTasks": ("queue",)}
+
+
+# -- the alarms ----------------------------------------------------------------------------------------
+
+def _alarms(stack: dict[str, Any]) -> dict[str, dict]:
+    return {name: a["Properties"] for name, a in of_type(stack["resources"], "AWS::CloudWatch::Alarm").items()}
+
+
+def test_alarms_name_published_metrics_and_the_per_queue_ones_name_the_queue(stack, published):
+    alarms = _alarms(stack)
+    per_queue = {name: props for name, props in alarms.items() if "Metrics" in props}
+    expected = {"QueueDeadTasksAlarm", "QueueOldestPendingAgeAlarm"}
+    assert set(per_queue) == (set() if stack["parameters"].get("PerQueueAlarms") == "false" else expected)
+    assert {"DeadTasksAlarm", "OldestPendingAgeAlarm"} <= set(alarms), "the all-queue alarms stay"
+    for name, props in alarms.items():
+        if "MetricName" in props:
+            metric = (props["Namespace"], props["MetricName"],
+                      tuple(sorted((d["Name"], d["Value"]) for d in props["Dimensions"])))
+            assert metric in published, (name, metric)
+            continue
+        (query,) = props["Metrics"]
+        namespace, metric_name, dims, group = _query_metric(query["Expression"])
+        assert group == ("queue",) and query["ReturnData"] is True, name
+        assert "ORDER BY" in query["Expression"], "a multi-time-series alarm needs GROUP BY and ORDER BY"
+        assert any((ns, n) == (namespace, metric_name) and tuple(k for k, _ in d) == dims for ns, n, d in published)
+        alarm_name = _sub(props["AlarmName"], stack["values"])
+        description = _sub(props["AlarmDescription"], stack["values"])
+        assert alarm_name.startswith(f"{STACK}-rdq-") and alarm_name.endswith("-per-queue"), alarm_name
+        assert STACK in description and "queue attribute names the queue" in description, description
+        threshold = {"QueueDeadTasksAlarm": "DeadTasksAlarmThreshold",
+                     "QueueOldestPendingAgeAlarm": "OldestPendingAgeAlarmSeconds"}[name]
+        assert props["Threshold"] == {"Ref": threshold}, "the same threshold as the all-queue alarm"
+        assert stack["values"][threshold] in description
+
+
+def _api_kwargs(logical_id: str, props: dict, values: dict[str, str]) -> dict[str, Any]:
+    """An alarm resource's properties as the PutMetricAlarm request CloudFormation makes of them
+    (an alarm without a name gets a generated one, as CloudFormation gives it)."""
+    topic = values["AlarmTopicArn"]
+    kwargs: dict[str, Any] = {"AlarmName": f"{STACK}-{logical_id}-1A2B3C4D5E6F"}
+    for key, value in props.items():
+        if key == "AlarmActions":
+            if topic:
+                kwargs[key] = [topic]
+        elif key == "Threshold":
+            kwargs[key] = float(values[value["Ref"]])
+        elif isinstance(value, dict) and "Fn::Sub" in value:
+            kwargs[key] = _sub(value, values)
+        else:
+            kwargs[key] = value
+    return kwargs
+
+
+def test_the_dashboard_and_alarms_are_accepted_by_the_cloudwatch_api(stack):
+    """Each request is validated against the CloudWatch API model by botocore, then stored by moto."""
+    import boto3
+    from moto import mock_aws
+
+    name, body = _dashboard(stack)
+    with mock_aws():
+        cloudwatch = boto3.client("cloudwatch", region_name=REGION)
+        cloudwatch.put_dashboard(DashboardName=name, DashboardBody=json.dumps(body))
+        assert json.loads(cloudwatch.get_dashboard(DashboardName=name)["DashboardBody"]) == body
+        for logical_id, props in _alarms(stack).items():
+            cloudwatch.put_metric_alarm(**_api_kwargs(logical_id, props, stack["values"]))
+        described = {a["AlarmName"]: a for a in cloudwatch.describe_alarms()["MetricAlarms"]}
+        assert len(described) == len(_alarms(stack))
+        per_queue = [a for a in described.values() if a.get("Metrics")]
+        assert len(per_queue) == (0 if stack["parameters"].get("PerQueueAlarms") == "false" else 2)
+        for alarm in per_queue:
+            assert alarm["Metrics"][0]["Expression"].startswith("SELECT MAX(")
+            assert alarm["AlarmActions"] == ([stack["values"]["AlarmTopicArn"]] if stack["values"]["AlarmTopicArn"] else [])
+
+
+def test_cfn_lint_without_the_per_queue_alarms(tmp_path):
+    path = tmp_path / "transformed.json"
+    path.write_text(json.dumps(transformed({"PerQueueAlarms": "false"})))
+    result = subprocess.run([_tool("cfn-lint"), "--", str(path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
