@@ -80,6 +80,12 @@ def _configure_environment(storage_url: str, handler_modules: list[str] | None) 
     os.environ.setdefault("RDQ_WAKE_DEBOUNCE_SECONDS", "0.2")
     os.environ.setdefault("RDQ_MAX_WORKER_CONCURRENCY", "2")
     os.environ.setdefault("RDQ_AUTH_MODE", "none")
+    # Large payloads (rdq_core/payloads.py): without a bucket, a directory next to the store stands
+    # in for it (same references; the API's upload and download URLs are file: URLs into it).
+    if not os.environ.get("RDQ_PAYLOAD_BUCKET"):
+        database = storage_url.split("?")[0][len("sqlite:///"):] if storage_url.startswith("sqlite:///") else ""
+        home = os.path.dirname(os.path.abspath(database)) if database and database != ":memory:" else os.getcwd()
+        os.environ.setdefault("RDQ_PAYLOAD_DIR", os.path.join(home, "rdq-payloads"))
     os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "rdq-dev")
     os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
     # Nothing reads EMF here: record no metrics, so no blob is ever printed (not even
