@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -29,6 +30,7 @@ from .errors import (
 )
 from .handlers import registry
 from .logs import configure_logging
+from .operations import drive_operations
 from .reaper import reap_expired_leases, reap_forever
 from .model import TaskStatus
 from .retry import PolicyBook, policy_book_from_config
@@ -44,7 +46,8 @@ EXIT_FAILURE, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_STOPPED_AT_ONCE 
 #: Commands that may create a store; any other one says so when it would.
 CREATES_STORES = {"migrate", "dev"}
 #: Operator commands that work through a deployed API (--api) as well as on a store.
-REMOTE_COMMANDS = {"enqueue", "stats", "queues", "tasks", "task", "cancel", "pause", "resume", "dlq", "audit"}
+REMOTE_COMMANDS = {"enqueue", "stats", "queues", "tasks", "task", "cancel", "pause", "resume", "dlq", "audit",
+                   "operations"}
 #: Commands that only ever talk to a deployed API (or rdq dev), never to a store.
 API_ONLY_COMMANDS = {"console"}
 #: Commands that choose for themselves: the API with --api, else a local file (no store).
@@ -156,6 +159,18 @@ def build_parser() -> argparse.ArgumentParser:
         switch.add_argument("queue")
         switch.add_argument("--json", action="store_true")
 
+    ops = commands.add_parser("operations", help="background bulk operations (redrive, purge, cancel)").add_subparsers(
+        dest="operations_command", required=True)
+    ops_list = ops.add_parser("list", help="operations, newest first")
+    ops_list.add_argument("--queue")
+    ops_list.add_argument("--json", action="store_true")
+    for name, text in (("show", "one operation's progress"), ("cancel", "stop a running operation")):
+        one = ops.add_parser(name, help=text)
+        one.add_argument("id")
+        one.add_argument("--json", action="store_true")
+        if name == "show":
+            one.add_argument("--wait", action="store_true", help="first wait until it is finished")
+
     audit = commands.add_parser("audit", help="operator actions, newest first, with who took them")
     audit.add_argument("--queue")
     audit.add_argument("--limit", type=int, default=50)
@@ -206,6 +221,10 @@ def _selection_arguments(action: argparse.ArgumentParser, *, confirm: bool) -> N
     action.add_argument("--error-type")
     action.add_argument("--handler", dest="filter_handler")
     action.add_argument("--dry-run", action="store_true", help="say how many tasks match, change nothing")
+    action.add_argument("--rate", type=_positive_float, metavar="PER_SECOND",
+                        help="run as a background operation acting on at most this many tasks a second")
+    action.add_argument("--background", action="store_true",
+                        help="run as a background operation and return at once (rdq operations show ID follows it)")
     if confirm:
         action.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     action.add_argument("--json", action="store_true")
@@ -346,6 +365,13 @@ def cmd_reaper(args: argparse.Namespace, url: str) -> int:
                 log.info("retention: deleted %d finished task(s) older than %gh", purged, args.retention_hours)
             return purged
 
+        def between_passes() -> int:
+            # Bulk operations advance until the next pass is due (or a stop), at their own rate.
+            drive_operations(storage, deadline=time.monotonic() + args.interval,
+                             clock=lambda: math.inf if stopping else time.monotonic(),
+                             sleep=lambda seconds: time.sleep(min(seconds, 0.5)))
+            return apply_retention()
+
         if args.once:
             report = reap_expired_leases(storage, policies, batch_size=args.batch)
             purged = apply_retention()
@@ -355,7 +381,7 @@ def cmd_reaper(args: argparse.Namespace, url: str) -> int:
         log.info("reaper on %s: a pass every %gs, retention %gh", _redact(url), args.interval, args.retention_hours)
         # Long-running: survives storage outages with backoff (one log line per incident).
         reap_forever(storage, policies, interval=args.interval, batch_size=args.batch,
-                     should_stop=lambda: bool(stopping), between_passes=apply_retention)
+                     should_stop=lambda: bool(stopping), between_passes=between_passes)
     return 0
 
 
@@ -435,6 +461,49 @@ def cmd_pause(args: argparse.Namespace, url: str) -> int:
         _say(f"{stats.queue} {'paused' if stats.paused else 'running'} (pending={stats.pending} "
              f"in_flight={stats.in_flight})")
     return 0
+
+
+def cmd_operations(args: argparse.Namespace, url: str) -> int:
+    with _client(args, url) as client:
+        if args.operations_command == "list":
+            found = client.list_operations(queue=args.queue)
+            if args.json:
+                _print_json({"operations": [op.to_dict() for op in found]})
+                return 0
+            _print_table(("ID", "ACTION", "QUEUE", "STATUS", "DONE", "MATCHED", "RATE", "STARTED AT"), [
+                (op.id, op.action, op.queue, op.status, str(op.done), str(op.matched),
+                 f"{op.rate_per_second:g}/s" if op.rate_per_second else "-",
+                 op.started_at.isoformat() if op.started_at else "-") for op in found], empty="no operations")
+            return 0
+        if args.operations_command == "cancel":
+            operation = client.cancel_operation(args.id)
+        else:
+            operation = client.get_operation(args.id)
+            if args.wait:
+                operation = _follow(client, operation)
+    _print_operation(operation, args.json)
+    return 0
+
+
+def _follow(client: Client | HttpClient, operation: Any) -> Any:
+    """Print progress lines (to standard error) until the operation is finished."""
+    last = None
+    while not operation.finished:
+        if operation.done != last:
+            _say(f"{operation.id}: {operation.action} {operation.done} of {operation.matched} ...", file=sys.stderr, flush=True)
+            last = operation.done
+        time.sleep(1.0)
+        operation = client.get_operation(operation.id)
+    return operation
+
+
+def _print_operation(operation: Any, as_json: bool) -> None:
+    if as_json:
+        _print_json(operation.to_dict())
+        return
+    rate = f" at {operation.rate_per_second:g}/s" if operation.rate_per_second else ""
+    _say(f"operation {operation.id}: {operation.action} on queue {operation.queue}{rate}: {operation.status}, "
+         f"{operation.done} of {operation.matched} done")
 
 
 def cmd_audit(args: argparse.Namespace, url: str) -> int:
@@ -548,6 +617,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, str], int]] = {
     "migrate": cmd_migrate, "dev": cmd_dev, "worker": cmd_worker, "reaper": cmd_reaper,
     "enqueue": cmd_enqueue, "stats": cmd_stats, "queues": cmd_queues, "tasks": cmd_tasks, "task": cmd_task,
     "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_pause, "audit": cmd_audit, "dlq": cmd_dlq,
+    "operations": cmd_operations,
     "invoke": cmd_invoke, "console": lambda args, url: console_server.run(args),
     "schedules": cmd_schedules,
 }
@@ -672,6 +742,14 @@ def _bulk_action(client: Client | HttpClient, args: argparse.Namespace, verb: st
         return 0
     if hasattr(args, "yes") and not args.ids and matching and not args.yes:  # naming ids is confirmation enough
         _confirm(f"{verb} {matching} {kind} task(s) of queue {args.queue!r}{' ' + confirm if confirm else ''}?")
+    if args.background or args.rate:
+        operation = client.start_operation(verb, args.queue, **selection, rate_per_second=args.rate)
+        if args.background:
+            _print_operation(operation, args.json)
+            return 0
+        operation = _follow(client, operation)
+        _print_operation(operation, args.json)
+        return 0 if operation.status == "SUCCEEDED" else EXIT_CONFLICT
     count = act(args.queue, **selection)
     if args.json:
         _print_json({done_key: count})

@@ -18,9 +18,10 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
 from . import payloads as payload_objects
-from . import tracecontext, validation
+from . import operations, tracecontext, validation
 from .errors import InvalidCursor, InvalidInput, TaskConflict, TaskNotFound
 from .ids import new_task_id
+from .operations import Operation
 from .model import (
     AuditPage,
     Backoff,
@@ -30,7 +31,6 @@ from .model import (
     NewTask,
     QueueStats,
     Task,
-    TaskFilter,
     TaskPage,
     TaskStatus,
 )
@@ -237,6 +237,29 @@ class Client:
             cursor=_cursor_text(cursor),
         )
 
+    # -- bulk operations as jobs (rdq_core/operations.py) -------------------------------------
+    def start_operation(self, action: str, queue: str, *, ids: Iterable[str] | None = None,
+                        error_type: str | None = None, handler: str | None = None, all: bool = False,
+                        rate_per_second: float | None = None) -> Operation:
+        """Start ``action`` (redrive, purge or cancel) over the selection in the background, in
+        bounded chunks at ``rate_per_second`` (default: as fast as chunks go), advanced by the
+        reaper. ``TaskConflict`` when an operation is already running on the queue."""
+        selection = _selection(ids, error_type, handler, all)
+        return operations.start_operation(self.storage, action=action, queue=validation.queue_name(queue),
+                                          selection=selection, all=all, rate_per_second=rate_per_second,
+                                          actor=self.actor)
+
+    def get_operation(self, operation_id: str) -> Operation:
+        return operations.get_operation(self.storage, operation_id)
+
+    def list_operations(self, *, queue: str | None = None, limit: int = 50) -> list[Operation]:
+        """Operations newest first, of ``queue`` or of every queue."""
+        return operations.list_operations(self.storage, queue=None if queue is None else validation.queue_name(queue),
+                                          limit=validation.page_size(limit))
+
+    def cancel_operation(self, operation_id: str) -> Operation:
+        return operations.cancel_operation(self.storage, operation_id, actor=self.actor)
+
     # -- large payloads (rdq_core/payloads.py) ------------------------------------------------
     @property
     def payload_store(self) -> payload_objects.PayloadStore | None:
@@ -312,7 +335,7 @@ class Client:
             if count < len(page):  # some left the DLQ meanwhile (redriven): keep their objects
                 with_objects = [t for t in with_objects if self.storage.get(t.id) is None]
             payload_objects.delete_objects(store, payload_objects.object_refs(with_objects))
-        self._audit("purge", queue, _described(selection, all), total)
+        self._audit("purge", queue, selection.described(all), total)
         return total
 
     def _dead_pages(self, queue: str, selection: DeadFilter) -> Iterable[list[Task]]:

@@ -86,6 +86,9 @@ def _configure_environment(storage_url: str, handler_modules: list[str] | None) 
         database = storage_url.split("?")[0][len("sqlite:///"):] if storage_url.startswith("sqlite:///") else ""
         home = os.path.dirname(os.path.abspath(database)) if database and database != ":memory:" else os.getcwd()
         os.environ.setdefault("RDQ_PAYLOAD_DIR", os.path.join(home, "rdq-payloads"))
+    # Each reaper tick advances bulk operations until the next tick is due: a running operation
+    # keeps its rate, and reaping keeps its cadence.
+    os.environ.setdefault("RDQ_OPERATION_SECONDS", os.environ.get("RDQ_DEV_REAPER_EVERY_SECONDS", "5"))
     os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "rdq-dev")
     os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
     # Nothing reads EMF here: record no metrics, so no blob is ever printed (not even

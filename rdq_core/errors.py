@@ -26,9 +26,9 @@ class StaleClaim(RdqError):
 
 
 class TaskNotFound(RdqError):
-    def __init__(self, task_id: str):
+    def __init__(self, task_id: str, *, what: str = "task"):
         self.task_id = task_id
-        super().__init__(f"task {task_id!r} not found")
+        super().__init__(f"{what} {task_id!r} not found")
 
 
 class TaskConflict(RdqError):

@@ -68,6 +68,7 @@ from .errors import (
 from . import payloads as payload_objects
 from . import tracecontext
 from .ids import new_task_id
+from .operations import Operation
 from .model import AuditPage, Backoff, DeadPage, EnqueueResult, NewTask, QueueStats, Task, TaskPage, TaskStatus
 
 __all__ = ["ApiKey", "Auth", "BearerToken", "HttpClient", "SigV4"]
@@ -394,7 +395,52 @@ class HttpClient:
         if dry_run:
             body["dry_run"] = True  # read-only: safe to repeat
             return int(self._call("POST", path, IDEMPOTENT, body=body).json()["matched"])
-        return int(self._call("POST", path, ONCE, body=body).json()[done_key])
+        response = self._call("POST", path, ONCE, body=body)
+        answer = response.json()
+        if response.status == 202:
+            # Too large for one request: the API started a background operation. Wait for it, so
+            # the call means what it means on a store: done when it returns.
+            return self.wait_for_operation(answer["operation"]["id"]).done
+        return int(answer[done_key])
+
+    # -- bulk operations as jobs --------------------------------------------------------------
+    def start_operation(self, action: str, queue: str, *, ids: Iterable[str] | None = None,
+                        error_type: str | None = None, handler: str | None = None, all: bool = False,
+                        rate_per_second: float | None = None) -> Operation:
+        """Start a background redrive, purge or cancel (the API answers 202 at once)."""
+        paths = {"redrive": "dlq:redrive", "purge": "dlq:purge", "cancel": "tasks:cancel"}
+        if action not in paths:
+            raise InvalidInput(f"action must be one of {', '.join(paths)}", "action")
+        body = {**_selection(ids, error_type, handler, all), "background": True}
+        if rate_per_second is not None:
+            body["rate_per_second"] = rate_per_second
+        # Not repeated after it may have acted: a second start would be refused as a conflict.
+        answer = self._call("POST", f"/v1/queues/{_segment(queue)}/{paths[action]}", ONCE, body=body).json()
+        return Operation.from_dict(answer["operation"])
+
+    def get_operation(self, operation_id: str) -> Operation:
+        path = f"/v1/operations/{_segment(operation_id, 'operation_id')}"
+        return Operation.from_dict(self._call("GET", path, IDEMPOTENT, task_id=operation_id).json())
+
+    def list_operations(self, *, queue: str | None = None, limit: int = 50) -> list[Operation]:
+        answer = self._call("GET", f"/v1/operations?{_query({'queue': queue, 'limit': str(limit)})}", IDEMPOTENT).json()
+        return [Operation.from_dict(item) for item in answer["operations"]]
+
+    def cancel_operation(self, operation_id: str) -> Operation:
+        path = f"/v1/operations/{_segment(operation_id, 'operation_id')}:cancel"
+        return Operation.from_dict(self._call("POST", path, ONCE, body={}, task_id=operation_id).json())
+
+    def wait_for_operation(self, operation_id: str, *, timeout: float = 3600.0, poll: float = 1.0) -> Operation:
+        """Poll until the operation is finished; ``ApiUnavailable`` past ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            operation = self.get_operation(operation_id)
+            if operation.finished:
+                return operation
+            if time.monotonic() + poll > deadline:
+                raise ApiUnavailable(f"operation {operation_id} is still {operation.status} after {timeout:g}s "
+                                     f"({operation.done} of {operation.matched} done)")
+            time.sleep(poll)
 
     # -- large payloads (rdq_core/payloads.py) -----------------------------------------------
     def _offloaded(self, queue: str, body: dict[str, Any]) -> dict[str, Any]:

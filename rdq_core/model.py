@@ -262,6 +262,20 @@ class TaskFilter:
     error_type: str | None = None
     handler: str | None = None
 
+    def described(self, all: bool = False) -> dict[str, Any]:
+        """The filter as the audit trail and bulk operations keep it: only what was given
+        (``{"all": true}`` for an explicit everything)."""
+        described: dict[str, Any] = {}
+        if self.ids is not None:
+            described["ids"] = list(self.ids)
+        if self.error_type is not None:
+            described["error_type"] = self.error_type
+        if self.handler is not None:
+            described["handler"] = self.handler
+        if all and not described:
+            described["all"] = True
+        return described
+
 
 #: The dead-letter operations' name for the same filter.
 DeadFilter = TaskFilter

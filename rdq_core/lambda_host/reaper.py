@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from aws_lambda_powertools.metrics import MetricUnit
 
+from ..operations import drive_operations
 from ..reaper import reap_expired_leases
 from .connection import shared_storage
 from .invocation import InvocationClock, ModulePin, configured_timeout
@@ -46,10 +47,15 @@ def run_reaper_invocation(
     add_metric("QueueDepth", MetricUnit.Count, depth)
     add_metric("DeadTasks", MetricUnit.Count, dead)
     add_metric("OldestPendingAge", MetricUnit.Seconds, oldest)
+    # Bulk operations (redrive, purge, cancel as jobs) advance in what is left of the invocation,
+    # capped so the next scheduled reaping is not delayed.
+    operations = drive_operations(storage, deadline=min(deadline, clock() + settings.operation_seconds), clock=clock)
     summary = {
         "expired": report.expired, "rescheduled": report.rescheduled, "dead_lettered": report.dead_lettered,
         "contended": report.contended, "batches": report.batches, "queues": len(queues),
         "pending": depth, "dead": dead, "oldest_pending_age_seconds": oldest,
+        "operation_chunks": operations.chunks, "operation_tasks": operations.acted,
+        "operations_finished": len(operations.finished),
     }
     log_invocation("reaper invocation done", summary, busy=bool(report.expired))
     return summary

@@ -232,45 +232,81 @@ def list_tasks(request: ApiRequest, queue: str) -> Reply:
     return Reply(200, page.to_dict())
 
 
+#: A bulk action matching more tasks than this runs as a background operation (202): one request
+#: never has to act on an unbounded selection within API Gateway's 29 s.
+INLINE_LIMIT = 1000
+
+
 def _selection(request: ApiRequest) -> dict[str, Any]:
     body = request.json_body()
-    _reject_unknown_fields(body, {"ids", "error_type", "handler", "all", "dry_run"})
+    _reject_unknown_fields(body, {"ids", "error_type", "handler", "all", "dry_run", "background", "rate_per_second"})
     if "ids" in body and not (isinstance(body["ids"], list) and all(isinstance(i, str) for i in body["ids"])):
         raise InvalidInput("ids must be a list of task ids", "ids")
-    for flag in ("all", "dry_run"):
+    for flag in ("all", "dry_run", "background"):
         if flag in body and not isinstance(body[flag], bool):
             raise InvalidInput(f"{flag} must be true or false", flag)
     for name in ("error_type", "handler"):
         if name in body and not isinstance(body[name], str):
             raise InvalidInput(f"{name} must be a string", name)
+    rate = body.get("rate_per_second")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))):
+        raise InvalidInput("rate_per_second must be a number", "rate_per_second")
     return {"ids": body.get("ids"), "error_type": body.get("error_type"), "handler": body.get("handler"),
-            "all": bool(body.get("all", False)), "dry_run": bool(body.get("dry_run", False))}
+            "all": bool(body.get("all", False)), "dry_run": bool(body.get("dry_run", False)),
+            "background": bool(body.get("background", False)), "rate_per_second": rate}
 
 
-def _bulk_reply(action: str, queue: str, count: int, selection: Mapping[str, Any], done_key: str) -> Reply:
+def _bulk(request: ApiRequest, queue: str, action: str, done_key: str) -> tuple[Reply, int]:
+    """A bulk action: its dry run (200 ``matched``), inline (200 with the count), or, when asked
+    for, rate-limited, or larger than ``INLINE_LIMIT``, a background operation (202)."""
+    selection = _selection(request)
+    background, rate = selection.pop("background"), selection.pop("rate_per_second")
+    client = _client(request)
+    act = {"redrive": client.redrive, "purge": client.purge_dead, "cancel": client.cancel_selected}[action]
     if selection["dry_run"]:
-        return Reply(200, {"matched": count})
+        return Reply(200, {"matched": act(queue, **selection)}), 0
+    if not background and rate is None:
+        background = act(queue, **{**selection, "dry_run": True}) > INLINE_LIMIT
+    if background:
+        del selection["dry_run"]
+        operation = client.start_operation(action, queue, **selection, rate_per_second=rate)
+        return Reply(202, {"operation": operation.to_dict()}, {"Location": f"/v1/operations/{operation.id}"}), 0
+    count = act(queue, **selection)
     logger.info(action, extra={"queue": queue, "count": count})
-    return Reply(200, {done_key: count})
+    return Reply(200, {done_key: count}), count
 
 
 def redrive_dead(request: ApiRequest, queue: str) -> Reply:
-    selection = _selection(request)
-    count = _client(request).redrive(queue, **selection)
-    if count and not selection["dry_run"]:
+    reply, count = _bulk(request, queue, "redrive", "redriven")
+    if count:
         _wake_worker_for(request, queue)  # redriven tasks are due now
-    return _bulk_reply("redrove", queue, count, selection, "redriven")
+    return reply
 
 
 def purge_dead(request: ApiRequest, queue: str) -> Reply:
-    selection = _selection(request)
-    return _bulk_reply("purged dead", queue, _client(request).purge_dead(queue, **selection), selection, "purged")
+    return _bulk(request, queue, "purge", "purged")[0]
 
 
 def cancel_selected(request: ApiRequest, queue: str) -> Reply:
-    selection = _selection(request)
-    return _bulk_reply("cancelled by filter", queue, _client(request).cancel_selected(queue, **selection), selection,
-                       "cancelled")
+    return _bulk(request, queue, "cancel", "cancelled")[0]
+
+
+_OPERATIONS_QUERY = ("queue", "limit")
+
+
+def list_operations(request: ApiRequest) -> Reply:
+    params = request.query(_OPERATIONS_QUERY)
+    found = _client(request).list_operations(queue=params.get("queue") or None, limit=_limit(params))
+    return Reply(200, {"operations": [operation.to_dict() for operation in found]})
+
+
+def get_operation(request: ApiRequest, operation_id: str) -> Reply:
+    return Reply(200, _client(request).get_operation(operation_id).to_dict())
+
+
+def cancel_operation(request: ApiRequest, operation_id: str) -> Reply:
+    _no_body(request)
+    return Reply(200, _client(request).cancel_operation(operation_id).to_dict())
 
 
 def _no_body(request: ApiRequest) -> None:
@@ -402,23 +438,36 @@ ROUTES: tuple[Route, ...] = (
           responses=((200, "one page", "TaskPage"),), problems=(400, 422, *COMMON_PROBLEMS), query=_TASKS_QUERY),
     Route("POST", "/v1/queues/{queue}/tasks:cancel", "cancelSelected", cancel_selected,
           "Cancel the selected PENDING tasks (dry_run: count them)",
-          responses=((200, "how many were cancelled, or matched", "CancelResult"),),
+          responses=((200, "how many were cancelled, or matched", "CancelResult"),
+                     (202, "started as a background operation", "OperationStarted")),
           problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS), request_schema="TaskSelection"),
     Route("POST", "/v1/queues/{queue}:pause", "pauseQueue", pause_queue,
           "Pause a queue: workers claim nothing from it; enqueues are still accepted",
           responses=((200, "the queue, paused", "QueueStats"),), problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS)),
     Route("POST", "/v1/queues/{queue}:resume", "resumeQueue", resume_queue, "Resume a paused queue",
           responses=((200, "the queue, running", "QueueStats"),), problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS)),
+    Route("GET", "/v1/operations", "listOperations", list_operations,
+          "Bulk operations (background redrive, purge, cancel), newest first",
+          responses=((200, "operations", "OperationList"),), problems=(422, *COMMON_PROBLEMS), query=_OPERATIONS_QUERY),
+    Route("GET", "/v1/operations/{operation_id}", "getOperation", get_operation,
+          "A bulk operation's progress: matched, done, status",
+          responses=((200, "the operation", "Operation"),), problems=(404, 422, *COMMON_PROBLEMS)),
+    Route("POST", "/v1/operations/{operation_id}:cancel", "cancelOperation", cancel_operation,
+          "Stop a running bulk operation after its current chunk",
+          responses=((200, "the operation, cancelled", "Operation"),),
+          problems=(*BODY_PROBLEMS, 404, 409, *COMMON_PROBLEMS)),
     Route("GET", "/v1/audit", "listAudit", list_audit, "Operator actions, newest first, with who took them",
           responses=((200, "one page", "AuditPage"),), problems=(400, 422, *COMMON_PROBLEMS), query=_AUDIT_QUERY),
     Route("GET", "/v1/queues/{queue}/dlq", "listDead", list_dead, "Dead tasks, cursor-paged by (dead_at, id)",
           responses=((200, "one page", "DeadPage"),), problems=(400, 422, *COMMON_PROBLEMS), query=_DLQ_QUERY),
     Route("POST", "/v1/queues/{queue}/dlq:redrive", "redriveDead", redrive_dead,
           "Redrive the selected dead tasks (dry_run: count them)",
-          responses=((200, "how many were redriven, or matched", "RedriveResult"),),
+          responses=((200, "how many were redriven, or matched", "RedriveResult"),
+                     (202, "started as a background operation", "OperationStarted")),
           problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS), request_schema="TaskSelection"),
     Route("POST", "/v1/queues/{queue}/dlq:purge", "purgeDead", purge_dead, "Delete the selected dead tasks (dry_run: count them)",
-          responses=((200, "how many were deleted, or matched", "PurgeResult"),),
+          responses=((200, "how many were deleted, or matched", "PurgeResult"),
+                     (202, "started as a background operation", "OperationStarted")),
           problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS), request_schema="TaskSelection"),
     # schedules (rdq_core.schedules)
     Route("POST", "/v1/schedules", "putSchedule", put_schedule,

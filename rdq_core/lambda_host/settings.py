@@ -46,6 +46,9 @@ class Settings:
     wake_worker: bool = True
     wake_debounce_seconds: float = 5.0
     reaper_batch_size: int = 100
+    #: Seconds of each reaper invocation spent advancing bulk operations (after reaping), so an
+    #: operation never delays the next scheduled reaping (``RDQ_OPERATION_SECONDS``).
+    operation_seconds: float = 40.0
     max_body_bytes: int = 1024 * 1024
     #: Optional bearer token checked by the API handler itself (``rdq dev``; a deployed API
     #: authenticates at API Gateway with IAM or an API key instead).
@@ -68,6 +71,7 @@ class Settings:
             wake_worker=_flag("RDQ_WAKE_WORKER", True),
             wake_debounce_seconds=_number("RDQ_WAKE_DEBOUNCE_SECONDS", 5.0),
             reaper_batch_size=int(_number("RDQ_REAPER_BATCH_SIZE", 100)),
+            operation_seconds=_number("RDQ_OPERATION_SECONDS", 40.0),
             max_body_bytes=int(_number("RDQ_MAX_BODY_BYTES", 1024 * 1024)),
             api_token=os.environ.get("RDQ_API_TOKEN", ""),
             auth_mode=os.environ.get("RDQ_AUTH_MODE", "iam"),
