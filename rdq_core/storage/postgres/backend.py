@@ -233,6 +233,25 @@ class PostgresStorage(StorageCore):
     def _paused(self) -> list[str]:
         return [row["queue"] for row in self._fetch_all(QUERIES["paused"])]
 
+    # Engine documents: each call is one autocommit statement on rdq_documents' primary key.
+    def _doc_get(self, kind: str, key: str) -> tuple[int, str] | None:
+        rows = self._fetch_all(QUERIES["doc_get"], {"kind": kind, "key": key})
+        return None if not rows else (int(rows[0]["version"]), str(rows[0]["body"]))
+
+    def _doc_put(self, kind: str, key: str, body: str, expected: int | None) -> int | None:
+        if expected is None:
+            rows = self._fetch_all(QUERIES["doc_insert"], {"kind": kind, "key": key, "body": body})
+        else:
+            rows = self._fetch_all(QUERIES["doc_replace"], {"kind": kind, "key": key, "body": body, "expected": expected})
+        return None if not rows else int(rows[0]["version"])
+
+    def _doc_delete(self, kind: str, key: str, expected: int) -> bool:
+        return self._rowcount(QUERIES["doc_delete"], {"kind": kind, "key": key, "expected": expected}) == 1
+
+    def _doc_page(self, kind: str, after: str | None, limit: int) -> list[tuple[str, int, str]]:
+        rows = self._fetch_all(QUERIES["doc_page"], {"kind": kind, "after": after or "", "limit": limit})
+        return [(str(row["key"]), int(row["version"]), str(row["body"])) for row in rows]
+
     def _audit_append(self, entry: Mapping[str, Any]) -> datetime:
         params = {"id": entry["id"], "actor": _text(entry["actor"]), "action": _text(entry["action"]),
                   "queue": _text(entry["queue"]), "selection": _text(entry["selection"]), "count": entry["count"]}

@@ -387,3 +387,30 @@ WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(before_at)s::timestamptz IS NULL OR (at, id) < (%(before_at)s::timestamptz, %(before_id)s::text))
 ORDER BY at DESC, id DESC
 LIMIT %(limit)s
+
+-- name: doc_get
+SELECT version, body FROM rdq_documents WHERE kind = %(kind)s AND key = %(key)s
+
+-- name: doc_insert
+-- Only if absent: a concurrent insert of the same key waits for the first to commit, then
+-- does nothing and returns no row.
+INSERT INTO rdq_documents (kind, key, version, body) VALUES (%(kind)s, %(key)s, 1, %(body)s)
+ON CONFLICT (kind, key) DO NOTHING
+RETURNING version
+
+-- name: doc_replace
+-- Only at the expected version: a concurrent writer waits on the row lock, then re-checks the
+-- version against the row as committed, so exactly one of them replaces it.
+UPDATE rdq_documents SET version = version + 1, body = %(body)s
+WHERE kind = %(kind)s AND key = %(key)s AND version = %(expected)s
+RETURNING version
+
+-- name: doc_delete
+DELETE FROM rdq_documents WHERE kind = %(kind)s AND key = %(key)s AND version = %(expected)s
+
+-- name: doc_page
+-- Keyset by key in byte order (the "C" collation), a range scan of the primary key.
+SELECT key, version, body FROM rdq_documents
+WHERE kind = %(kind)s AND key > %(after)s
+ORDER BY key
+LIMIT %(limit)s

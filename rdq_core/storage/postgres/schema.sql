@@ -121,3 +121,17 @@ CREATE TABLE rdq_audit_log (
 -- Newest first by (at, id): across queues, and within one.
 CREATE INDEX rdq_audit_log_at_idx ON rdq_audit_log (at, id);
 CREATE INDEX rdq_audit_log_queue_at_idx ON rdq_audit_log (queue, at, id);
+
+-- Engine documents: small versioned JSON documents (bulk operations and their per-queue locks),
+-- written by compare-and-set on version. The body is the JSON text as given (text, not jsonb,
+-- so it reads back byte for byte); the primary key serves get, put, delete and paging by key
+-- in byte order.
+CREATE TABLE rdq_documents (
+    kind    text COLLATE "C" NOT NULL,
+    key     text COLLATE "C" NOT NULL,
+    version bigint NOT NULL,
+    body    text NOT NULL,
+
+    CONSTRAINT rdq_documents_pkey PRIMARY KEY (kind, key),
+    CONSTRAINT rdq_documents_version_check CHECK (version >= 1)
+);
