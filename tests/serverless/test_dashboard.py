@@ -24,7 +24,7 @@ from rdq_core.retry import PolicyBook
 from rdq_core.settling import BatchReport, ClaimLedger, Settler
 
 from .conftest import load_event
-from .test_template import _tool, created, of_type, transformed
+from .test_template import _tool, of_type, transformed
 
 STACK = "orders"
 REGION = "eu-west-1"
@@ -38,6 +38,7 @@ CHOICES = {
                               "EnableTracing": "true"},
     "bundled-redis-alarm-topic": {"Packaging": "bundled", "StorageBackend": "redis",
                                   "AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops"},
+    "named-queue-alarms": {"QueuesToAlarm": "emails,reports", "AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops"},
 }
 
 #: What Ref / GetAtt would answer for the stack's own resources (the physical names CloudFormation
@@ -51,10 +52,14 @@ PHYSICAL = {
 
 # -- rendering what CloudFormation would deploy ------------------------------------------------------
 
-def _substitutions(template: dict, parameters: dict[str, str], resources: dict) -> dict[str, str]:
-    values = {"AWS::StackName": STACK, "AWS::Region": REGION, "AWS::AccountId": ACCOUNT, "AWS::Partition": "aws"}
+def _substitutions(template: dict, parameters: dict[str, str], resources: dict) -> dict[str, Any]:
+    """What ``Ref`` / ``${...}`` answer in the stack: pseudo parameters, parameters (a
+    CommaDelimitedList as its list), the functions' names and the alarms' ARNs."""
+    values: dict[str, Any] = {"AWS::StackName": STACK, "AWS::Region": REGION, "AWS::AccountId": ACCOUNT,
+                              "AWS::Partition": "aws", "AWS::NoValue": None}
     for name, declared in template["Parameters"].items():
-        values[name] = str(parameters.get(name, declared.get("Default", "")))
+        raw = str(parameters.get(name, declared.get("Default", "")))
+        values[name] = raw.split(",") if declared["Type"] == "CommaDelimitedList" else raw
     values.update(PHYSICAL)
     for name, resource in resources.items():
         if resource["Type"] == "AWS::CloudWatch::Alarm":
@@ -62,35 +67,85 @@ def _substitutions(template: dict, parameters: dict[str, str], resources: dict) 
     return values
 
 
-def _sub(node: Any, values: dict[str, str]) -> str:
-    """``Fn::Sub`` (string form, or [string, {variables}]) as CloudFormation renders it; a name the
-    stack cannot resolve fails the test instead of rendering as text."""
-    if isinstance(node, str):
+def _resolve(node: Any, values: dict[str, Any], conditions: dict[str, Any]) -> Any:
+    """The intrinsic functions this template's dashboard, alarms and conditions use, evaluated as
+    CloudFormation would; a name the stack cannot resolve fails the test instead of passing as text."""
+    if isinstance(node, list):
+        return [v for v in (_resolve(n, values, conditions) for n in node) if v is not None]
+    if not isinstance(node, dict):
         return node
-    text, local = (node["Fn::Sub"], {}) if isinstance(node["Fn::Sub"], str) else node["Fn::Sub"]
-    scope = {**values, **local}
+    if len(node) != 1 or not (next(iter(node)) == "Ref" or next(iter(node)).startswith(("Fn::", "Condition"))):
+        return {key: _resolve(value, values, conditions) for key, value in node.items()}
+    ((key, arg),) = node.items()
+    if key == "Ref":
+        assert arg in values, f"Ref {arg} is not a parameter, pseudo parameter or resource the test knows"
+        return values[arg]
+    if key == "Condition":
+        return conditions[arg]
+    if key == "Fn::If":
+        name, yes, no = arg
+        return _resolve(yes if conditions[name] else no, values, conditions)
+    args = [_resolve(a, values, conditions) for a in arg] if isinstance(arg, list) else arg
+    if key == "Fn::Join":
+        return args[0].join(str(item) for item in args[1])
+    if key == "Fn::Split":
+        return args[1].split(args[0])
+    if key == "Fn::Select":
+        return args[1][int(args[0])]
+    if key == "Fn::Equals":
+        return args[0] == args[1]
+    if key == "Fn::Not":
+        return not args[0]
+    if key == "Fn::And":
+        return all(args)
+    if key == "Fn::Or":
+        return any(args)
+    if key == "Fn::Sub":
+        text, local = (arg, {}) if isinstance(arg, str) else (arg[0], _resolve(arg[1], values, conditions))
+        scope = {**values, **local}
 
-    def one(match: re.Match[str]) -> str:
-        name = match.group(1)
-        assert name in scope, f"${{{name}}} is not a parameter, pseudo parameter or resource of the stack"
-        return str(scope[name])
+        def one(match: re.Match[str]) -> str:
+            name = match.group(1)
+            assert name in scope, f"${{{name}}} is not a parameter, pseudo parameter or resource of the stack"
+            return str(scope[name])
 
-    return re.sub(r"\$\{([^}!]+)\}", one, text)
+        return re.sub(r"\$\{([^}!]+)\}", one, text)
+    raise AssertionError(f"{key} is not evaluated by this test")
+
+
+def _stack(parameters: dict[str, str]) -> dict[str, Any]:
+    """The transformed template and the resources CloudFormation would create for ``parameters``."""
+    template = transformed(parameters)
+    values = _substitutions(template, parameters, template["Resources"])
+
+    class Conditions(dict):  # each evaluated when first named (one may name a later one)
+        def __missing__(self, name: str) -> bool:
+            self[name] = bool(_resolve(template["Conditions"][name], values, self))
+            return self[name]
+
+    conditions = Conditions()
+    resources = {name: r for name, r in template["Resources"].items()
+                 if "Condition" not in r or conditions[r["Condition"]]}
+    values = _substitutions(template, parameters, resources)
+    return {"parameters": parameters, "template": template, "resources": resources, "values": values,
+            "conditions": conditions}
+
+
+def _sub(node: Any, stack: dict[str, Any]) -> str:
+    rendered = _resolve(node, stack["values"], stack["conditions"])
+    assert isinstance(rendered, str), node
+    return rendered
 
 
 @pytest.fixture(scope="module", params=list(CHOICES), ids=list(CHOICES))
 def stack(request: pytest.FixtureRequest) -> dict[str, Any]:
-    parameters = CHOICES[request.param]
-    template = transformed(parameters)
-    resources = created(parameters)
-    values = _substitutions(template, parameters, resources)
-    return {"parameters": parameters, "template": template, "resources": resources, "values": values}
+    return _stack(CHOICES[request.param])
 
 
 def _dashboard(stack: dict[str, Any]) -> tuple[str, dict]:
     (dashboard,) = of_type(stack["resources"], "AWS::CloudWatch::Dashboard").values()
     props = dashboard["Properties"]
-    return _sub(props["DashboardName"], stack["values"]), json.loads(_sub(props["DashboardBody"], stack["values"]))
+    return _sub(props["DashboardName"], stack), json.loads(_sub(props["DashboardBody"], stack))
 
 
 # -- what the code publishes ---------------------------------------------------------------------------
@@ -219,7 +274,7 @@ def _stack_owns(stack: dict[str, Any], metric: Metric) -> bool:
     if namespace == "AWS/ApiGateway":
         (api,) = of_type(resources, "AWS::ApiGateway::RestApi").values()
         stages = {s["Properties"]["StageName"] for s in of_type(resources, "AWS::ApiGateway::Stage").values()}
-        wanted = {"ApiName": _sub(api["Properties"]["Name"], values)}
+        wanted = {"ApiName": _sub(api["Properties"]["Name"], stack)}
         return dict(dims) in ({**wanted}, *({**wanted, "Stage": stage} for stage in stages))
     return False
 
@@ -285,17 +340,18 @@ def test_alarms_name_published_metrics_and_the_per_queue_ones_name_the_queue(sta
     assert {"DeadTasksAlarm", "OldestPendingAgeAlarm"} <= set(alarms), "the all-queue alarms stay"
     for name, props in alarms.items():
         if "MetricName" in props:
-            metric = (props["Namespace"], props["MetricName"],
-                      tuple(sorted((d["Name"], d["Value"]) for d in props["Dimensions"])))
-            assert metric in published, (name, metric)
+            rendered = _resolve(props, stack["values"], stack["conditions"])
+            metric = (rendered["Namespace"], rendered["MetricName"],
+                      tuple(sorted((d["Name"], d["Value"]) for d in rendered["Dimensions"])))
+            assert metric in published, (name, metric)  # named queues: the scenario's emails and reports
             continue
         (query,) = props["Metrics"]
         namespace, metric_name, dims, group = _query_metric(query["Expression"])
         assert group == ("queue",) and query["ReturnData"] is True, name
         assert "ORDER BY" in query["Expression"], "a multi-time-series alarm needs GROUP BY and ORDER BY"
         assert any((ns, n) == (namespace, metric_name) and tuple(k for k, _ in d) == dims for ns, n, d in published)
-        alarm_name = _sub(props["AlarmName"], stack["values"])
-        description = _sub(props["AlarmDescription"], stack["values"])
+        alarm_name = _sub(props["AlarmName"], stack)
+        description = _sub(props["AlarmDescription"], stack)
         assert alarm_name.startswith(f"{STACK}-rdq-") and alarm_name.endswith("-per-queue"), alarm_name
         assert STACK in description and "queue attribute names the queue" in description, description
         threshold = {"QueueDeadTasksAlarm": "DeadTasksAlarmThreshold",
@@ -304,21 +360,13 @@ def test_alarms_name_published_metrics_and_the_per_queue_ones_name_the_queue(sta
         assert stack["values"][threshold] in description
 
 
-def _api_kwargs(logical_id: str, props: dict, values: dict[str, str]) -> dict[str, Any]:
+def _api_kwargs(logical_id: str, props: dict, stack: dict[str, Any]) -> dict[str, Any]:
     """An alarm resource's properties as the PutMetricAlarm request CloudFormation makes of them
     (an alarm without a name gets a generated one, as CloudFormation gives it)."""
-    topic = values["AlarmTopicArn"]
     kwargs: dict[str, Any] = {"AlarmName": f"{STACK}-{logical_id}-1A2B3C4D5E6F"}
-    for key, value in props.items():
-        if key == "AlarmActions":
-            if topic:
-                kwargs[key] = [topic]
-        elif key == "Threshold":
-            kwargs[key] = float(values[value["Ref"]])
-        elif isinstance(value, dict) and "Fn::Sub" in value:
-            kwargs[key] = _sub(value, values)
-        else:
-            kwargs[key] = value
+    for key, value in _resolve(props, stack["values"], stack["conditions"]).items():
+        if value is not None:
+            kwargs[key] = float(value) if key == "Threshold" else value
     return kwargs
 
 
@@ -333,7 +381,7 @@ def test_the_dashboard_and_alarms_are_accepted_by_the_cloudwatch_api(stack):
         cloudwatch.put_dashboard(DashboardName=name, DashboardBody=json.dumps(body))
         assert json.loads(cloudwatch.get_dashboard(DashboardName=name)["DashboardBody"]) == body
         for logical_id, props in _alarms(stack).items():
-            cloudwatch.put_metric_alarm(**_api_kwargs(logical_id, props, stack["values"]))
+            cloudwatch.put_metric_alarm(**_api_kwargs(logical_id, props, stack))
         described = {a["AlarmName"]: a for a in cloudwatch.describe_alarms()["MetricAlarms"]}
         assert len(described) == len(_alarms(stack))
         per_queue = [a for a in described.values() if a.get("Metrics")]
@@ -343,8 +391,32 @@ def test_the_dashboard_and_alarms_are_accepted_by_the_cloudwatch_api(stack):
             assert alarm["AlarmActions"] == ([stack["values"]["AlarmTopicArn"]] if stack["values"]["AlarmTopicArn"] else [])
 
 
-def test_cfn_lint_without_the_per_queue_alarms(tmp_path):
+@pytest.mark.parametrize("queues, expected", [
+    ("", []),
+    ("emails", ["emails"]),
+    ("emails,reports", ["emails", "reports"]),
+    ("a,b,c,d,e,f", ["a", "b", "c", "d", "e"]),
+], ids=["none", "one", "two", "six-of-which-five"])
+def test_queues_to_alarm_creates_alarms_named_after_each_listed_queue(queues, expected):
+    stack = _stack({"QueuesToAlarm": queues})
+    named = {name: props for name, props in _alarms(stack).items() if name.startswith("QueueAlarm")}
+    assert len(named) == 2 * len(expected)
+    found: dict[str, set[str]] = {}
+    for props in named.values():
+        rendered = _resolve(props, stack["values"], stack["conditions"])
+        queue = dict((d["Name"], d["Value"]) for d in rendered["Dimensions"])["queue"]
+        assert rendered["Dimensions"] == [{"Name": "queue", "Value": queue}, {"Name": "service", "Value": "rdq"}]
+        kind = {"DeadTasks": "dead-tasks", "OldestPendingAge": "oldest-pending-age"}[rendered["MetricName"]]
+        assert rendered["AlarmName"] == f"{STACK}-rdq-queue-{queue}-{kind}"
+        assert f"queue {queue}:" in rendered["AlarmDescription"] and f" {queue}`" in rendered["AlarmDescription"]
+        found.setdefault(queue, set()).add(kind)
+    assert found == {queue: {"dead-tasks", "oldest-pending-age"} for queue in expected}
+
+
+@pytest.mark.parametrize("parameters", [{"PerQueueAlarms": "false"}, {"QueuesToAlarm": "emails,reports"}],
+                         ids=["no-per-queue-alarms", "named-queue-alarms"])
+def test_cfn_lint_on_the_other_alarm_choices(tmp_path, parameters):
     path = tmp_path / "transformed.json"
-    path.write_text(json.dumps(transformed({"PerQueueAlarms": "false"})))
+    path.write_text(json.dumps(transformed(parameters)))
     result = subprocess.run([_tool("cfn-lint"), "--", str(path)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
