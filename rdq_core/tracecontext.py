@@ -32,7 +32,7 @@ import logging
 import re
 import sys
 import threading
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Mapping
 
@@ -323,21 +323,42 @@ def _tracer(trace_api: Any) -> tuple[Any, bool]:
         return tracer, derivable
 
 
-@contextmanager
+#: What ``attempt_span`` returns for an untraced task in a process without OpenTelemetry.
+_UNTRACED: AbstractContextManager[str | None] = nullcontext(None)
+
+
 def attempt_span(*, task_id: str, queue: str, handler: str, attempt: int, redrive_count: int,
-                 headers: Mapping[str, str]) -> Iterator[str | None]:
+                 headers: Mapping[str, str]) -> AbstractContextManager[str | None]:
     """Run one attempt inside its span; yields the ``traceparent`` the handler runs under.
 
     With OpenTelemetry in use: a CONSUMER span ``run <handler>``, child of the stored context (a
     root span when the task carries none), current while the body runs; an exception leaving the
     body is recorded on it. Attempt *n* > 1 of a traced task links to attempt *n - 1*'s span.
-    Without OpenTelemetry: no span; yields the stored ``traceparent`` (or None)."""
+    Without OpenTelemetry: no span; yields the stored ``traceparent`` (or None), and the handler's
+    own enqueues carry it. An untraced task without OpenTelemetry costs a dictionary lookup."""
+    if TRACEPARENT_HEADER not in headers and "opentelemetry.trace" not in sys.modules:
+        return _UNTRACED
+    return _attempt_span(task_id=task_id, queue=queue, handler=handler, attempt=attempt,
+                         redrive_count=redrive_count, headers=headers)
+
+
+@contextmanager
+def _attempt_span(*, task_id: str, queue: str, handler: str, attempt: int, redrive_count: int,
+                  headers: Mapping[str, str]) -> Iterator[str | None]:
     parent, state = stored(headers)
     trace_api = sys.modules.get("opentelemetry.trace")
     if trace_api is None:
         # No span to be current: the handler's own enqueues carry the stored context instead.
-        with use(parent.header if parent is not None else None, state):
+        trace = {}
+        if parent is not None:
+            trace[TRACEPARENT_HEADER] = parent.header
+            if state is not None:
+                trace[TRACESTATE_HEADER] = state
+        token = _explicit.set(trace)
+        try:
             yield parent.header if parent is not None else None
+        finally:
+            _explicit.reset(token)
         return
     try:
         opened = _open_span(trace_api, parent, state, task_id=task_id, queue=queue, handler=handler,

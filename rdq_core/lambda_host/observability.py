@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
@@ -182,8 +182,7 @@ def _with_task_keys(func: Any, handler: str = "") -> Any:
         keys = {"task_id": ctx.task_id, "queue": ctx.queue, "attempt": ctx.attempt}
         logger.thread_safe_append_keys(**keys)
         try:
-            with task_log_keys(**keys), ExitStack() as stack:
-                _xray_subsegment(stack, ctx, handler)
+            with task_log_keys(**keys), _xray_subsegment(ctx, handler):
                 logger.debug("task started", extra={"redrive_count": ctx.redrive_count})
                 return func(payload, ctx)
         finally:
@@ -194,7 +193,7 @@ def _with_task_keys(func: Any, handler: str = "") -> Any:
 
 
 # -- X-Ray: the task's trace id (rdq_core.tracecontext) -------------------------------------------
-def _xray_subsegment(stack: ExitStack, ctx: TaskContext, handler: str) -> None:
+def _xray_subsegment(ctx: TaskContext, handler: str) -> AbstractContextManager[Any]:
     """With tracing on (``EnableTracing``), the handler runs in an X-Ray subsegment ``## rdq
     <handler>`` of the invocation's trace, annotated with the task and, when the task carries a
     trace context, ``rdq_trace_id``: its W3C trace id in X-Ray's spelling, so the X-Ray console
@@ -202,12 +201,17 @@ def _xray_subsegment(stack: ExitStack, ctx: TaskContext, handler: str) -> None:
     invocation: a worker runs many tasks of many traces, so the task's trace cannot be the
     invocation's own. A failure here never fails the task."""
     if isinstance(tracer, _TracingOff):
-        return
+        return _NO_SUBSEGMENT
+    stack = ExitStack()
     try:
         subsegment = stack.enter_context(tracer.provider.in_subsegment(name=f"## rdq {handler or ctx.queue}"))
         annotate_xray(subsegment, ctx)
     except Exception:  # the X-Ray SDK refusing (no segment, a full buffer) is logged, not raised
         logger.debug("could not open the task's X-Ray subsegment", exc_info=True)
+    return stack
+
+
+_NO_SUBSEGMENT: AbstractContextManager[Any] = nullcontext()
 
 
 def annotate_xray(subsegment: Any, ctx: TaskContext) -> None:
