@@ -336,17 +336,26 @@ def cmd_worker(args: argparse.Namespace, url: str) -> int:
             os._exit(EXIT_STOPPED_AT_ONCE)
 
         signals.install(on_signal)
+        # A stop signal that arrived while this process image was replaced (see below) has been
+        # held pending; with the handlers installed it is delivered now and drains as usual.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
         log.info("worker on %s serving %s with handlers %s (batch %d, lease %gs, concurrency %d)",
                  _redact(url), ", ".join(queues) or "every queue", ", ".join(registry.names()),
                  args.batch, args.lease, args.concurrency)
         worker.run_forever()
-    if worker.exit_reason == HANDLER_OVERRAN and not signals.count:
-        # The one way to stop a thread that will not return: replace the process (same PID,
-        # same arguments). Its task's lease is no longer renewed from here on, so it lapses
-        # and is retried; nothing can run it while the old handler still does.
-        log.error("restarting this worker process to stop the overrunning handler")
-        logging.shutdown()
-        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    if worker.exit_reason == HANDLER_OVERRAN:
+        # Stop signals are held from here until the new image has its handlers: one sent in
+        # between stays pending across exec (the blocked mask and pending signals survive it)
+        # instead of being lost here or killing the new image before it can drain.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        if not signals.count:
+            # The one way to stop a thread that will not return: replace the process (same PID,
+            # same arguments). Its task's lease is no longer renewed from here on, so it lapses
+            # and is retried; nothing can run it while the old handler still does.
+            log.error("restarting this worker process to stop the overrunning handler")
+            logging.shutdown()
+            os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     log.info("worker stopped")
     return 0
 
@@ -975,6 +984,9 @@ class _SignalCount:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, handle)
+
+
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 def _stop_on_signals(stop: Any) -> None:
