@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import logging
+import os
 import re
 import sys
 import threading
@@ -139,19 +140,29 @@ def from_xray_header(value: Any) -> TraceParent | None:
     """An ``X-Amzn-Trace-Id`` header (``Root=1-…;Parent=…;Sampled=1``) as a ``traceparent``: the
     root's 8 + 24 hex digits are the 32-digit trace id, ``Parent`` the parent id, ``Sampled=1``
     the sampled flag (anything else: not sampled). Without both ``Root`` and ``Parent``, None."""
-    if not isinstance(value, str) or len(value) > 1024:
-        return None
-    fields: dict[str, str] = {}
-    for part in value.split(";"):
-        key, sep, item = part.strip(" \t").partition("=")
-        if sep:
-            fields.setdefault(key, item)
-    root = _XRAY_ROOT.fullmatch(fields.get("Root", ""))
+    fields = _xray_fields(value)
+    trace_id = _xray_root(fields)
     parent = fields.get("Parent", "").lower()
-    if root is None or not _HEX16.fullmatch(parent):
+    if trace_id is None or not _HEX16.fullmatch(parent):
         return None
     flags = "01" if fields.get("Sampled") == "1" else "00"
-    return parse_traceparent(f"00-{(root.group(1) + root.group(2)).lower()}-{parent}-{flags}")
+    return parse_traceparent(f"00-{trace_id}-{parent}-{flags}")
+
+
+def _xray_fields(value: Any) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    if isinstance(value, str) and len(value) <= 1024:
+        for part in value.split(";"):
+            key, sep, item = part.strip(" \t").partition("=")
+            if sep:
+                fields.setdefault(key, item)
+    return fields
+
+
+def _xray_root(fields: Mapping[str, str]) -> str | None:
+    """The 32-digit trace id of an X-Ray header's ``Root``, or None."""
+    root = _XRAY_ROOT.fullmatch(fields.get("Root", ""))
+    return None if root is None else (root.group(1) + root.group(2)).lower()
 
 
 def xray_trace_id(trace_id: str) -> str:
@@ -244,11 +255,21 @@ def http_headers(trace: Mapping[str, str]) -> dict[str, str]:
 
 def request_headers(header: Callable[[str], str | None]) -> dict[str, str]:
     """What an HTTP enqueue stores, from ``header(name)`` (case-insensitive): ``traceparent`` (with
-    ``tracestate``) when valid, else ``X-Amzn-Trace-Id`` converted, else nothing."""
+    ``tracestate``) when valid, else ``X-Amzn-Trace-Id`` converted (a header with a ``Root`` but no
+    ``Parent`` takes its parent from the function's own ``_X_AMZN_TRACE_ID`` of the same root),
+    else nothing."""
     try:
         found = headers_for(header("traceparent"), header("tracestate")) if header("traceparent") else {}
         if not found:
-            xray = from_xray_header(header("x-amzn-trace-id"))
+            xray_value = header("x-amzn-trace-id")
+            xray = from_xray_header(xray_value)
+            if xray is None:
+                # API Gateway adds a header with a Root only; the API function's own trace header
+                # (``_X_AMZN_TRACE_ID``, set by Lambda for each invocation) has that root and the
+                # function's segment as Parent.
+                own = from_xray_header(os.environ.get("_X_AMZN_TRACE_ID"))
+                root = _xray_root(_xray_fields(xray_value))
+                xray = own if own is not None and root is not None and own.trace_id == root else None
             if xray is not None:
                 found = {TRACEPARENT_HEADER: xray.header}
         return found

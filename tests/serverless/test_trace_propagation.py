@@ -128,6 +128,18 @@ def test_x_ray_trace_header_is_converted_when_there_is_no_traceparent(runs, lamb
     assert task["headers"] == {TRACEPARENT_HEADER: "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01"}
 
 
+def test_api_gateway_root_only_header_takes_its_parent_from_the_functions_own_trace_header(runs, lambda_context, monkeypatch):
+    root = "Root=1-5759e988-bd862e3fe1be46a994272793"
+    monkeypatch.setenv("_X_AMZN_TRACE_ID", f"{root};Parent=1111222233334444;Sampled=0;Lineage=a:1")
+    status, task = enqueue(lambda_context, {"handler": "trace-probe"}, {"X-Amzn-Trace-Id": root})
+    assert status == 201
+    assert task["headers"] == {TRACEPARENT_HEADER: "00-5759e988bd862e3fe1be46a994272793-1111222233334444-00"}
+    # The function's own header belongs to another trace: the request's root alone is no parent.
+    monkeypatch.setenv("_X_AMZN_TRACE_ID", "Root=1-00000001-000000000000000000000001;Parent=1111222233334444;Sampled=1")
+    status, task = enqueue(lambda_context, {"handler": "trace-probe"}, {"X-Amzn-Trace-Id": root})
+    assert status == 201 and task["headers"] == {}
+
+
 @pytest.mark.parametrize("headers", [
     {"traceparent": TRACEPARENT.upper()},
     {"traceparent": f"00-{'0' * 32}-{ENQUEUER_SPAN}-01"},
