@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from . import outcomes, validation
-from .errors import ConfigurationError, InvalidInput, PermanentError, StorageUnavailable
+from .errors import ConfigurationError, InvalidInput, PermanentError, StorageUnavailable, TaskConflict
 from .model import ClaimedTask, NewTask, Outcome, Settlement, Task, TaskStatus
 from .retry import PolicyBook
 
@@ -63,7 +63,9 @@ FINISHED_TAG = ("rdq-finished", "true")
 #: Presigned URLs are valid this long.
 PRESIGN_SECONDS = 900
 
-_KEY = re.compile(r"(payloads|results)/[a-z0-9][a-z0-9._-]{0,119}/[A-Za-z0-9._~/-]{1,300}")
+#: The keys this module issues (``new_key``): nothing else is ever read, written or deleted.
+_KEY = re.compile(r"payloads/[a-z0-9][a-z0-9._-]{0,119}/[0-9a-f]{32}"
+                  r"|results/[a-z0-9][a-z0-9._-]{0,119}/[A-Za-z0-9][A-Za-z0-9._~-]{0,127}/[0-9a-f]{32}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -91,11 +93,11 @@ class PayloadRef:
         """A reference as a caller or the store gives it back; anything else is ``InvalidInput``."""
         if not isinstance(data, Mapping) or set(data) != {"bucket", "key", "size", "sha256"}:
             raise InvalidInput(f"{field} must be an object with exactly bucket, key, size and sha256", field)
-        bucket, key, size, sha256 = data["bucket"], data["key"], data["size"], data["sha256"]
+        bucket, key, size, sha256 = data["bucket"], data["key"], _whole(data["size"]), data["sha256"]
         if not isinstance(bucket, str) or not 0 < len(bucket) <= 255:
             raise InvalidInput(f"{field}.bucket must be a bucket name", field)
-        if not isinstance(key, str) or not _KEY.fullmatch(key) or ".." in key.split("/"):
-            raise InvalidInput(f"{field}.key is not a key this store issued", field)
+        if not isinstance(key, str) or not _KEY.fullmatch(key):
+            raise InvalidInput(f"{field}.key is not a key this store issues", field)
         if type(size) is not int or not 0 <= size <= S3_SINGLE_PUT_BYTES:
             raise InvalidInput(f"{field}.size must be an integer in 0..{S3_SINGLE_PUT_BYTES}", field)
         if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
@@ -109,6 +111,11 @@ class PayloadRef:
         except ValueError:
             raise InvalidInput(f"the {REF_HEADER} header is not JSON", REF_HEADER) from None
         return cls.from_dict(data, REF_HEADER)
+
+
+def _whole(value: Any) -> Any:
+    """JSON does not tell 3 from 3.0 (nor does JSON Schema's "integer")."""
+    return int(value) if type(value) is float and value.is_integer() else value
 
 
 # -- stores ------------------------------------------------------------------------------------
@@ -232,8 +239,8 @@ class LocalPayloadStore(PayloadStore):
         self.root = Path(directory).resolve()
 
     def _path(self, key: str) -> Path:
-        if not _KEY.fullmatch(key) or ".." in key.split("/"):
-            raise InvalidInput("not a key this store issued", "key")
+        if not _KEY.fullmatch(key):
+            raise InvalidInput("not a key this store issues", "key")
         return self.root / key
 
     def write(self, key: str, data: bytes) -> None:
@@ -367,20 +374,21 @@ def with_ref(new_task: NewTask, ref: PayloadRef) -> NewTask:
 
 def checked_upload(store: PayloadStore | None, queue: str, data: Any) -> PayloadRef:
     """A reference an HTTP caller enqueues with: issued for this queue by this store, and the
-    object is there with the size it names (the worker checks the hash)."""
+    object is there with the size it names (the worker checks the hash). A malformed reference is
+    ``InvalidInput``; one that does not match what the store holds is ``TaskConflict`` (409): the
+    request is well formed, the bucket's state does not allow it (yet)."""
     ref = PayloadRef.from_dict(data)
     if store is None:
-        raise InvalidInput("this deployment has no payload bucket; send the payload inline", "payload_ref")
+        raise TaskConflict("this deployment has no payload bucket; send the payload inline")
     if ref.bucket != store.bucket or not ref.key.startswith(f"payloads/{queue}/"):
-        raise InvalidInput(f"payload_ref must name an object issued for queue {queue!r} in this deployment's bucket",
-                           "payload_ref")
+        raise TaskConflict(f"payload_ref must name an object issued for queue {queue!r} in this deployment's bucket")
     if ref.size > max_bytes():
         raise InvalidInput(f"payload_ref.size exceeds the {max_bytes()}-byte maximum", "payload_ref")
     size = store.size_of(ref.key)
     if size is None:
-        raise InvalidInput(f"no object at payload_ref.key {ref.key!r}: upload it first", "payload_ref")
+        raise TaskConflict(f"no object at payload_ref.key {ref.key!r}: upload it first")
     if size != ref.size:
-        raise InvalidInput(f"the object at payload_ref.key holds {size} bytes, not {ref.size}", "payload_ref")
+        raise TaskConflict(f"the object at payload_ref.key holds {size} bytes, not {ref.size}")
     return ref
 
 
@@ -389,6 +397,7 @@ def upload_offer(store: PayloadStore | None, queue: str, size: Any, sha256: Any)
     queue = validation.queue_name(queue)
     if store is None:
         raise InvalidInput("this deployment has no payload bucket; send the payload inline", "size")
+    size = _whole(size)
     if type(size) is not int or not 0 < size <= max_bytes():
         raise InvalidInput(f"size must be an integer in 1..{max_bytes()}", "size")
     if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):

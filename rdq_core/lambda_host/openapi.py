@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable
 
-from .. import validation
+from .. import payloads, validation
 from ..validation import Limits
 from ..schedules import SCHEDULE_NAME
 
@@ -111,6 +111,9 @@ def _schemas() -> dict[str, Any]:
             "description": "an optional field sent as null counts as absent",
             "not": {"required": ["delay_seconds", "run_at"], "description": "delay_seconds or run_at, not both",
                     "properties": {"delay_seconds": {"type": "number"}, "run_at": {"type": "string"}}},
+            # large payloads: a payload_ref stands for the payload, so the payload is then null or absent
+            "if": {"required": ["payload_ref"], "properties": {"payload_ref": {"type": "object"}}},
+            "then": {"properties": {"payload": {"type": "null"}}},
             "properties": {
                 "handler": name,
                 "payload": {"$ref": "#/components/schemas/JsonValue"},
@@ -259,13 +262,13 @@ def _schemas() -> dict[str, Any]:
             "type": "object", "additionalProperties": False, "required": ["bucket", "key", "size", "sha256"],
             "description": "an object in the payload store, as POST /v1/queues/{queue}/payloads issued it",
             "properties": {"bucket": {"type": "string", "minLength": 1, "maxLength": 255},
-                           "key": {"type": "string", "pattern": "^payloads/[a-z0-9][a-z0-9._-]{0,119}/[A-Za-z0-9._~/-]{1,300}$"},
-                           "size": {"type": "integer", "minimum": 0},
+                           "key": {"type": "string", "pattern": "^payloads/[a-z0-9][a-z0-9._-]{0,119}/[0-9a-f]{32}$"},
+                           "size": {"type": "integer", "minimum": 0, "maximum": payloads.max_bytes()},
                            "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
         },
         "PayloadUploadRequest": {
             "type": "object", "additionalProperties": False, "required": ["size", "sha256"],
-            "properties": {"size": {"type": "integer", "minimum": 1,
+            "properties": {"size": {"type": "integer", "minimum": 1, "maximum": payloads.max_bytes(),
                                     "description": "bytes of the payload's JSON (UTF-8); at most RDQ_PAYLOAD_MAX_BYTES"},
                            "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
         },

@@ -424,7 +424,8 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/queues/{queue}/tasks:batch", "enqueueBatch", enqueue_batch,
           f"Enqueue up to {Limits.batch_items} tasks in one storage round trip",
           responses=((200, "per-item results", "BatchResult"),),
-          problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS), request_schema="BatchRequest"),
+          # 409: a payload_ref whose object is not (yet) in the payload bucket as it says
+          problems=(*BODY_PROBLEMS, 409, *COMMON_PROBLEMS), request_schema="BatchRequest"),
     Route("GET", "/v1/tasks/{task_id}", "getTask", get_task, "A task with its attempt history and result",
           responses=((200, "the task", "Task"),), problems=(404, 422, *COMMON_PROBLEMS)),
     Route("DELETE", "/v1/tasks/{task_id}", "cancelTask", cancel_task, "Cancel a PENDING task",

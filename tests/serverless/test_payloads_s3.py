@@ -184,18 +184,21 @@ def test_the_api_checks_a_payload_ref_before_enqueueing_it(client, s3, lambda_co
     ref = offer["payload_ref"]
     assert ref["key"].startswith("payloads/emails/") and ref["size"] == len(data)
 
-    # Not uploaded yet: refused.
+    # Not uploaded yet: a conflict with the bucket's state (409), not a malformed request.
     status, problem = _api("POST", "/v1/queues/emails/tasks", {"handler": "digest", "payload_ref": ref}, lambda_context)
-    assert status == 422 and "upload it first" in problem["detail"]
+    assert status == 409 and "upload it first" in problem["detail"]
     s3.put_object(Bucket=BUCKET, Key=ref["key"], Body=data[:-1])
     status, problem = _api("POST", "/v1/queues/emails/tasks", {"handler": "digest", "payload_ref": ref}, lambda_context)
-    assert status == 422 and f"not {len(data)}" in problem["detail"]
-    # Another queue's object, or a key this store never issued: refused.
+    assert status == 409 and f"not {len(data)}" in problem["detail"]
+    # Another queue's object (409), or a key this store never issues (422): refused.
     status, _ = _api("POST", "/v1/queues/other/tasks", {"handler": "digest", "payload_ref": ref}, lambda_context)
-    assert status == 422
+    assert status == 409
     status, _ = _api("POST", "/v1/queues/emails/tasks",
                      {"handler": "digest", "payload_ref": {**ref, "key": "payloads/emails/../x"}}, lambda_context)
     assert status == 422
+    status, problem = _api("POST", "/v1/queues/emails/tasks",
+                           {"handler": "digest", "payload_ref": ref, "payload": {"also": 1}}, lambda_context)
+    assert status == 422 and "not both" in problem["detail"]
 
     s3.put_object(Bucket=BUCKET, Key=ref["key"], Body=data)
     status, task = _api("POST", "/v1/queues/emails/tasks", {"handler": "digest", "payload_ref": ref, "id": "by-ref"},
