@@ -38,7 +38,8 @@ CHOICES = {
                               "EnableTracing": "true"},
     "bundled-redis-alarm-topic": {"Packaging": "bundled", "StorageBackend": "redis",
                                   "AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops"},
-    "named-queue-alarms": {"QueuesToAlarm": "emails,reports", "AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops"},
+    "named-queue-alarms": {"AlarmQueue1": "emails", "AlarmQueue3": "reports",
+                           "AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops"},
 }
 
 #: What Ref / GetAtt would answer for the stack's own resources (the physical names CloudFormation
@@ -391,29 +392,62 @@ def test_the_dashboard_and_alarms_are_accepted_by_the_cloudwatch_api(stack):
             assert alarm["AlarmActions"] == ([stack["values"]["AlarmTopicArn"]] if stack["values"]["AlarmTopicArn"] else [])
 
 
-@pytest.mark.parametrize("queues, expected", [
-    ("", []),
-    ("emails", ["emails"]),
-    ("emails,reports", ["emails", "reports"]),
-    ("a,b,c,d,e,f", ["a", "b", "c", "d", "e"]),
-], ids=["none", "one", "two", "six-of-which-five"])
-def test_queues_to_alarm_creates_alarms_named_after_each_listed_queue(queues, expected):
-    stack = _stack({"QueuesToAlarm": queues})
+@pytest.mark.parametrize("queues", [
+    {},
+    {"AlarmQueue1": "emails"},
+    {"AlarmQueue2": "emails", "AlarmQueue5": "reports.eu-west_1"},
+    {f"AlarmQueue{n}": f"q{n}" for n in range(1, 6)},
+], ids=["none", "one", "two-with-gaps", "all-five"])
+def test_alarm_queue_parameters_create_alarms_named_after_each_queue(queues):
+    stack = _stack(queues)
     named = {name: props for name, props in _alarms(stack).items() if name.startswith("QueueAlarm")}
-    assert len(named) == 2 * len(expected)
+    assert len(named) == 2 * len(queues)
     found: dict[str, set[str]] = {}
-    for props in named.values():
+    for name, props in named.items():
         rendered = _resolve(props, stack["values"], stack["conditions"])
-        queue = dict((d["Name"], d["Value"]) for d in rendered["Dimensions"])["queue"]
+        queue = queues[f"AlarmQueue{name[len('QueueAlarm')]}"]
         assert rendered["Dimensions"] == [{"Name": "queue", "Value": queue}, {"Name": "service", "Value": "rdq"}]
         kind = {"DeadTasks": "dead-tasks", "OldestPendingAge": "oldest-pending-age"}[rendered["MetricName"]]
         assert rendered["AlarmName"] == f"{STACK}-rdq-queue-{queue}-{kind}"
         assert f"queue {queue}:" in rendered["AlarmDescription"] and f" {queue}`" in rendered["AlarmDescription"]
         found.setdefault(queue, set()).add(kind)
-    assert found == {queue: {"dead-tasks", "oldest-pending-age"} for queue in expected}
+    assert found == {queue: {"dead-tasks", "oldest-pending-age"} for queue in queues.values()}
 
 
-@pytest.mark.parametrize("parameters", [{"PerQueueAlarms": "false"}, {"QueuesToAlarm": "emails,reports"}],
+def test_the_alarm_queue_parameters_take_only_queue_names():
+    from rdq_core.validation import QUEUE_NAME
+
+    parameters = transformed()["Parameters"]
+    for n in range(1, 6):
+        declared = parameters[f"AlarmQueue{n}"]
+        assert declared["Default"] == "" and declared["Type"] == "String"
+        pattern = re.compile(declared["AllowedPattern"])
+        for candidate in ("", "emails", "reports.eu-west_1", "Emails", "a b", "a,b", "-x", "x" * 121):
+            assert bool(pattern.fullmatch(candidate)) == (candidate == "" or bool(QUEUE_NAME.fullmatch(candidate))), \
+                candidate
+
+
+#: What LocalStack 2.3.2's condition evaluator (the LocalStack suite deploys this template) accepts.
+LOCALSTACK_CONDITION_FUNCTIONS = {"Ref", "Condition", "Fn::FindInMap", "Fn::If", "Fn::Not", "Fn::And", "Fn::Or",
+                                  "Fn::Equals", "Fn::Join", "Fn::Sub"}
+
+
+def test_every_condition_uses_only_functions_localstack_evaluates():
+    def functions(node: Any) -> Iterator[str]:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                yield key
+                yield from functions(value)
+        elif isinstance(node, list):
+            for item in node:
+                yield from functions(item)
+
+    for name, condition in transformed()["Conditions"].items():
+        used = set(functions(condition))
+        assert used <= LOCALSTACK_CONDITION_FUNCTIONS, (name, used - LOCALSTACK_CONDITION_FUNCTIONS)
+
+
+@pytest.mark.parametrize("parameters", [{"PerQueueAlarms": "false"}, {"AlarmQueue1": "emails", "AlarmQueue3": "reports"}],
                          ids=["no-per-queue-alarms", "named-queue-alarms"])
 def test_cfn_lint_on_the_other_alarm_choices(tmp_path, parameters):
     path = tmp_path / "transformed.json"
