@@ -30,7 +30,9 @@ REPO = Path(__file__).resolve().parents[2]
 QUEUE = "poison"
 POISON_ATTEMPTS = 3
 NEIGHBOURS = 4
-LEASE = 1.0
+# Two seconds: with one, a busy two-core machine could delay a heartbeat past the expiry while the
+# memory poison allocates, and an attempt read LEASE_EXPIRED instead of the handler's MemoryError.
+LEASE = 2.0
 WORKER_ADDRESS_SPACE = 1024 ** 3
 POLICIES = {QUEUE: {"max_attempts": POISON_ATTEMPTS, "backoff": {"initial_seconds": 0.05, "max_seconds": 0.2, "jitter": 0}}}
 
@@ -121,7 +123,7 @@ def test_poison_task_is_retried_then_dead_and_its_batch_neighbours_succeed(poiso
             ids = [poison_id, *neighbour_ids]
             return all(store.get(i).status in (TaskStatus.DEAD, TaskStatus.SUCCEEDED) for i in ids)
 
-        wait_until(settled, timeout=30, interval=0.05, what=f"the {poison} poison to go DEAD and its neighbours to succeed")
+        wait_until(settled, timeout=60, interval=0.05, what=f"the {poison} poison to go DEAD and its neighbours to succeed")
         still_running = worker.process.poll() is None
         exit_code = worker.stop()
     finally:
