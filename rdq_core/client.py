@@ -329,12 +329,7 @@ class Client:
         for page in pages:
             if not page:
                 break
-            count = self.storage.purge_dead(queue, DeadFilter(ids=tuple(t.id for t in page)))
-            total += count
-            with_objects = [t for t in page if payload_objects.object_refs([t])]
-            if count < len(page):  # some left the DLQ meanwhile (redriven): keep their objects
-                with_objects = [t for t in with_objects if self.storage.get(t.id) is None]
-            payload_objects.delete_objects(store, payload_objects.object_refs(with_objects))
+            total += payload_objects.purge_dead_tasks(self.storage, queue, page, store)
         self._audit("purge", queue, selection.described(all), total)
         return total
 

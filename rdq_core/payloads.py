@@ -41,8 +41,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from . import outcomes, validation
 from .errors import ConfigurationError, InvalidInput, PermanentError, StorageUnavailable, TaskConflict
-from .model import ClaimedTask, NewTask, Outcome, Settlement, Task, TaskStatus
+from .model import ClaimedTask, NewTask, Outcome, Settlement, Task, TaskFilter, TaskStatus
 from .retry import PolicyBook
+from .storage.spi import Storage
 
 log = logging.getLogger("rdq.payloads")
 
@@ -552,3 +553,18 @@ def handler_outcome(item: ClaimedTask, result: Any, policies: PolicyBook) -> Set
     if settlement.status is TaskStatus.SUCCEEDED and REF_HEADER in task.headers:
         finished(task)
     return settlement
+
+
+def purge_dead_tasks(storage: Storage, queue: str, tasks: Sequence[Task], store: PayloadStore | None = None) -> int:
+    """Purge exactly ``tasks`` (those still DEAD; ``tasks`` as read just before, e.g. one page of
+    ``list_dead`` or ``list_tasks``) and delete the payload and result objects of the ones that are
+    gone. A task redriven in between keeps its objects. The count the store purged."""
+    if not tasks:
+        return 0
+    store = store if store is not None else default_store()
+    count = storage.purge_dead(queue, TaskFilter(ids=tuple(t.id for t in tasks)))
+    with_objects = [t for t in tasks if object_refs([t])]
+    if with_objects and count < len(tasks):  # some left the DLQ meanwhile: keep their objects
+        with_objects = [t for t in with_objects if storage.get(t.id) is None]
+    delete_objects(store, object_refs(with_objects))
+    return count
