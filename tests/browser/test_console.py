@@ -181,6 +181,22 @@ def test_pending_tasks_are_cancelled_by_handler_after_the_dry_run_count(page: Pa
     expect(rows.first.locator("td").first).to_have_text("CANCELLED")  # the list reloaded
 
 
+def test_a_bulk_cancel_too_large_for_one_request_is_followed_as_an_operation(page: Page) -> None:
+    queue = fresh_queue("bulk")
+    for _ in range(3):  # 1,200 pending tasks: more than the API acts on inline
+        call(page.base_url, "POST", f"/v1/queues/{queue}/tasks:batch",
+             {"tasks": [{"handler": "console.ok", "delay_seconds": 3600} for _ in range(400)]})
+    p = page.open(f"/queues/{queue}/tasks")
+    p.get_by_role("button", name="Cancel pending…").click()
+    dialog = p.locator("#confirm-dialog")
+    expect(dialog).to_contain_text("1200 task(s) match")
+    dialog.get_by_role("button", name="Cancel 1200").click()
+    expect(p.get_by_role("status")).to_contain_text("Cancelled: 1200 task(s).", timeout=WAIT_MS * 2)
+    status, operations = call(page.base_url, "GET", f"/v1/operations?queue={queue}")
+    assert status == 200 and [(o["action"], o["status"], o["done"]) for o in operations["operations"]] == [
+        ("cancel", "SUCCEEDED", 1200)]
+
+
 def test_the_task_list_pages_by_cursor(page: Page) -> None:
     queue = fresh_queue("pages")
     batch = {"tasks": [{"handler": "console.ok", "delay_seconds": 3600, "payload": {"n": n}} for n in range(55)]}

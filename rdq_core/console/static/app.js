@@ -250,7 +250,23 @@
     }
     if (!await confirmDialog(title, describe(dry.matched), `${okVerb} ${dry.matched}`, danger)) return null;
     const done = await api('POST', path, body);
+    if (done && done.operation) return followOperation(done.operation);
     return done[resultKey];
+  }
+
+  // A selection too large for one request (or a rate-limited one) runs as a background
+  // operation: the API answers 202 with it. Show its progress until it is finished.
+  async function followOperation(operation) {
+    let current = operation;
+    while (current.status === 'RUNNING') {
+      say(`Operation ${current.id}: ${current.action} in progress, ${current.done} of ${current.matched} done…`);
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+      current = await api('GET', `v1/operations/${seg(current.id)}`);
+    }
+    if (current.status !== 'SUCCEEDED') {
+      say(`Operation ${current.id} was ${current.status.toLowerCase()} after ${current.done} of ${current.matched}.`);
+    }
+    return current.done;
   }
 
   // -- routing -----------------------------------------------------------------------------
