@@ -284,6 +284,8 @@ def test_every_parameter_choice_creates_one_dashboard_named_after_the_stack(stac
     name, body = _dashboard(stack)
     assert name == f"{STACK}-{REGION}", "dashboards are global to an account: the region keeps two stacks apart"
     assert stack["template"]["Outputs"]["DashboardName"]["Value"] == {"Ref": "RdqDashboard"}
+    worker_name = stack["resources"]["WorkerFunction"]["Properties"]["FunctionName"]
+    assert _sub(worker_name, stack) == PHYSICAL["WorkerFunction"], "the worker's name is the template's own"
     widgets = body["widgets"]
     assert all(w["x"] + w["width"] <= 24 for w in widgets), "the grid is 24 columns wide"
     cells = [(w["x"] + dx, w["y"] + dy) for w in widgets for dx in range(w["width"]) for dy in range(w["height"])]
