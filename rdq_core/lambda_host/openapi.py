@@ -66,6 +66,18 @@ _QUERY_PARAMS = {
               "schema": {"type": "string", "pattern": f"^({validation.QUEUE_NAME.pattern})?$"}},
 }
 
+# -- trace context (rdq_core.tracecontext): the request headers an enqueue reads ----------------
+_TRACED_OPERATIONS = {"enqueueTask", "enqueueBatch"}
+_TRACE_HEADERS = [
+    {"name": "traceparent", "in": "header", "schema": {"type": "string"},
+     "description": "W3C Trace Context: stored with the task(s) as rdq.traceparent and restored in the worker; "
+                    "an invalid value is dropped, never refused"},
+    {"name": "tracestate", "in": "header", "schema": {"type": "string"},
+     "description": "W3C Trace Context, kept with a valid traceparent; an invalid value is dropped"},
+    {"name": "X-Amzn-Trace-Id", "in": "header", "schema": {"type": "string"},
+     "description": "X-Ray trace header, converted to a traceparent when no valid traceparent is sent"},
+]
+
 
 def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "type": [schema["type"], "null"]}
@@ -327,6 +339,8 @@ def _schedule_schemas() -> dict[str, Any]:
 def _operation(route: Route) -> dict[str, Any]:
     operation: dict[str, Any] = {"operationId": route.operation_id, "summary": route.summary}
     parameters = [_PATH_PARAMS[name] for name in route.path_parameters] + [_QUERY_PARAMS[name] for name in route.query]
+    if route.operation_id in _TRACED_OPERATIONS:  # trace context (rdq_core.tracecontext)
+        parameters += _TRACE_HEADERS
     if parameters:
         operation["parameters"] = parameters
     if route.request_schema is not None:

@@ -10,12 +10,14 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from rdq_core import Client
+from rdq_core import Client, tracecontext
 from rdq_core.handlers import TaskContext
 from rdq_core.lambda_host import connection, observability, worker
 from rdq_core.validation import TRACEPARENT_HEADER, TRACESTATE_HEADER
@@ -157,6 +159,24 @@ def test_invalid_trace_headers_are_dropped_and_the_enqueue_succeeds(runs, lambda
     assert status == 200 and batch["created"] == 1
     stored = Client(connection.shared_storage()).get(batch["results"][0]["id"])
     assert stored.headers == {}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
+@given(traceparent=st.one_of(st.none(), st.text(max_size=80), st.from_regex(r"[0-9a-f-]{50,60}", fullmatch=True)),
+       tracestate=st.one_of(st.none(), st.text(max_size=80)),
+       xray=st.one_of(st.none(), st.text(max_size=80)))
+def test_any_trace_header_values_never_fail_an_enqueue_and_only_valid_ones_are_stored(
+        store_url, lambda_context, traceparent, tracestate, xray):
+    headers = {name: value for name, value in
+               (("traceparent", traceparent), ("tracestate", tracestate), ("X-Amzn-Trace-Id", xray)) if value is not None}
+    status, task = enqueue(lambda_context, {"handler": "trace-probe"}, headers)
+    assert status == 201
+    stored = {k: v for k, v in task["headers"].items() if k.startswith("rdq.")}
+    assert set(stored) <= {TRACEPARENT_HEADER, TRACESTATE_HEADER}
+    if stored:
+        assert tracecontext.parse_traceparent(stored[TRACEPARENT_HEADER]).header == stored[TRACEPARENT_HEADER]
+        if TRACESTATE_HEADER in stored:
+            assert tracecontext.clean_tracestate(stored[TRACESTATE_HEADER]) == stored[TRACESTATE_HEADER]
 
 
 def test_batch_enqueue_stamps_every_task_and_body_headers_cannot_forge_the_reserved_name(runs, lambda_context):
