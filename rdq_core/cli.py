@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 from urllib.parse import urlsplit
 
-from .client import Client, build_new_task
+from .client import Client
 from .console import server as console_server
 from .http_client import ApiKey, Auth, BearerToken, HttpClient, SigV4
 from .errors import (
@@ -399,7 +399,7 @@ def cmd_enqueue(args: argparse.Namespace, url: str) -> int:
     item = {"handler": args.handler, "payload": payload, "id": args.id, "delay_seconds": args.delay,
             "max_attempts": args.max_attempts}
     with _client(args, url) as client:
-        result = client.enqueue_new(build_new_task(args.queue, item))
+        result = client.enqueue_item(args.queue, item)  # a payload over the threshold goes to the payload store
     task = result.task
     if args.json:
         _print_json({**task.to_dict(), "created": result.created})

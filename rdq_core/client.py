@@ -269,6 +269,18 @@ class Client:
             return payload_objects.default_store()
         return store or None
 
+    def enqueue_item(self, queue: str, item: Mapping[str, Any], *, connection: Any = None) -> EnqueueResult:
+        """One task from its fields (those ``build_new_task`` takes), a payload over the threshold
+        written to the payload store first; the ``EnqueueResult`` (``created`` False for a repeat)."""
+        (new_task,), uploaded = self._offloaded(queue, [item], single=True)
+        try:
+            result = self.enqueue_new(new_task, connection=connection)
+        except BaseException:
+            self._forget_uploads(uploaded)
+            raise
+        self._forget_uploads(uploaded, [result])
+        return result
+
     def _offloaded(self, queue: str, items: Sequence[Mapping[str, Any]], *, single: bool = False
                    ) -> tuple[list[NewTask], list[payload_objects.PayloadRef | None]]:
         """Validate ``items`` (payloads over the threshold as null), then write those payloads to

@@ -443,6 +443,14 @@ class HttpClient:
             time.sleep(poll)
 
     # -- large payloads (rdq_core/payloads.py) -----------------------------------------------
+    def enqueue_item(self, queue: str, item: Mapping[str, Any], *, connection: Any = None) -> EnqueueResult:
+        """``Client.enqueue_item`` over HTTP: one task from its fields, a large payload uploaded first."""
+        _no_connection(connection)
+        body = self._offloaded(queue, _task_body(item))
+        response = self._call("POST", f"/v1/queues/{_segment(queue)}/tasks", IDEMPOTENT, body=body)
+        answer = response.json()
+        return EnqueueResult(task=Task.from_dict(answer), created=bool(answer.get("created", response.status == 201)))
+
     def _offloaded(self, queue: str, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` with a payload over the threshold uploaded through a presigned URL and replaced
         by its ``payload_ref``. An API without a payload bucket gets the payload inline."""

@@ -207,3 +207,22 @@ def test_purge_by_filter_deletes_only_the_matching_dead_tasks_objects(storage, c
     remaining = _files(store)
     assert len(remaining) == 1 and remaining[0] == payloads.payload_ref(client.get("k0")).key
     assert client.purge_dead("q", all=True) == 1 and _files(store) == []
+
+
+def test_rdq_enqueue_sends_a_large_payload_file_through_the_store(tmp_path, store, capsys):
+    from rdq_core import cli
+
+    payload_file = tmp_path / "big.json"
+    payload_file.write_text(json.dumps({"t": "x" * 300_000}))
+    url = f"sqlite:///{tmp_path}/cli.db"
+    assert cli.main(["--storage", url, "migrate"]) == 0
+    capsys.readouterr()
+    assert cli.main(["--storage", url, "enqueue", "q", "h", "--payload", f"@{payload_file}", "--id", "from-cli",
+                     "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["created"] is True and shown["payload"] is None
+    ref = PayloadRef.from_header(shown["headers"]["rdq.payload_ref"])
+    assert _files(store) == [ref.key]
+    # Repeating it enqueues nothing and leaves no second object behind.
+    assert cli.main(["--storage", url, "enqueue", "q", "h", "--payload", f"@{payload_file}", "--id", "from-cli"]) == 0
+    assert _files(store) == [ref.key]
