@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 from urllib.parse import urlsplit
 
+from . import tracecontext
 from .client import Client
 from .console import server as console_server
 from .http_client import ApiKey, Auth, BearerToken, HttpClient, SigV4
@@ -135,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.add_argument("--delay", type=float, help="seconds before the task is due")
     enqueue.add_argument("--max-attempts", type=int)
     enqueue.add_argument("--json", action="store_true")
+    enqueue.add_argument("--traceparent", help="W3C trace context the task continues (default: $TRACEPARENT)")
+    enqueue.add_argument("--tracestate", help="W3C tracestate with it (default: $TRACESTATE)")
 
     stats = commands.add_parser("stats", help="queue depth and age")
     stats.add_argument("queue")
@@ -398,7 +401,7 @@ def cmd_enqueue(args: argparse.Namespace, url: str) -> int:
     payload = _read_payload(args.payload)
     item = {"handler": args.handler, "payload": payload, "id": args.id, "delay_seconds": args.delay,
             "max_attempts": args.max_attempts}
-    with _client(args, url) as client:
+    with _client(args, url) as client, _trace_context(args):
         result = client.enqueue_item(args.queue, item)  # a payload over the threshold goes to the payload store
     task = result.task
     if args.json:
@@ -408,6 +411,18 @@ def cmd_enqueue(args: argparse.Namespace, url: str) -> int:
     else:
         _say(f"{task.id} already existed ({task.status.value}, handler {task.handler}); nothing was enqueued")
     return 0
+
+
+def _trace_context(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
+    """``rdq enqueue``'s trace context: ``--traceparent``, else ``$TRACEPARENT`` (the variables
+    OpenTelemetry names for passing a trace to a process); an invalid one is dropped, with a note."""
+    traceparent = args.traceparent if args.traceparent is not None else os.environ.get("TRACEPARENT")
+    tracestate = args.tracestate if args.tracestate is not None else os.environ.get("TRACESTATE")
+    if not traceparent:
+        return contextlib.nullcontext()
+    if tracecontext.parse_traceparent(traceparent) is None:
+        _say("rdq: note: the traceparent is not a valid W3C traceparent; the task is enqueued without it", file=sys.stderr)
+    return tracecontext.use(traceparent, tracestate)
 
 
 def cmd_stats(args: argparse.Namespace, url: str) -> int:

@@ -273,6 +273,7 @@ class Client:
         """One task from its fields (those ``build_new_task`` takes), a payload over the threshold
         written to the payload store first; the ``EnqueueResult`` (``created`` False for a repeat)."""
         (new_task,), uploaded = self._offloaded(queue, [item], single=True)
+        (new_task,) = tracecontext.stamped([new_task], tracecontext.enqueue_headers())  # as enqueue chooses it
         try:
             result = self.enqueue_new(new_task, connection=connection)
         except BaseException:

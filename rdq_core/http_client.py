@@ -447,7 +447,8 @@ class HttpClient:
         """``Client.enqueue_item`` over HTTP: one task from its fields, a large payload uploaded first."""
         _no_connection(connection)
         body = self._offloaded(queue, _task_body(item))
-        response = self._call("POST", f"/v1/queues/{_segment(queue)}/tasks", IDEMPOTENT, body=body)
+        trace = tracecontext.http_headers(tracecontext.enqueue_headers())  # as enqueue chooses it
+        response = self._call("POST", f"/v1/queues/{_segment(queue)}/tasks", IDEMPOTENT, body=body, headers=trace)
         answer = response.json()
         return EnqueueResult(task=Task.from_dict(answer), created=bool(answer.get("created", response.status == 201)))
 

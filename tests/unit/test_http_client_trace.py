@@ -83,3 +83,12 @@ def test_an_invalid_explicit_traceparent_is_dropped_and_the_enqueue_succeeds(rdq
     assert task.headers == {}
     assert result_of(rdq, task.id) == {"traceparent": None, "tracestate": None}
 
+
+
+def test_enqueue_item_carries_the_context_of_a_use_block(rdq):
+    from rdq_core import tracecontext
+
+    queue = f"trace{os.getpid()}e"
+    with tracecontext.use(TRACEPARENT, "a=1"):
+        result = rdq.enqueue_item(queue, {"handler": "echo-trace", "id": f"{queue}-1"})
+    assert result.task.headers == {TRACEPARENT_HEADER: TRACEPARENT, TRACESTATE_HEADER: "a=1"}

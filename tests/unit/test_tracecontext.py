@@ -165,3 +165,9 @@ def test_attempt_span_ids_are_stable_distinct_and_never_zero():
     ids = {tracecontext.attempt_span_id(TRACE_ID, "t", r, a) for r in range(3) for a in range(1, 6)}
     assert len(ids) == 15 and 0 not in ids
     assert tracecontext.attempt_span_id(TRACE_ID, "t", 0, 2) == tracecontext.attempt_span_id(TRACE_ID, "t", 0, 2)
+
+
+def test_enqueue_item_carries_the_trace_context_as_enqueue_does(client):
+    with tracecontext.use(VALID):
+        result = client.enqueue_item("q", {"handler": "h", "id": "item"})
+    assert result.task.headers == {TRACEPARENT_HEADER: VALID}
