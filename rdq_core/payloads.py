@@ -423,12 +423,14 @@ def result_ref(result: Any) -> PayloadRef | None:
 
 def fetch(store: PayloadStore | None, ref: PayloadRef, what: str) -> Any:
     """The value ``ref`` names, checked against its size and SHA-256."""
+    # A process set up without the store is fixed by configuring it: a retryable failure (the
+    # task's retries outlast the fix), never a dead letter on the first try.
     if store is None:
-        raise PayloadIntegrityError(f"the {what} is stored at {ref.bucket}/{ref.key}, but this process has no payload "
-                                    "store (set RDQ_PAYLOAD_BUCKET or RDQ_PAYLOAD_DIR)")
+        raise ConfigurationError(f"the {what} is stored at {ref.bucket}/{ref.key}, but this process has no payload "
+                                 "store (set RDQ_PAYLOAD_BUCKET or RDQ_PAYLOAD_DIR)")
     if ref.bucket != store.bucket:
-        raise PayloadIntegrityError(f"the {what} is stored in bucket {ref.bucket!r}, not in this process's "
-                                    f"{store.bucket!r}")
+        raise ConfigurationError(f"the {what} is stored in bucket {ref.bucket!r}, not in this process's "
+                                 f"{store.bucket!r}")
     data = store.read(ref.key)
     if data is None:
         raise PayloadIntegrityError(f"the {what} object {ref.bucket}/{ref.key} does not exist (deleted, or never "

@@ -226,3 +226,14 @@ def test_rdq_enqueue_sends_a_large_payload_file_through_the_store(tmp_path, stor
     # Repeating it enqueues nothing and leaves no second object behind.
     assert cli.main(["--storage", url, "enqueue", "q", "h", "--payload", f"@{payload_file}", "--id", "from-cli"]) == 0
     assert _files(store) == [ref.key]
+
+
+def test_a_worker_without_the_store_fails_the_attempt_but_does_not_dead_letter(storage, client, store):
+    client.enqueue("q", "h", {"t": "x" * 300_000}, id="needs-store", max_attempts=3)
+    payloads.configure(None)  # this worker process was started without RDQ_PAYLOAD_BUCKET/DIR
+    registry = HandlerRegistry()
+    registry.register("h", lambda payload, ctx: pytest.fail("the handler must not run without its payload"))
+    _run(storage, registry, lambda: storage.get("needs-store").attempt_count >= 1)
+    task = storage.get("needs-store")
+    assert task.status is TaskStatus.PENDING and task.last_error.type == "rdq_core.errors.ConfigurationError"
+    assert "RDQ_PAYLOAD_BUCKET" in task.last_error.message
