@@ -40,7 +40,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -123,6 +123,37 @@ _DAYS = {name: n for n, name in enumerate(("SUN", "MON", "TUE", "WED", "THU", "F
 _MIN_YEAR, _MAX_YEAR = 1970, 2199
 
 
+def _either(*options: str) -> str:
+    return "(?:" + "|".join(options) + ")"
+
+
+def _list(value: str, step: str, *specials: str) -> str:
+    item = _either(_either(r"\*", f"{value}(?:-{value})?") + f"(?:/{step})?", *specials)
+    return f"{item}(?:,{item})*"
+
+
+_MINUTE, _HOUR = r"[0-5]?[0-9]", _either("[01]?[0-9]", "2[0-3]")
+_DAY = _either("0?[1-9]", "[12][0-9]", "3[01]")
+_MONTH = _either("0?[1-9]", "1[0-2]", *_MONTHS)
+_WEEKDAY = _either("[1-7]", *_DAYS)
+_YEAR = _either("19[7-9][0-9]", "2[01][0-9]{2}")
+#: The exact grammar of an EventBridge Scheduler schedule expression (and of the OpenAPI
+#: document's ``expression`` pattern): everything it matches parses, nothing else does.
+CRON_PATTERN = (
+    r"cron\(" + _list(_MINUTE, _either("[1-9]", "[1-5][0-9]")) + " " + _list(_HOUR, _either("[1-9]", "1[0-9]", "2[0-3]"))
+    + " " + _either(
+        _list(_DAY, _either("[1-9]", "[12][0-9]", "3[01]"), "L", "LW", _DAY + "W") + " "
+        + _list(_MONTH, _either("[1-9]", "1[0-2]")) + r" \?",
+        r"\? " + _list(_MONTH, _either("[1-9]", "1[0-2]")) + " "
+        + _list(_WEEKDAY, "[1-7]", "L", _WEEKDAY + "L", _WEEKDAY + "#[1-5]"))
+    + " " + _list(_YEAR, "[1-9][0-9]{0,2}") + r"\)"
+)
+_RATE_VALUE = r"(?:1 {unit}|(?:[2-9]|[1-9][0-9]{{1,5}}) {unit}s)"
+RATE_PATTERN = r"rate\(" + _either(*(_RATE_VALUE.format(unit=u) for u in ("minute", "hour", "day"))) + r"\)"
+RATE_SECONDS_PATTERN = r"rate\(" + _either(*(_RATE_VALUE.format(unit=u) for u in ("second", "minute", "hour", "day"))) + r"\)"
+EXPRESSION_PATTERN = _either(RATE_PATTERN, CRON_PATTERN)
+
+
 def _cron_weekday(day: date) -> int:
     return (day.weekday() + 1) % 7 + 1  # Monday (0) -> 2, Sunday (6) -> 1
 
@@ -151,8 +182,9 @@ def _values(spec: str, low: int, high: int, what: str, names: Mapping[str, int] 
         elif "-" in base:
             first, _, last = base.partition("-")
             start, end = _number(first, low, high, names or {}, what), _number(last, low, high, names or {}, what)
-            if start > end:
-                raise InvalidInput(f"{what}: range {base!r} runs backwards", "expression")
+            if start > end:  # wraps around: FRI-MON, 22-2
+                result.update(range(start, high + 1, step))
+                start = low
         else:
             start = _number(base, low, high, names or {}, what)
             end = high if slash else start
@@ -244,7 +276,7 @@ class CronExpression:
     """``cron(minutes hours day-of-month month day-of-week year)`` evaluated in ``zone``."""
 
     text: str
-    zone: ZoneInfo
+    zone: tzinfo
     minutes: frozenset[int]
     hours: frozenset[int]
     months: frozenset[int]
@@ -273,16 +305,20 @@ class CronExpression:
         return instant
 
     def _days(self, start: date, step: int) -> Iterator[date]:
-        day = start
-        while _MIN_YEAR <= day.year <= _MAX_YEAR:
+        """Days of the allowed years from ``start`` on (``step`` 1 or -1), skipping other years
+        whole, and giving up after 28 allowed years (the calendar repeats): a date that never
+        exists (cron(0 0 30 2 ? *)) ends the search instead of walking to 2199."""
+        day, budget = start, 28 * 366
+        while _MIN_YEAR <= day.year <= _MAX_YEAR and budget > 0:
             if day.year in self.years:
                 yield day
-            elif (step > 0 and day.year > max(self.years)) or (step < 0 and day.year < min(self.years)):
-                return
-            try:
+                budget -= 1
                 day += timedelta(days=step)
-            except OverflowError:
+                continue
+            later = [y for y in self.years if (y > day.year if step > 0 else y < day.year)]
+            if not later:
                 return
+            day = date(min(later), 1, 1) if step > 0 else date(max(later), 12, 31)
 
     def next_after(self, instant: datetime) -> datetime | None:
         after = _utc(instant)
@@ -311,12 +347,14 @@ class CronExpression:
         return None
 
 
-def zone_for(name: Any) -> ZoneInfo:
+def zone_for(name: Any) -> tzinfo:
     if not isinstance(name, str) or not 0 < len(name) <= 50 or not re.fullmatch(r"[A-Za-z0-9_+\-/]+", name):
         raise InvalidInput("timezone must be an IANA time zone name such as Europe/Paris", "timezone")
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
+        if name == "UTC":  # a host without the time zone database still knows UTC
+            return timezone.utc
         raise InvalidInput(f"timezone {name!r} is not a known IANA time zone", "timezone") from None
 
 
@@ -328,7 +366,7 @@ def parse_expression(text: Any, timezone_name: str = "UTC", *, allow_seconds: bo
     if not isinstance(text, str) or not 0 < len(text) <= 256:
         raise InvalidInput("expression must be rate(...) or cron(...)", "expression")
     zone = zone_for(timezone_name)
-    rate = re.fullmatch(r"rate\(\s*([0-9]{1,9})\s+([a-z]+)\s*\)", text.strip())
+    rate = re.fullmatch(r"rate\(\s*([0-9]{1,6})\s+([a-z]+)\s*\)", text)
     if rate:
         value, unit = int(rate.group(1)), rate.group(2)
         singular = unit.rstrip("s") if unit.endswith("s") else unit
@@ -340,8 +378,10 @@ def parse_expression(text: Any, timezone_name: str = "UTC", *, allow_seconds: bo
         if (value == 1) != (unit == singular):
             raise InvalidInput("rate(1 minute) takes a singular unit, larger values a plural one (rate(5 minutes))",
                                "expression")
-        return RateExpression(text.strip(), value * _UNIT_SECONDS[singular])
-    cron = re.fullmatch(r"cron\((.*)\)", text.strip())
+        if not re.fullmatch(RATE_SECONDS_PATTERN, text):
+            raise InvalidInput("rate(...) is malformed: rate(value unit), one space, no leading zero", "expression")
+        return RateExpression(text, value * _UNIT_SECONDS[singular])
+    cron = re.fullmatch(r"cron\((.*)\)", text)
     if not cron:
         raise InvalidInput("expression must be rate(value unit) or cron(minutes hours day-of-month month "
                            "day-of-week year)", "expression")
@@ -349,6 +389,9 @@ def parse_expression(text: Any, timezone_name: str = "UTC", *, allow_seconds: bo
     if len(parts) != 6:
         raise InvalidInput("cron(...) takes six fields: minutes hours day-of-month month day-of-week year",
                            "expression")
+    if not re.fullmatch(CRON_PATTERN, text):
+        raise InvalidInput("cron(...) is malformed: six fields separated by one space, each a list of *, n, n-m, "
+                           "*/step or n/step (plus ? L W # in the day fields)", "expression")
     minutes, hours, dom, month, dow, year = parts
     if (dom == "?") == (dow == "?"):
         raise InvalidInput("cron(...): one of day-of-month and day-of-week must be ?, and only one", "expression")
@@ -356,7 +399,7 @@ def parse_expression(text: Any, timezone_name: str = "UTC", *, allow_seconds: bo
         if "?" in spec:
             raise InvalidInput(f"cron(...): ? is only for day-of-month or day-of-week, not {label}", "expression")
     return CronExpression(
-        text=text.strip(), zone=zone,
+        text=text, zone=zone,
         minutes=_values(minutes, 0, 59, "minutes"), hours=_values(hours, 0, 23, "hours"),
         months=_values(month, 1, 12, "month", _MONTHS), years=_values(year, _MIN_YEAR, _MAX_YEAR, "year"),
         day_of_month=None if dom == "?" else _day_of_month(dom),
@@ -395,8 +438,10 @@ class Schedule:
         }
 
     @classmethod
-    def from_dict(cls, data: Any, *, allow_seconds: bool = True) -> "Schedule":
-        """Validate a definition (an API body, a file entry, a Scheduler target's input)."""
+    def from_dict(cls, data: Any, *, allow_seconds: bool = True, check_expression: bool = True) -> "Schedule":
+        """Validate a definition (an API body, a file entry, a Scheduler target's input).
+        ``check_expression=False``: the expression and time zone are taken as they are (a
+        Scheduler trigger, which Scheduler itself evaluated)."""
         if not isinstance(data, Mapping):
             raise InvalidInput("a schedule must be an object", "schedule")
         unknown = set(data) - set(_FIELDS)
@@ -405,12 +450,15 @@ class Schedule:
         name = data.get("name")
         if not isinstance(name, str) or not SCHEDULE_NAME.fullmatch(name):
             raise InvalidInput("name must be 1..64 characters of A-Z a-z 0-9 . _ - (not starting with .)", "name")
-        timezone_name = data.get("timezone", "UTC") or "UTC"
+        timezone_name = data.get("timezone", "UTC")
         expression = data.get("expression")
-        parse_expression(expression, timezone_name, allow_seconds=allow_seconds)
+        if check_expression:
+            parse_expression(expression, timezone_name, allow_seconds=allow_seconds)
+        if not isinstance(expression, str) or not isinstance(timezone_name, str):
+            raise InvalidInput("expression and timezone must be strings", "expression")
         created = data.get("created_at")
         return cls(
-            name=name, expression=str(expression).strip(), timezone=timezone_name,
+            name=name, expression=expression, timezone=timezone_name,
             queue=validation.queue_name(data.get("queue")), handler=validation.handler_name(data.get("handler")),
             payload=validation.json_value(data.get("payload"), validation.Limits.payload_bytes, "payload"),
             max_attempts=validation.max_attempts(data.get("max_attempts")),
@@ -658,7 +706,9 @@ def scheduled_firing(event: Mapping[str, Any]) -> tuple[Schedule, datetime] | No
     """The schedule and instant of a Scheduler-triggered invocation, None for any other event."""
     if not isinstance(event, Mapping) or EVENT_KEY not in event:
         return None
-    return Schedule.from_dict(event[EVENT_KEY], allow_seconds=False), parse_scheduled_time(event.get("scheduled_time"))
+    # Scheduler evaluated the expression already: firing needs no time zone database.
+    schedule = Schedule.from_dict(event[EVENT_KEY], allow_seconds=False, check_expression=False)
+    return schedule, parse_scheduled_time(event.get("scheduled_time"))
 
 
 class _SchedulerRefused(Exception):

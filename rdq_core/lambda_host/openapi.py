@@ -12,10 +12,11 @@ tests/hostile/test_fuzz_openapi.py fuzzes the API against this document.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable
+from zoneinfo import available_timezones
 
 from .. import payloads, validation
 from ..validation import Limits
-from ..schedules import SCHEDULE_NAME
+from ..schedules import EXPRESSION_PATTERN, SCHEDULE_NAME
 
 if TYPE_CHECKING:  # routes.py imports this module (its openapi route serves the document)
     from .routes import Route
@@ -314,10 +315,11 @@ def _schedule_schemas() -> dict[str, Any]:
     name = {"type": "string", "pattern": f"^{SCHEDULE_NAME.pattern}$"}
     fields: dict[str, Any] = {
         "name": name,
-        "expression": {"type": "string", "minLength": 1, "maxLength": 256,
+        "expression": {"type": "string", "minLength": 1, "maxLength": 256, "pattern": f"^{EXPRESSION_PATTERN}$",
                        "description": "rate(value unit) or cron(minutes hours day-of-month month day-of-week year), "
-                                      "EventBridge Scheduler syntax; rate(N seconds) only under rdq dev"},
-        "timezone": {"type": "string", "maxLength": 50, "default": "UTC", "description": "IANA time zone of a cron"},
+                                      "EventBridge Scheduler syntax; rdq dev also takes rate(N seconds)"},
+        "timezone": {"type": "string", "enum": sorted(available_timezones()) or ["UTC"], "default": "UTC",
+                     "description": "IANA time zone in which a cron is evaluated"},
         "queue": {"type": "string", "pattern": f"^{validation.QUEUE_NAME.pattern}$"},
         "handler": {"type": "string", "pattern": f"^{validation.HANDLER_NAME.pattern}$"},
         "payload": {"description": f"any JSON value, at most {Limits.payload_bytes} bytes encoded"},

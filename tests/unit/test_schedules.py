@@ -94,7 +94,11 @@ def test_scheduled_time_as_scheduler_substitutes_it():
     "cron(0 24 * * ? *)",         # hour out of range
     "cron(0 3 ? * 8 *)",          # day of week out of range
     "cron(0 3 * 13 ? *)",         # month out of range
-    "cron(0 3 5-1 * ? *)",        # backwards range
+    "cron(0  3 * * ? *)",         # two spaces
+    "cron(0 3 * * ? *) ",         # trailing space
+    "cron(0 3 * * ? 1969)",       # year out of range
+    "cron(0/0 3 * * ? *)",        # step 0
+    "rate(01 minute)",            # leading zero
     "cron(? 3 * * ? *)",          # ? in minutes
     "rate(0 minutes)",
     "rate(1 minutes)",            # 1 takes the singular
@@ -144,6 +148,34 @@ def test_cron_fields():
     assert fires("cron(0 9 15W * ? *)", "UTC", utc(2026, 8, 1), 1) == [utc(2026, 8, 14, 9)]
     # a year that has passed never fires again
     assert parse_expression("cron(0 9 * * ? 2020)", "UTC").next_after(utc(2026, 1, 1)) is None
+
+
+def test_a_backwards_range_wraps_around():
+    assert fires("cron(0 22-1 * * ? *)", "UTC", utc(2026, 1, 1, 12), 4) == [
+        utc(2026, 1, 1, 22), utc(2026, 1, 1, 23), utc(2026, 1, 2, 0), utc(2026, 1, 2, 1)]
+    assert [d.weekday() for d in fires("cron(0 9 ? * FRI-MON *)", "UTC", utc(2026, 12, 3), 4)] == [4, 5, 6, 0]
+
+
+def test_a_date_that_never_exists_ends_the_search():
+    parsed = parse_expression("cron(0 0 30 FEB ? *)", "UTC")
+    assert parsed.next_after(utc(2026, 1, 1)) is None
+    assert parsed.latest_at_or_before(utc(2026, 1, 1)) is None
+
+
+def test_the_grammar_and_the_parser_agree():
+    """EXPRESSION_PATTERN (with the 256-character limit) is what the OpenAPI document states:
+    every expression it matches parses and has a next fire time computed without error."""
+    from hypothesis import Phase, given, settings
+    from hypothesis import strategies as st
+
+    from rdq_core.schedules import EXPRESSION_PATTERN
+
+    @settings(max_examples=150, deadline=None, database=None, derandomize=True, phases=[Phase.generate])
+    @given(st.from_regex(f"^{EXPRESSION_PATTERN}$", fullmatch=True).filter(lambda text: len(text) <= 256))
+    def parses(text: str) -> None:
+        parse_expression(text, "Europe/Paris").next_after(utc(2026, 12, 3))
+
+    parses()
 
 
 def test_a_cron_is_evaluated_in_its_time_zone():
