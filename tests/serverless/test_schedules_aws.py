@@ -218,3 +218,33 @@ def test_the_template_declares_the_group_role_example_and_api_permissions(templa
     assert variables["RDQ_SCHEDULER_ROLE_ARN"] == {"Fn::GetAtt": ["SchedulerRole", "Arn"]}
     assert variables["RDQ_SCHEDULE_TARGET_ARN"] == {"Fn::GetAtt": ["WorkerFunction", "Arn"]}
     assert {"Ref": "ScheduleApiPolicy"} in resources["ApiFunctionRole"]["Properties"]["ManagedPolicyArns"]
+
+
+def test_a_trigger_retries_a_store_that_does_not_answer_then_fires(store_url, lambda_context, monkeypatch):
+    from rdq_core import schedules
+
+    real_fire = schedules.fire
+    calls: list[str] = []
+
+    def flaky_fire(client: Any, schedule: Schedule, instant: datetime) -> Any:
+        calls.append(schedule.name)
+        if len(calls) < 3:
+            raise StorageUnavailable("the store is restarting")
+        return real_fire(client, schedule, instant)
+
+    monkeypatch.setattr(worker, "fire", flaky_fire)
+    schedule = Schedule("tick", "cron(0 * * * ? *)", "scheduled", "quick")
+    summary = worker.run_worker_invocation(_scheduler_event(schedule, "2026-12-03T17:00:00Z"),
+                                           lambda_context("rdq-worker", 30))
+    assert len(calls) == 3 and summary["scheduled"]["created"] is True
+
+
+def test_a_trigger_whose_store_never_answers_fails_the_invocation(store_url, lambda_context, monkeypatch, caplog):
+    def down(*_: Any) -> Any:
+        raise StorageUnavailable("down")
+
+    monkeypatch.setattr(worker, "fire", down)
+    schedule = Schedule("tick", "cron(0 * * * ? *)", "scheduled", "quick")
+    with pytest.raises(StorageUnavailable):
+        worker.run_worker_invocation(_scheduler_event(schedule, "2026-12-03T17:00:00Z"),
+                                     lambda_context("rdq-worker", 11))

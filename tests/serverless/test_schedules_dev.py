@@ -106,3 +106,26 @@ def test_rdq_schedules_cli_edits_the_file_rdq_dev_fires(dev, tmp_path):
     missing = subprocess.run([sys.executable, "-m", "rdq_core.cli", "schedules", "remove", "cli-tick"],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 3
+
+
+def test_http_client_schedule_methods_against_rdq_dev(dev, tmp_path):
+    from rdq_core import HttpClient
+    from rdq_core.errors import InvalidInput
+    from rdq_core.http_client import BearerToken
+    from rdq_core.schedules import Schedule, ScheduleNotFound
+
+    process, _ = dev
+    with HttpClient(f"http://127.0.0.1:{process.port}", auth=BearerToken(TOKEN)) as client:
+        stored = client.put_schedule(Schedule("weekly", "cron(0 9 ? * MON *)", "reports", "greet",
+                                              timezone="Europe/Paris", payload={"name": "monday"}))
+        assert stored.created_at is not None  # stored by rdq dev, in its local file
+        assert (stored.expression, stored.timezone, stored.payload) == ("cron(0 9 ? * MON *)", "Europe/Paris",
+                                                                        {"name": "monday"})
+        assert [s.name for s in client.list_schedules()] == ["weekly"]
+        with pytest.raises(InvalidInput) as refused:
+            client.put_schedule({"name": "bad", "expression": "cron(0 9 * * * *)", "queue": "q", "handler": "h"})
+        assert refused.value.field == "expression"
+        client.delete_schedule("weekly")
+        with pytest.raises(ScheduleNotFound):
+            client.delete_schedule("weekly")
+        assert client.list_schedules() == []
