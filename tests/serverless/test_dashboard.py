@@ -283,7 +283,7 @@ def _stack_owns(stack: dict[str, Any], metric: Metric) -> bool:
 def test_every_parameter_choice_creates_one_dashboard_named_after_the_stack(stack):
     name, body = _dashboard(stack)
     assert name == f"{STACK}-{REGION}", "dashboards are global to an account: the region keeps two stacks apart"
-    assert stack["template"]["Outputs"]["DashboardName"]["Value"] == {"Ref": "RdqDashboard"}
+    assert _sub(stack["template"]["Outputs"]["DashboardName"]["Value"], stack) == name
     worker_name = stack["resources"]["WorkerFunction"]["Properties"]["FunctionName"]
     assert _sub(worker_name, stack) == PHYSICAL["WorkerFunction"], "the worker's name is the template's own"
     widgets = body["widgets"]
