@@ -32,6 +32,7 @@ fires once (at its first occurrence). A ``rate`` counts fixed UTC durations from
 from __future__ import annotations
 
 import calendar
+import contextlib
 import json
 import logging
 import math
@@ -566,17 +567,34 @@ class LocalScheduleBook:
         """Create or replace; the stored definition's ``created_at`` is now (a replaced schedule
         never fires a period from before the replacement)."""
         stored = replace(schedule, created_at=self._clock().replace(microsecond=0))
-        with self._lock:
+        with self._locked():
             others = [s for s in self.list() if s.name != schedule.name]
             self._write([*others, stored])
         return stored
 
     def delete(self, name: str) -> None:
-        with self._lock:
+        with self._locked():
             schedules = self.list()
             if not any(s.name == name for s in schedules):
                 raise ScheduleNotFound(name)
             self._write([s for s in schedules if s.name != name])
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One writer at a time, across threads and processes (``rdq dev``'s API and the CLI):
+        an exclusive lock on a sidecar file, so no read-modify-write loses another's change."""
+        with self._lock, open(self.path.with_name(f".{self.path.name}.lock"), "a+b") as lock_file:
+            try:
+                import fcntl
+            except ImportError:  # not POSIX: the thread lock only
+                yield
+                return
+            fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
+            try:
+                self._cache = None  # another process may have written since
+                yield
+            finally:
+                fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
 
     def _write(self, schedules: Sequence[Schedule]) -> None:
         body = json.dumps({"schedules": [s.to_dict() for s in sorted(schedules, key=lambda s: s.name)]}, indent=2)

@@ -355,3 +355,19 @@ def _book_with(client: Client, schedule: Schedule) -> LocalScheduleBook:
             return [schedule]
 
     return Fixed(Path("/nonexistent/never-read.json"))
+
+
+def test_writers_on_one_file_never_lose_each_others_changes(tmp_path):
+    import threading
+
+    def writer(n: int) -> None:
+        book = LocalScheduleBook(tmp_path / "s.json")  # its own book: only the file lock is shared
+        for i in range(15):
+            book.put(Schedule(f"w{n}-{i}", "rate(1 minute)", "q", "h"))
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(LocalScheduleBook(tmp_path / "s.json").list()) == 60
