@@ -3,6 +3,7 @@ beside it: one task per period, whoever fires it."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -100,6 +101,11 @@ def test_rdq_schedules_cli_edits_the_file_rdq_dev_fires(dev, tmp_path):
     listed = subprocess.run([sys.executable, "-m", "rdq_core.cli", "schedules", "list", "--json"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert '"cli-tick"' in listed.stdout
+    through_api = subprocess.run([sys.executable, "-m", "rdq_core.cli", "--api", f"http://127.0.0.1:{process.port}",
+                                  "--token", TOKEN, "schedules", "list", "--json"],
+                                 cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert through_api.returncode == 0, through_api.stderr
+    assert [s["name"] for s in json.loads(through_api.stdout)["schedules"]] == ["cli-tick"]  # rdq dev's file
     removed = subprocess.run([sys.executable, "-m", "rdq_core.cli", "schedules", "remove", "cli-tick"],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert removed.returncode == 0, removed.stderr
