@@ -35,7 +35,8 @@ from typing import Any, Callable, Mapping
 
 from .errors import InvalidInput, TaskConflict, TaskNotFound
 from .ids import new_sequential_id
-from .model import TaskFilter, TaskStatus
+from . import payloads
+from .model import Task, TaskFilter, TaskStatus
 from .storage.spi import Storage
 
 log = logging.getLogger(__name__)
@@ -222,8 +223,8 @@ def advance_operation(storage: Storage, operation: Operation) -> tuple[Operation
     if reserved is None:
         return get_operation(storage, operation.id), None, 0.0
     operation = Operation.from_dict(reserved.body, reserved.version)
-    ids, next_cursor, exhausted = _next_chunk(storage, operation, chunk)
-    acted = _act(storage, operation, ids) if ids else 0
+    tasks, next_cursor, exhausted = _next_chunk(storage, operation, chunk)
+    acted = _act(storage, operation, tasks) if tasks else 0
 
     def progress(op: Operation) -> Operation:
         if op.finished:  # cancelled meanwhile: keep the status, count what this chunk did
@@ -241,26 +242,27 @@ def advance_operation(storage: Storage, operation: Operation) -> tuple[Operation
     return after, acted, ready_in
 
 
-def _next_chunk(storage: Storage, operation: Operation, chunk: int) -> tuple[list[str], str | None, bool]:
-    """The ids of the next chunk, the cursor after it, and whether the selection is exhausted."""
+def _next_chunk(storage: Storage, operation: Operation, chunk: int) -> tuple[list[Task], str | None, bool]:
+    """The tasks of the next chunk, the cursor after it, and whether the selection is exhausted."""
     selection = _filter(operation.selection)
     status = _status_of(operation.action)
     page = storage.list_tasks(operation.queue, status=status, limit=chunk, cursor=operation.cursor, filter=selection)
     if status is TaskStatus.PENDING:
-        return [t.id for t in page.tasks], page.next_cursor, page.next_cursor is None
+        return list(page.tasks), page.next_cursor, page.next_cursor is None
     started = operation.started_at
-    ids = [t.id for t in page.tasks if started is None or (t.dead_at is not None and t.dead_at <= started)]
+    tasks = [t for t in page.tasks if started is None or (t.dead_at is not None and t.dead_at <= started)]
     # Ordered by dead_at: once one died after the start, every later one did too.
-    exhausted = page.next_cursor is None or len(ids) < len(page.tasks)
-    return ids, page.next_cursor, exhausted
+    exhausted = page.next_cursor is None or len(tasks) < len(page.tasks)
+    return tasks, page.next_cursor, exhausted
 
 
-def _act(storage: Storage, operation: Operation, ids: list[str]) -> int:
-    chosen = TaskFilter(ids=tuple(ids))
+def _act(storage: Storage, operation: Operation, tasks: list[Task]) -> int:
+    if operation.action == "purge":
+        # Purged with their large-payload and result objects (those still dead when purged).
+        return payloads.purge_dead_tasks(storage, operation.queue, tasks)
+    chosen = TaskFilter(ids=tuple(t.id for t in tasks))
     if operation.action == "redrive":
         return storage.redrive(operation.queue, chosen)
-    if operation.action == "purge":
-        return storage.purge_dead(operation.queue, chosen)
     return storage.cancel_selected(operation.queue, chosen)
 
 
