@@ -147,6 +147,10 @@ ALL_ROUTES = [
     ("POST", "/v1/queues/q/dlq:purge", {"all": True}), ("GET", "/v1/openapi.json", None),
     ("GET", "/v1/queues/q/tasks", None), ("POST", "/v1/queues/q/tasks:cancel", {"all": True}),
     ("POST", "/v1/queues/q:pause", {}), ("POST", "/v1/queues/q:resume", {}), ("GET", "/v1/audit", None),
+    ("GET", "/v1/operations", None), ("GET", "/v1/operations/OP1", None), ("POST", "/v1/operations/OP1:cancel", {}),
+    ("POST", "/v1/schedules", {"name": "s", "expression": "rate(5 minutes)", "queue": "q", "handler": "greet"}),
+    ("GET", "/v1/schedules", None), ("DELETE", "/v1/schedules/s", None),
+    ("POST", "/v1/queues/q/payloads", {"size": 1, "sha256": "0" * 64}), ("GET", "/v1/tasks/some-id/objects", None),
     ("GET", "/no/such/route", None), ("PUT", "/v1/openapi.json", None),
 ]
 
