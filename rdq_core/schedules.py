@@ -573,6 +573,8 @@ class LocalScheduleBook:
         return stored
 
     def delete(self, name: str) -> None:
+        if not self.path.exists():  # nothing to delete: leave no lock file behind either
+            raise ScheduleNotFound(name)
         with self._locked():
             schedules = self.list()
             if not any(s.name == name for s in schedules):
