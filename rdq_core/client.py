@@ -394,7 +394,9 @@ class Client:
         """Create or replace a schedule (a ``Schedule`` or its fields as a mapping); returns it as stored."""
         from .schedules import put_schedule
 
-        return put_schedule(self.schedule_book, definition)
+        stored = put_schedule(self.schedule_book, definition)
+        self._audit("schedule", stored.queue, {"schedule": stored.name, "expression": stored.expression}, 0)
+        return stored
 
     def list_schedules(self) -> list[Any]:
         """Every schedule, by name."""
@@ -404,7 +406,10 @@ class Client:
         """Delete a schedule; ``ScheduleNotFound`` (a ``TaskNotFound``) if there is none by that name."""
         from .schedules import delete_schedule
 
+        queue = next((s.queue for s in self.schedule_book.list() if s.name == name), None)
         delete_schedule(self.schedule_book, name)
+        if queue is not None:
+            self._audit("unschedule", queue, {"schedule": name}, 0)
 
     def _audit(self, action: str, queue: str, selection: Mapping[str, Any], count: int) -> None:
         # After the action: the entry records what it did (the count). A failure here surfaces to

@@ -234,3 +234,18 @@ def test_the_operator_commands_answer_alike_on_a_store_and_through_the_api(
         assert code == 0 and out.splitlines()[0].split() == ["AT", "ACTOR", "ACTION", "QUEUE", "COUNT", "SELECTION"]
         code, _, err = cli(capsys, *where, "tasks", queue, "--cursor", "forged")
         assert code == 2 and "cursor" in err.lower()
+
+
+def test_schedule_changes_are_in_the_audit_trail(tmp_path: Path) -> None:
+    from rdq_core.schedules import LocalScheduleBook
+
+    with Client(f"sqlite:///{tmp_path}/audit.db", actor="ops@example") as client:
+        client.schedule_book = LocalScheduleBook(tmp_path / "schedules.json")
+        client.put_schedule({"name": "nightly", "expression": "cron(0 2 * * ? *)", "queue": "reports",
+                             "handler": "greet"})
+        client.delete_schedule("nightly")
+        entries = client.list_audit(queue="reports").entries
+    assert [(e.action, e.actor, dict(e.selection)) for e in entries] == [
+        ("unschedule", "ops@example", {"schedule": "nightly"}),
+        ("schedule", "ops@example", {"schedule": "nightly", "expression": "cron(0 2 * * ? *)"}),
+    ]
