@@ -319,6 +319,128 @@ class BoundedHTTPServer(ThreadingHTTPServer):
                     pass
 
 
+class GuardedRequestHandler(BaseHTTPRequestHandler):
+    """What rdq's two loopback servers (``rdq dev`` and ``rdq console``) share: a deadline on every
+    connection (``BoundedHTTPServer.watch``), framing decided on the headers alone, a bounded
+    Content-Length, bodies read as they arrive, and problem+json refusals that close the
+    connection without the kernel resetting it. A subclass writes ``_handle``."""
+
+    server: BoundedHTTPServer  # the server that made this handler (socketserver sets it)
+    protocol_version = "HTTP/1.1"
+    timeout = IDLE_TIMEOUT_SECONDS  # applied to the socket: every read and write
+
+    _refused_unread = False
+
+    def _handle(self) -> None:
+        raise NotImplementedError
+
+    def _dispatch(self) -> None:
+        self._handle()  # looked up on the instance: the subclass's
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _dispatch
+
+    def __getattr__(self, name: str) -> Any:
+        # Any other method (TRACE, PROPFIND, ...) is handled too, answered as problem+json,
+        # instead of with the stdlib's 501 HTML page.
+        if name.startswith("do_"):
+            return self._handle
+        raise AttributeError(name)
+
+    def handle_one_request(self) -> None:
+        self.server.watch(self.connection)
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.unwatch(self.connection)
+
+    def finish(self) -> None:
+        super().finish()
+        if self._refused_unread:
+            self._drain()
+
+    def _drain(self) -> None:
+        # Closing a socket with unread input makes the kernel send a reset, which can destroy the
+        # answer before the client reads it. Say we are done, then discard a bounded amount of
+        # what is still arriving (at most 64 KiB, for at most a second).
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + 1.0
+            discarded = 0
+            while discarded < 65536 and (left := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(left)
+                chunk = self.connection.recv(65536)
+                if not chunk:
+                    break
+                discarded += len(chunk)
+        except OSError:
+            pass
+
+    def _framing_refusal(self) -> tuple[int, str] | None:
+        """Why the headers alone refuse this request (before a byte of body is read), or None."""
+        if sum(len(name) + len(value) for name, value in self.headers.items()) > MAX_HEADER_BYTES:
+            return 431, f"the request headers exceed {MAX_HEADER_BYTES} bytes"
+        if self.headers.get_all("Transfer-Encoding"):
+            # Any coding at all (``gzip, chunked``, two headers, ...): a body framed by anything
+            # but Content-Length could hold a second, smuggled request.
+            return 411, "send a Content-Length; Transfer-Encoding is not supported"
+        return None
+
+    def _declared_length(self, limit: int) -> int | tuple[int, str]:
+        """The body's declared length, or why it is refused."""
+        lengths = self.headers.get_all("Content-Length") or []
+        if len(lengths) > 1:
+            return 400, "send one Content-Length header"
+        try:
+            length = int(lengths[0]) if lengths else 0
+        except ValueError:
+            return 400, "Content-Length is not a number"
+        if length < 0 or length > limit:
+            return 413, f"the request exceeds {limit} bytes"
+        return length
+
+    def _declares_body(self) -> bool:
+        return (self.headers.get("Content-Length") or "0").strip() not in ("", "0")
+
+    def _read_body(self, length: int) -> bytes | None:
+        # In pieces, as they arrive: memory follows what was sent, not what was declared.
+        body = bytearray()
+        while len(body) < length:
+            chunk = self.rfile.read1(min(65536, length - len(body)))
+            if not chunk:
+                return None
+            body += chunk
+        return bytes(body)
+
+    def _send(self, status: int, headers: Any, payload: bytes, *, unread: bool = False) -> None:
+        """One answer; ``unread``: the request's body was not read, so the connection closes."""
+        self.send_response(status)
+        for name, value in (headers.items() if hasattr(headers, "items") else headers):
+            if name.lower() not in ("content-length", "connection"):
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(payload)))
+        if unread:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+            self._refused_unread = True
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+
+    def _refuse(self, status: int, detail: str, extra_headers: dict[str, str] | None = None) -> None:
+        self._send(status, {"Content-Type": PROBLEM_JSON, **(extra_headers or {})}, problem_json(status, detail).encode(),
+                   unread=True)  # whatever the client still sends was not read
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        # Requests the stdlib refuses before routing (bad request line, too many or too long
+        # headers, URI too long) get a problem+json body like every other error.
+        if code == HTTPStatus.NOT_IMPLEMENTED:
+            code = HTTPStatus.METHOD_NOT_ALLOWED
+        if self.request_version == "HTTP/0.9":  # unparsable request line: still answer with a status line
+            self.request_version = "HTTP/1.0"
+        self.log_error("code %d, message %s", code, message)
+        self._refuse(int(code), message or HTTPStatus(code).phrase)
+
+
 def _host_refusal(headers: Any) -> tuple[int, str] | None:
     """Without a token, the status and reason this request's ``Host`` (or ``Origin``) is
     refused with, else ``None``.
@@ -362,51 +484,14 @@ def _check_host(host: str) -> None:
 def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
     from .lambda_host.local_invoke import api_proxy_event, proxy_result_body, proxy_result_headers
 
-    class ProxyRequestHandler(BaseHTTPRequestHandler):
-        server: BoundedHTTPServer  # the server that made this handler (socketserver sets it)
+    class ProxyRequestHandler(GuardedRequestHandler):
         server_version = "rdq-dev"
-        protocol_version = "HTTP/1.1"
-        timeout = IDLE_TIMEOUT_SECONDS  # applied to the socket: every read and write
-
-        _refused_unread = False
-
-        def finish(self) -> None:
-            super().finish()
-            if self._refused_unread:
-                self._drain()
-
-        def _drain(self) -> None:
-            # Closing a socket with unread input makes the kernel send a reset, which can destroy
-            # the refusal before the client reads it. Say we are done, then discard a bounded
-            # amount of what is still arriving (at most 64 KiB, for at most a second).
-            try:
-                self.connection.shutdown(socket.SHUT_WR)
-                deadline = time.monotonic() + 1.0
-                discarded = 0
-                while discarded < 65536 and (left := deadline - time.monotonic()) > 0:
-                    self.connection.settimeout(left)
-                    chunk = self.connection.recv(65536)
-                    if not chunk:
-                        break
-                    discarded += len(chunk)
-            except OSError:
-                pass
-
-        def handle_one_request(self) -> None:
-            self.server.watch(self.connection)
-            try:
-                super().handle_one_request()
-            finally:
-                self.server.unwatch(self.connection)
 
         def _handle(self) -> None:
             # Everything that can be decided from the headers is, before a byte of body is read.
-            if sum(len(name) + len(value) for name, value in self.headers.items()) > MAX_HEADER_BYTES:
-                return self._refuse(431, f"the request headers exceed {MAX_HEADER_BYTES} bytes")
-            if self.headers.get_all("Transfer-Encoding"):
-                # Any coding at all (``gzip, chunked``, two headers, ...): a body framed by
-                # anything but Content-Length could hold a second, smuggled request.
-                return self._refuse(411, "send a Content-Length; Transfer-Encoding is not supported")
+            refusal = self._framing_refusal()
+            if refusal:
+                return self._refuse(*refusal)
             if not host.settings.api_token:
                 refusal = _host_refusal(self.headers)
                 if refusal:
@@ -422,15 +507,9 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
             denied = host.api_unauthorized({"headers": headers, "path": self.path.split("?")[0]})
             if denied is not None:
                 return self._send_result(denied, close=True)
-            lengths = self.headers.get_all("Content-Length") or []
-            if len(lengths) > 1:
-                return self._refuse(400, "send one Content-Length header")
-            try:
-                length = int(lengths[0]) if lengths else 0
-            except ValueError:
-                return self._refuse(400, "Content-Length is not a number")
-            if length < 0 or length > MAX_REQUEST_BYTES:
-                return self._refuse(413, f"the request exceeds {MAX_REQUEST_BYTES} bytes")
+            length = self._declared_length(MAX_REQUEST_BYTES)
+            if isinstance(length, tuple):
+                return self._refuse(*length)
             if not self.server.reserve_body(length):
                 return self._refuse(503, "too many request bodies in progress; retry later", {"Retry-After": "5"})
             try:
@@ -446,76 +525,13 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
                 self.server.release_body(length)
             return None
 
-        def _read_body(self, length: int) -> bytes | None:
-            # In pieces, as they arrive: memory follows what was sent, not what was declared.
-            body = bytearray()
-            while len(body) < length:
-                chunk = self.rfile.read1(min(65536, length - len(body)))
-                if not chunk:
-                    return None
-                body += chunk
-            return bytes(body)
-
         def _send_result(self, result: dict[str, Any], close: bool = False) -> None:
-            payload = proxy_result_body(result)
-            self.send_response(int(result.get("statusCode", 500)))
-            for name, value in proxy_result_headers(result):
-                if name.lower() not in ("content-length", "connection"):
-                    self.send_header(name, value)
-            self.send_header("Content-Length", str(len(payload)))
-            if close:  # the body was not read: the connection cannot carry another request
-                self.send_header("Connection", "close")
-                self.close_connection = True
-                self._refused_unread = True
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(payload)
+            self._send(int(result.get("statusCode", 500)), list(proxy_result_headers(result)), proxy_result_body(result),
+                       unread=close)
 
         def _send_asset(self, asset: Asset) -> None:
-            self.send_response(200)
-            for name, value in asset.headers().items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(asset.body)))
-            if self.headers.get("Content-Length", "0").strip() not in ("", "0"):
-                # A GET with a body: it was not read, so this connection cannot carry another request.
-                self.send_header("Connection", "close")
-                self.close_connection = True
-                self._refused_unread = True
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(asset.body)
-
-        def _refuse(self, status: int, detail: str, extra_headers: dict[str, str] | None = None) -> None:
-            body = problem_json(status, detail).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", PROBLEM_JSON)
-            for name, value in (extra_headers or {}).items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(body)
-            self.close_connection = True
-            self._refused_unread = True  # whatever the client still sends was not read
-
-        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _handle
-
-        def __getattr__(self, name: str) -> Any:
-            # Any other method (TRACE, PROPFIND, ...) goes to the API too, which answers 404/405
-            # as problem+json, instead of the stdlib's 501 HTML page.
-            if name.startswith("do_"):
-                return self._handle
-            raise AttributeError(name)
-
-        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-            # Requests the stdlib refuses before routing (bad request line, too many or too long
-            # headers, URI too long) get a problem+json body like every other error.
-            if code == HTTPStatus.NOT_IMPLEMENTED:
-                code = HTTPStatus.METHOD_NOT_ALLOWED
-            if self.request_version == "HTTP/0.9":  # unparsable request line: still answer with a status line
-                self.request_version = "HTTP/1.0"
-            self.log_error("code %d, message %s", code, message)
-            self._refuse(int(code), message or HTTPStatus(code).phrase)
+            # A GET with a body: it was not read, so this connection cannot carry another request.
+            self._send(200, asset.headers(), asset.body, unread=self._declares_body())
 
         def log_message(self, format: str, *args: Any) -> None:  # stdlib signature
             # The request line is the client's text: escape it, as the stdlib's own log_message

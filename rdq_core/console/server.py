@@ -27,10 +27,8 @@ import http.client
 import logging
 import os
 import signal
-import socket
 import ssl
 import threading
-import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Mapping
@@ -44,8 +42,6 @@ from .assets import asset_for
 DEFAULT_PORT = 8788
 #: The API refuses bodies over 1 MiB itself; anything far beyond is refused here unread.
 MAX_BODY_BYTES = 2 * 1024 * 1024
-MAX_HEADER_BYTES = 10_240
-IDLE_TIMEOUT_SECONDS = 10.0
 CONNECT_TIMEOUT_SECONDS = 5.0
 #: API Gateway's own integration limit is 29 s.
 READ_TIMEOUT_SECONDS = 35.0
@@ -170,27 +166,13 @@ def cross_origin_refusal(headers: Any) -> tuple[int, str] | None:
 
 
 def _handler_class(console: ConsoleServer) -> type[BaseHTTPRequestHandler]:
-    from ..devhost import BoundedHTTPServer, loopback_refusal
+    from ..devhost import GuardedRequestHandler, loopback_refusal
 
-    class ConsoleRequestHandler(BaseHTTPRequestHandler):
-        server: BoundedHTTPServer
+    class ConsoleRequestHandler(GuardedRequestHandler):
         server_version = "rdq-console"
-        protocol_version = "HTTP/1.1"
-        timeout = IDLE_TIMEOUT_SECONDS
-
-        def handle_one_request(self) -> None:
-            self.server.watch(self.connection)
-            try:
-                super().handle_one_request()
-            finally:
-                self.server.unwatch(self.connection)
 
         def _handle(self) -> None:
-            if sum(len(name) + len(value) for name, value in self.headers.items()) > MAX_HEADER_BYTES:
-                return self._refuse(431, f"the request headers exceed {MAX_HEADER_BYTES} bytes")
-            if self.headers.get_all("Transfer-Encoding"):
-                return self._refuse(411, "send a Content-Length; Transfer-Encoding is not supported")
-            refusal = loopback_refusal(self.headers, "the console")
+            refusal = self._framing_refusal() or loopback_refusal(self.headers, "the console")
             if refusal:
                 return self._refuse(*refusal)
             path, _, query = self.path.partition("?")
@@ -204,79 +186,23 @@ def _handler_class(console: ConsoleServer) -> type[BaseHTTPRequestHandler]:
                 return self._refuse(*refusal)
             if not path.startswith("/v1/") or any(part in (".", "..") for part in path.split("/")):
                 return self._refuse(404, f"the console serves its own files and forwards /v1/ only, not {printable(path)[:200]}")
-            lengths = self.headers.get_all("Content-Length") or []
-            if len(lengths) > 1:
-                return self._refuse(400, "send one Content-Length header")
-            try:
-                length = int(lengths[0]) if lengths else 0
-            except ValueError:
-                return self._refuse(400, "Content-Length is not a number")
-            if length < 0 or length > MAX_BODY_BYTES:
-                return self._refuse(413, f"the request exceeds {MAX_BODY_BYTES} bytes")
+            length = self._declared_length(MAX_BODY_BYTES)
+            if isinstance(length, tuple):
+                return self._refuse(*length)
             if not self.server.reserve_body(length):
                 return self._refuse(503, "too many request bodies in progress; retry later", {"Retry-After": "5"})
             try:
                 browser = {name: value for name in ("Accept", "Content-Type") if (value := self.headers.get(name))}
-                body = self.rfile.read(length) if length else b""
+                body = self._read_body(length)
                 self.server.unwatch(self.connection)  # it has arrived
-                if len(body) < length:
-                    self.close_connection = True
+                if body is None:
+                    self.close_connection = True  # the client stopped sending: nothing to answer
                     return None
                 status, headers, payload = console.forward(self.command, path, canonical_query(query), body, browser)
             finally:
                 self.server.release_body(length)
             self._send(status, {**headers, "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}, payload)
             return None
-
-        def _declares_body(self) -> bool:
-            return (self.headers.get("Content-Length") or "0").strip() not in ("", "0")
-
-        def _send(self, status: int, headers: Mapping[str, str], payload: bytes, unread: bool = False) -> None:
-            self.send_response(status)
-            for name, value in headers.items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(payload)))
-            if unread:  # the body was not read: the connection cannot carry another request
-                self.send_header("Connection", "close")
-                self.close_connection = True
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(payload)
-            if unread:
-                self._drain()
-
-        def _refuse(self, status: int, detail: str, extra_headers: dict[str, str] | None = None) -> None:
-            headers = {"Content-Type": PROBLEM_JSON, **(extra_headers or {})}
-            self._send(status, headers, problem_json(status, detail).encode(), unread=True)
-
-        def _drain(self) -> None:
-            # Closing with unread input makes the kernel send a reset that can destroy the answer:
-            # say we are done, then discard a bounded amount of what still arrives.
-            try:
-                self.wfile.flush()
-                self.connection.shutdown(socket.SHUT_WR)
-                deadline = time.monotonic() + 1.0
-                discarded = 0
-                while discarded < 65536 and (left := deadline - time.monotonic()) > 0:
-                    self.connection.settimeout(left)
-                    chunk = self.connection.recv(65536)
-                    if not chunk:
-                        break
-                    discarded += len(chunk)
-            except OSError:
-                pass
-
-        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _handle
-
-        def __getattr__(self, name: str) -> Any:
-            if name.startswith("do_"):
-                return self._handle
-            raise AttributeError(name)
-
-        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-            if self.request_version == "HTTP/0.9":
-                self.request_version = "HTTP/1.0"
-            self._refuse(int(code), message or "bad request")
 
         def log_message(self, format: str, *args: Any) -> None:  # stdlib signature
             log.info("%s %s", self.address_string(), printable(format % args))
