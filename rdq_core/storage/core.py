@@ -157,6 +157,8 @@ class QueueCounts:
 
     counts: StatusCounts
     oldest_due_age_seconds: float | None
+    #: Whether the queue is paused, when the store read it in the same step (else the core asks).
+    paused: bool | None = None
 
 
 class StorageCore(Storage, abc.ABC):
@@ -442,7 +444,7 @@ class StorageCore(Storage, abc.ABC):
             return self._purge_dead(selection)
 
     def stats(self, queue: str) -> QueueStats:
-        return self._queue_stats(queue, self.paused_queues())
+        return self._queue_stats(queue, None)
 
     def queue_overview(self) -> list[QueueStats]:
         # The paused set is read once for all queues, not once per queue.
@@ -451,7 +453,7 @@ class StorageCore(Storage, abc.ABC):
             names = set(self._queues()) | paused
         return [self._queue_stats(queue, paused) for queue in sorted(names)]
 
-    def _queue_stats(self, queue: str, paused: set[str]) -> QueueStats:
+    def _queue_stats(self, queue: str, paused: set[str] | None) -> QueueStats:
         _require_text(queue, "queue")
         with self.translated_errors():
             found = self._stats(queue)
@@ -464,7 +466,8 @@ class StorageCore(Storage, abc.ABC):
             succeeded=counts.get(TaskStatus.SUCCEEDED.value, 0),
             cancelled=counts.get(TaskStatus.CANCELLED.value, 0),
             oldest_pending_age_seconds=max(0.0, float(found.oldest_due_age_seconds or 0.0)),
-            paused=queue in paused,
+            paused=found.paused if found.paused is not None
+            else queue in (paused if paused is not None else self.paused_queues()),
         )
 
     def list_queues(self) -> list[str]:

@@ -218,7 +218,7 @@ class PostgresStorage(StorageCore):
     def _stats(self, queue: str) -> QueueCounts:
         row = self._fetch_all(QUERIES["stats"], {"queue": queue})[0]
         counts = {status.value: row[status.value.lower()] for status in TaskStatus}
-        return QueueCounts(counts=counts, oldest_due_age_seconds=row["oldest_pending_age_seconds"])
+        return QueueCounts(counts=counts, oldest_due_age_seconds=row["oldest_pending_age_seconds"], paused=row["paused"])
 
     def _queues(self) -> list[str]:
         return [row["queue"] for row in self._fetch_all(QUERIES["list_queues"])]

@@ -334,7 +334,8 @@ SELECT count(*) FILTER (WHERE status = 'PENDING')   AS pending,
        coalesce((SELECT extract(epoch FROM now() - min(p.next_attempt_at))::float8
                  FROM rdq_tasks AS p
                  WHERE p.queue = %(queue)s AND p.status = 'PENDING'
-                   AND p.next_attempt_at <= now()), 0) AS oldest_pending_age_seconds
+                   AND p.next_attempt_at <= now()), 0) AS oldest_pending_age_seconds,
+       EXISTS (SELECT 1 FROM rdq_paused_queues AS q WHERE q.queue = %(queue)s) AS paused
 FROM rdq_tasks
 WHERE queue = %(queue)s
 

@@ -290,8 +290,8 @@ class SQLiteStorage(StorageCore):
         conn = self._conn()
         now = _now_micros()
         counts = dict(self._execute(conn, _Q["status_counts"], (queue,)).fetchall())
-        oldest = self._execute(conn, _Q["oldest_due"], (queue, now)).fetchone()[0]
-        return QueueCounts(counts, (now - oldest) / 1_000_000 if oldest is not None else None)
+        oldest, paused = self._execute(conn, _Q["oldest_due"], (queue, now)).fetchone()
+        return QueueCounts(counts, (now - oldest) / 1_000_000 if oldest is not None else None, paused=bool(paused))
 
     def _queues(self) -> list[str]:
         return [r[0] for r in self._execute(self._conn(), _Q["queues"]).fetchall()]

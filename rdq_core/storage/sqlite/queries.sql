@@ -124,7 +124,9 @@ DELETE FROM rdq_tasks WHERE {selection}
 SELECT status, COUNT(*) FROM rdq_tasks WHERE queue = ? GROUP BY status
 
 -- name: oldest_due
-SELECT MIN(next_attempt_at) FROM rdq_tasks WHERE queue = ? AND status = 'PENDING' AND next_attempt_at <= ?
+-- With the queue's paused flag, read in the same statement.
+SELECT MIN(next_attempt_at), EXISTS (SELECT 1 FROM rdq_paused_queues WHERE queue = ?1)
+  FROM rdq_tasks WHERE queue = ?1 AND status = 'PENDING' AND next_attempt_at <= ?2
 
 -- name: queues
 SELECT DISTINCT queue FROM rdq_tasks ORDER BY queue
