@@ -267,7 +267,7 @@ def _bulk(request: ApiRequest, queue: str, action: str, done_key: str) -> tuple[
         return Reply(200, {"matched": act(queue, **selection)}), 0
     if not background and rate is None:
         background = act(queue, **{**selection, "dry_run": True}) > INLINE_LIMIT
-    if background:
+    if background or rate is not None:  # a rate is kept over time: only an operation can
         del selection["dry_run"]
         operation = client.start_operation(action, queue, **selection, rate_per_second=rate)
         return Reply(202, {"operation": operation.to_dict()}, {"Location": f"/v1/operations/{operation.id}"}), 0

@@ -197,6 +197,26 @@ def test_a_bulk_cancel_too_large_for_one_request_is_followed_as_an_operation(pag
         ("cancel", "SUCCEEDED", 1200)]
 
 
+def test_the_operations_view_shows_a_running_operation_and_cancels_it(page: Page) -> None:
+    queue = fresh_queue("ops")
+    call(page.base_url, "POST", f"/v1/queues/{queue}/tasks:batch",
+         {"tasks": [{"handler": "console.ok", "delay_seconds": 3600} for _ in range(200)]})
+    status, started = call(page.base_url, "POST", f"/v1/queues/{queue}/tasks:cancel",
+                           {"all": True, "rate_per_second": 2})  # slow on purpose: it is still running
+    assert status == 202
+    operation = started["operation"]["id"]
+    p = page.open(f"/operations?queue={queue}")
+    row = p.locator(f"tr[data-operation='{operation}']")
+    expect(row).to_contain_text("RUNNING")
+    expect(row).to_contain_text("cancel")
+    page.shoot("operations-running")
+    row.get_by_role("button", name=f"Cancel operation {operation}").click()
+    expect(p.get_by_role("status")).to_contain_text(f"Operation {operation} cancelled")
+    expect(row).to_contain_text("CANCELLED")
+    status, shown = call(page.base_url, "GET", f"/v1/operations/{operation}")
+    assert status == 200 and shown["status"] == "CANCELLED" and shown["done"] < 200
+
+
 def test_the_task_list_pages_by_cursor(page: Page) -> None:
     queue = fresh_queue("pages")
     batch = {"tasks": [{"handler": "console.ok", "delay_seconds": 3600, "payload": {"n": n}} for n in range(55)]}

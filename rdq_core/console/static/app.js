@@ -318,6 +318,8 @@
       section = 'enqueue'; enqueueView(ctx);
     } else if (parts[0] === 'audit' && parts.length === 1) {
       section = 'audit'; auditView(ctx);
+    } else if (parts[0] === 'operations' && parts.length === 1) {
+      section = 'operations'; operationsView(ctx);
     } else {
       view.append(heading('Not found'), el('p', {}, 'No such page. ', el('a', { href: '#/queues' }, 'Back to the queues')));
       document.title = 'Not found · rdq console';
@@ -855,6 +857,57 @@
     });
     ctx.view.append(heading('Audit log'), filters, list.node);
     list.load();
+  }
+
+  // Background bulk operations (redrive, purge, cancel) with their progress, refreshed while any
+  // runs; a running one can be stopped.
+  function operationsView(ctx) {
+    const queue = ctx.params.get('queue') || '';
+    const filters = filterForm(ctx, '/operations', [{ name: 'queue', label: 'Queue' }]);
+    const list = table(queue ? `Operations on ${queue}, newest first` : 'Operations, newest first',
+      ['Started', 'Action', 'Queue', 'Status', 'Done', 'Matched', 'Rate', 'Actor', 'Actions']);
+    async function stop(operation, button) {
+      if (button.getAttribute('aria-busy') === 'true') return;
+      button.setAttribute('aria-busy', 'true');
+      try {
+        const stopped = await api('POST', `v1/operations/${seg(operation.id)}:cancel`, {});
+        say(`Operation ${stopped.id} cancelled after ${stopped.done} of ${stopped.matched}.`);
+      } catch (error) {
+        showError(error);
+      } finally {
+        button.removeAttribute('aria-busy');
+      }
+      await load();
+    }
+    async function load() {
+      if (!ctx.alive()) return;
+      let answer;
+      try {
+        answer = await api('GET', `v1/operations${qs({ queue, limit: PAGE_SIZE })}`);
+      } catch (error) {
+        showError(error);
+        return;
+      }
+      if (!ctx.alive()) return;
+      const operations = (answer && answer.operations) || [];
+      list.body.replaceChildren(...operations.map((op) => el('tr', { 'data-operation': op.id },
+        el('td', {}, timeNode(op.started_at)),
+        el('td', {}, op.action),
+        el('td', {}, el('a', { href: `#/queues/${seg(op.queue)}/tasks` }, op.queue)),
+        el('td', {}, el('span', { class: `badge ${String(op.status).toLowerCase()}` }, op.status)),
+        el('td', { class: 'num' }, op.done),
+        el('td', { class: 'num' }, op.matched),
+        el('td', { class: 'num' }, op.rate_per_second ? `${op.rate_per_second}/s` : '—'),
+        el('td', {}, op.actor),
+        el('td', {}, op.status === 'RUNNING'
+          ? el('button', { type: 'button', 'aria-label': `Cancel operation ${op.id}`,
+            onclick: (event) => stop(op, event.currentTarget) }, 'Cancel')
+          : '—'))));
+      if (!operations.length) list.body.append(el('tr', {}, el('td', { colspan: '9' }, 'No operation.')));
+    }
+    ctx.view.append(heading('Operations'), filters, list.wrap);
+    load();
+    every(QUEUES_REFRESH_MS, load);
   }
 
   // -- start -------------------------------------------------------------------------------
