@@ -19,7 +19,8 @@ import threading
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Mapping
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
 
 from rdq_core.compliance.servers import stop_process
 from rdq_core.compliance.support import wait_until
@@ -66,6 +67,23 @@ class DevServer:
 
     def stop(self) -> None:
         stop_process(self.process, timeout=20)  # SIGTERM (rdq dev drains), then SIGKILL
+
+
+@contextmanager
+def dev_server(workdir: Path, **options: Any) -> Iterator[DevServer]:
+    """``rdq dev`` (``DevServer`` options) for the length of a ``with`` block, stopped however it ends:
+    the body of a module fixture."""
+    server = DevServer(workdir, **options)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def status_of(client: Any, task_id: str, status: Any, timeout: float = 30) -> Any:
+    """The task once it has ``status`` (read through ``client``), or a failure at the deadline."""
+    return wait_until(lambda: (task := client.get(task_id)).status is status and task, timeout,
+                      what=f"{task_id} {status.value}")
 
 
 def sigv4_valid(method: str, path: str, headers: Any, body: bytes, *, access_key: str = ACCESS_KEY,

@@ -24,7 +24,7 @@ import pytest
 from rdq_core.compliance.servers import fail_or_skip, stop_process
 from rdq_core.compliance.support import wait_until
 from tests.loopback import without_rdq_settings
-from tests.rdq_servers import REPO, DevServer
+from tests.rdq_servers import REPO, DevServer, dev_server
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 HANDLERS = "tests.browser.console_handlers"
@@ -110,11 +110,8 @@ class Page:
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
     """rdq dev without a token (loopback Host only), the console handlers, SQLite in a tmp dir."""
-    server = DevServer(tmp_path_factory.mktemp("console-dev"), handlers=HANDLERS)
-    try:
+    with dev_server(tmp_path_factory.mktemp("console-dev"), handlers=HANDLERS) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

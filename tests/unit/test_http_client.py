@@ -15,7 +15,6 @@ from typing import Any, Iterator
 
 import pytest
 
-from rdq_core.compliance.support import wait_until
 from rdq_core.errors import (
     ApiUnavailable,
     InvalidCursor,
@@ -28,7 +27,7 @@ from rdq_core.errors import (
 )
 from rdq_core.http_client import ApiKey, BearerToken, HttpClient, SigV4
 from rdq_core.model import Backoff, TaskStatus
-from tests.rdq_servers import ACCESS_KEY, REGION, SECRET_KEY, DevServer, Proxy
+from tests.rdq_servers import ACCESS_KEY, REGION, SECRET_KEY, DevServer, Proxy, dev_server, status_of
 
 TOKEN = "http-client-token-7"
 FAST = {"initial_seconds": 0.2, "factor": 2, "max_seconds": 1, "jitter": 0}
@@ -36,11 +35,8 @@ FAST = {"initial_seconds": 0.2, "factor": 2, "max_seconds": 1, "jitter": 0}
 
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
-    server = DevServer(tmp_path_factory.mktemp("rdq-dev"), token=TOKEN)
-    try:
+    with dev_server(tmp_path_factory.mktemp("rdq-dev"), token=TOKEN) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -55,8 +51,6 @@ def fresh_queue() -> str:
     return f"hc{os.getpid()}-{next(_queue_numbers)}"
 
 
-def status_of(rdq: HttpClient, task_id: str, status: TaskStatus, timeout: float = 30) -> Any:
-    return wait_until(lambda: (task := rdq.get(task_id)).status is status and task, timeout, what=f"{task_id} {status.value}")
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from rdq_core.http_client import BearerToken, HttpClient
 from rdq_core.model import TaskStatus
 from rdq_core.tracecontext import stamped
 from rdq_core.validation import TRACEPARENT_HEADER, TRACESTATE_HEADER
-from tests.rdq_servers import DevServer
+from tests.rdq_servers import DevServer, dev_server
 
 TOKEN = "trace-token-3"
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -33,11 +33,8 @@ def echo_trace(payload, ctx):
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
     modules = tmp_path_factory.mktemp("trace-handlers")
     (modules / "trace_echo.py").write_text(HANDLERS)
-    server = DevServer(tmp_path_factory.mktemp("rdq-dev"), token=TOKEN, handlers="trace_echo", pythonpath=modules)
-    try:
+    with dev_server(tmp_path_factory.mktemp("rdq-dev"), token=TOKEN, handlers="trace_echo", pythonpath=modules) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from rdq_core.errors import TaskConflict, TaskNotFound
 from rdq_core.http_client import BearerToken, HttpClient
 from rdq_core.model import TaskStatus
 from rdq_core.storage.spi import Storage
-from tests.rdq_servers import DevServer
+from tests.rdq_servers import DevServer, dev_server
 
 
 @pytest.fixture
@@ -149,12 +149,9 @@ TOKEN = "operations-token-5"
 
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
-    server = DevServer(tmp_path_factory.mktemp("rdq-dev-ops"), token=TOKEN,
-                       env={"RDQ_DEV_REAPER_EVERY_SECONDS": "0.5"})
-    try:
+    with dev_server(tmp_path_factory.mktemp("rdq-dev-ops"), token=TOKEN,
+                    env={"RDQ_DEV_REAPER_EVERY_SECONDS": "0.5"}) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_a_large_redrive_through_the_api_becomes_an_operation(dev: DevServer, capsys: pytest.CaptureFixture[str],

@@ -13,22 +13,18 @@ from typing import Any, Iterator
 import pytest
 
 from rdq_core import Client
-from rdq_core.compliance.support import wait_until
 from rdq_core.errors import InvalidCursor, InvalidInput
 from rdq_core.http_client import BearerToken, HttpClient
 from rdq_core.model import TaskStatus
-from tests.rdq_servers import DevServer
+from tests.rdq_servers import DevServer, dev_server, status_of
 
 TOKEN = "operator-actions-token-3"
 
 
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
-    server = DevServer(tmp_path_factory.mktemp("rdq-dev-operator"), token=TOKEN)
-    try:
+    with dev_server(tmp_path_factory.mktemp("rdq-dev-operator"), token=TOKEN) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -41,11 +37,6 @@ _numbers = iter(range(1, 10_000))
 
 def fresh_queue() -> str:
     return f"op{os.getpid()}-{next(_numbers)}"
-
-
-def status_of(rdq: HttpClient, task_id: str, status: TaskStatus, timeout: float = 30) -> Any:
-    return wait_until(lambda: (task := rdq.get(task_id)).status is status and task, timeout,
-                      what=f"{task_id} {status.value}")
 
 
 def test_tasks_are_listed_by_status_and_paged_through_the_api(rdq: HttpClient) -> None:
