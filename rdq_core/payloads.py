@@ -169,12 +169,10 @@ class S3PayloadStore(PayloadStore):
     def client(self) -> Any:
         with self._lock:
             if self._client is None:
-                import boto3  # only where a bucket is configured
-                from botocore.config import Config
+                from .aws_clients import aws_client  # boto3 only where a bucket is configured
 
-                self._client = boto3.client("s3", config=Config(
-                    signature_version="s3v4", connect_timeout=5, read_timeout=60,
-                    retries={"max_attempts": 4, "mode": "standard"}))
+                # Objects are at most a few MB: a longer read than rdq's other calls, still one attempt.
+                self._client = aws_client("s3", read_timeout=20.0, signature_version="s3v4")
             return self._client
 
     def _call(self, operation: str, **params: Any) -> Any:

@@ -756,11 +756,9 @@ class SchedulerBook:
     @property
     def client(self) -> Any:
         if self._client is None:
-            import boto3
-            from botocore.config import Config
+            from .aws_clients import aws_client
 
-            self._client = boto3.client("scheduler", config=Config(
-                connect_timeout=2, read_timeout=5, retries={"max_attempts": 2, "mode": "standard"}))
+            self._client = aws_client("scheduler")
         return self._client
 
     def _request(self, schedule: Schedule) -> dict[str, Any]:

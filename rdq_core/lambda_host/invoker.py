@@ -5,10 +5,17 @@ caller never waits for the work. Bounds:
 
 * fan-out: a *scheduled* worker invokes at most ``MaxWorkerConcurrency - 1`` extra workers
   (it is one itself), and invoked workers never fan out again, so there is no chain reaction.
-  The worker's reserved concurrency is the same number, which also bounds database connections;
+  With ``ReserveConcurrency`` the worker's reserved concurrency is the same number, which also
+  bounds database connections;
 * wake-up: at most one per ``RDQ_WAKE_DEBOUNCE_SECONDS`` per API container.
 
 Invocations are best-effort: a failure is logged and the next schedule tick picks the work up.
+So they never stand between a committed write and its answer, nor between a worker and its
+claim: each runs on a background thread with the Lambda client's short timeouts and one attempt
+(``rdq_core.aws_clients``). The API waits at most ``WAKE_WAIT_SECONDS`` for its wake-up before it
+answers; the worker claims while its fan-out runs and waits for it only at the end, briefly. A
+function in a VPC without a route to Lambda (no NAT gateway, no ``lambda`` interface endpoint)
+thus loses its wake-ups and fan-out, not its answers or its claims.
 """
 
 from __future__ import annotations
@@ -20,16 +27,46 @@ import threading
 import time
 from typing import Any, Callable, Literal, Protocol, Sequence
 
+from ..aws_clients import aws_client
+
 log = logging.getLogger("rdq.lambda_host.invoker")
 
 FANOUT_SOURCE = "rdq.fanout"
 WAKE_SOURCE = "rdq.api"
+
+#: Seconds an API request waits for its wake-up before answering anyway: an ``Event`` invoke
+#: answers in tens of milliseconds; one that does not is left to finish (or fail) on its own.
+WAKE_WAIT_SECONDS = 0.5
+#: The Lambda client's bounds (seconds): an ``Event`` invoke only queues the event.
+INVOKE_CONNECT_TIMEOUT = 1.0
+INVOKE_READ_TIMEOUT = 2.0
 
 
 class LambdaInvokeClient(Protocol):
     """The one call made on boto3's Lambda client (the dev host stands in for it locally)."""
 
     def invoke(self, *, FunctionName: str, InvocationType: Literal["Event"], Payload: bytes) -> Any: ...
+
+
+class BackgroundInvocations:
+    """Invocations running on a daemon thread: how many were accepted so far, and whether it ended."""
+
+    def __init__(self, name: str, work: Callable[["BackgroundInvocations"], None]) -> None:
+        self.accepted = 0
+        self.finished = threading.Event()
+
+        def run() -> None:
+            try:
+                work(self)
+            finally:
+                self.finished.set()
+
+        threading.Thread(target=run, name=name, daemon=True).start()
+
+    def wait(self, seconds: float) -> int:
+        """Wait at most ``seconds`` for the end; the invocations accepted by then."""
+        self.finished.wait(max(seconds, 0.0))
+        return self.accepted
 
 
 class WorkerInvoker:
@@ -41,34 +78,48 @@ class WorkerInvoker:
 
     @property
     def client(self) -> LambdaInvokeClient:
-        if self._client is None:
-            import boto3  # in the Lambda runtime; imported lazily to keep cold starts short
-
-            self._client = boto3.client("lambda")
-        return self._client
+        with self._lock:
+            if self._client is None:
+                self._client = aws_client("lambda", connect_timeout=INVOKE_CONNECT_TIMEOUT,
+                                          read_timeout=INVOKE_READ_TIMEOUT)
+            return self._client
 
     @client.setter
     def client(self, value: LambdaInvokeClient | None) -> None:
         self._client = value
 
-    def fan_out(self, function: str, queues: Sequence[str], extra_workers: int) -> int:
-        """Start ``extra_workers`` asynchronous workers; returns how many invocations were accepted."""
-        started = 0
-        for index in range(extra_workers):
-            event = {"source": FANOUT_SOURCE, "detail-type": "rdq.fanout", "detail": {"queues": list(queues), "index": index}}
-            if self._invoke(function, event):
-                started += 1
-        return started
+    def fan_out(self, function: str, queues: Sequence[str], extra_workers: int, deadline: float) -> BackgroundInvocations:
+        """Start ``extra_workers`` asynchronous workers from a background thread, until ``deadline``
+        (on this invoker's clock) or the first refusal: when one invoke fails (no route to Lambda,
+        throttled), the next ones would too."""
 
-    def wake(self, function: str, queues: Sequence[str], debounce_seconds: float) -> bool:
-        """Wake one worker unless one was woken within ``debounce_seconds``."""
+        def work(progress: BackgroundInvocations) -> None:
+            for index in range(extra_workers):
+                if self._clock() >= deadline:
+                    return
+                event = {"source": FANOUT_SOURCE, "detail-type": "rdq.fanout", "detail": {"queues": list(queues), "index": index}}
+                if not self._invoke(function, event):
+                    return
+                progress.accepted += 1
+
+        return BackgroundInvocations("rdq-fan-out", work)
+
+    def wake(self, function: str, queues: Sequence[str], debounce_seconds: float,
+             wait_seconds: float = WAKE_WAIT_SECONDS) -> bool:
+        """Wake one worker unless one was woken within ``debounce_seconds``; True if the invoke was
+        accepted within ``wait_seconds`` (it may still be accepted later)."""
         with self._lock:
             now = self._clock()
             if now - self._last_wake < debounce_seconds:
                 return False
             self._last_wake = now
         event = {"source": WAKE_SOURCE, "detail-type": "rdq.wake", "detail": {"queues": list(queues)}}
-        return self._invoke(function, event)
+
+        def work(progress: BackgroundInvocations) -> None:
+            if self._invoke(function, event):
+                progress.accepted += 1
+
+        return BackgroundInvocations("rdq-wake", work).wait(wait_seconds) == 1
 
     def _invoke(self, function: str, event: dict[str, Any]) -> bool:
         try:

@@ -34,7 +34,7 @@ from ..runner import BatchRunner
 from ..storage.spi import Storage
 from .connection import shared_storage
 from .invocation import InvocationClock, ModulePin, configured_timeout
-from .invoker import FANOUT_SOURCE, WAKE_SOURCE, extra_workers_for_backlog, invoker
+from .invoker import FANOUT_SOURCE, WAKE_SOURCE, BackgroundInvocations, extra_workers_for_backlog, invoker
 from .observability import LoggedRegistry, MetricsTelemetry, log_invocation, logger, metrics, tracer
 from .settings import Settings
 
@@ -76,10 +76,11 @@ def run_worker_invocation(
     if not queues:
         return summary
 
-    if _is_scheduled(event) and settings.worker_function and settings.max_worker_concurrency > 1:
-        summary["fanned_out"] = _fan_out(storage, queues, settings)
     invocation_end = deadline.check()
     work_deadline = invocation_end - settings.settle_reserve_seconds
+    # Best-effort and in the background: the claims below never wait for it (invoker.py).
+    fan_out = _fan_out(storage, queues, settings, work_deadline) \
+        if _is_scheduled(event) and settings.worker_function and settings.max_worker_concurrency > 1 else None
 
     runner = BatchRunner(
         storage, settings.policy_book(), LoggedRegistry(registry), telemetry,
@@ -98,6 +99,8 @@ def run_worker_invocation(
     ).run()
     summary.update(claimed=done.claimed, started=done.started, released=done.released, too_long=done.too_long,
                    outcomes=done.outcomes)
+    if fan_out is not None:
+        summary["fanned_out"] = fan_out.wait(min(FAN_OUT_FINAL_WAIT_SECONDS, max(invocation_end - clock(), 0.0)))
     # A tick that found nothing is the common case; keep it out of the INFO log.
     log_invocation("worker invocation done", summary, busy=bool(summary["claimed"]))
     return summary
@@ -143,8 +146,15 @@ def _lease_seconds(invocation_end: float, settings: Settings, clock: Callable[[]
     return max(invocation_end - clock(), 0.0) + settings.lease_grace_seconds
 
 
-def _fan_out(storage: Storage, queues: tuple[str, ...], settings: Settings) -> int:
-    """A scheduled worker that sees a backlog starts more workers, up to the concurrency cap."""
+#: Seconds a worker that fanned out waits, after its own work, for the invocations still under
+#: way, so its summary counts them; what is left then runs on or is lost with the container.
+FAN_OUT_FINAL_WAIT_SECONDS = 1.0
+
+
+def _fan_out(storage: Storage, queues: tuple[str, ...], settings: Settings, deadline: float
+             ) -> BackgroundInvocations | None:
+    """A scheduled worker that sees a backlog starts more workers, up to the concurrency cap, from
+    a background thread (None when the backlog needs no more)."""
     backlog = 0
     for queue in queues:
         stats = storage.stats(queue)
@@ -153,10 +163,9 @@ def _fan_out(storage: Storage, queues: tuple[str, ...], settings: Settings) -> i
             backlog += stats.pending
     extra = extra_workers_for_backlog(backlog, settings.batch_size, settings.max_worker_concurrency)
     if not extra:
-        return 0
-    started = invoker.fan_out(settings.worker_function, queues, extra)
-    logger.info("fanned out", extra={"backlog": backlog, "extra_workers": started})
-    return started
+        return None
+    logger.info("fanning out", extra={"backlog": backlog, "extra_workers": extra})
+    return invoker.fan_out(settings.worker_function, queues, extra, deadline)
 
 
 @logger.inject_lambda_context(clear_state=True)
