@@ -155,7 +155,10 @@ def deploy(localstack: LocalStackProcess, backend: str, store_url: str, build_di
     parameters = {"Packaging": "bundled", "StorageBackend": backend, "StorageUrlParameterName": parameter,
                   "AuthMode": "API_KEY", "MaxWorkerConcurrency": "2", "WorkerTimeout": "30"}
     body = packaged_template(localstack, build_dir, name, parameters)
-    cfn.create_stack(StackName=name, TemplateBody=json.dumps(body), Capabilities=["CAPABILITY_IAM"],
+    # From S3, as `sam deploy --resolve-s3` does: a TemplateBody may not exceed 51,200 bytes.
+    s3.put_object(Bucket=BUCKET, Key=f"{name}/template.json", Body=json.dumps(body).encode())
+    cfn.create_stack(StackName=name, TemplateURL=f"https://{BUCKET}.s3.amazonaws.com/{name}/template.json",
+                     Capabilities=["CAPABILITY_IAM"],
                      Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()])
 
     def settled() -> dict | None:

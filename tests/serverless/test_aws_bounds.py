@@ -160,3 +160,32 @@ def test_a_database_secret_without_what_a_url_needs_is_refused_precisely(secret,
     monkeypatch.delenv("RDQ_STORAGE_ENDPOINT", raising=False)
     with pytest.raises(ConfigurationError, match=message):
         _url_from_secret_value(json.dumps(secret))
+
+
+# -- no request path runs past API Gateway's 29 s (issue 19, item 4) ---------------------------------
+def test_the_api_functions_statement_timeout_cancels_a_long_statement_well_before_the_gateway(fresh_pg_url, monkeypatch):
+    """The API function sets RDQ_PG_STATEMENT_TIMEOUT (template.yaml: 10 s, its timeout 25 s);
+    here 1 s, to show that the server cancels a statement that runs past it, and the client's
+    deadline follows the setting."""
+    from rdq_core.errors import StorageUnavailable
+    from rdq_core.storage.postgres import PostgresStorage
+
+    monkeypatch.setenv("RDQ_PG_STATEMENT_TIMEOUT", "1s")
+    store = PostgresStorage(fresh_pg_url)
+    try:
+        assert store._fetch_all("SHOW statement_timeout")[0]["statement_timeout"] == "1s"
+        assert store._pool.statement_deadline == 2.0  # 1 s + a quarter, at least 1 s
+        began = time.monotonic()
+        with pytest.raises(StorageUnavailable):
+            with store.translated_errors():
+                store._fetch_all("SELECT pg_sleep(5)")
+        assert time.monotonic() - began < 2.5
+    finally:
+        store.close()
+    monkeypatch.delenv("RDQ_PG_STATEMENT_TIMEOUT")
+    store = PostgresStorage(fresh_pg_url)
+    try:
+        assert store._fetch_all("SHOW statement_timeout")[0]["statement_timeout"] == "30s", "other processes keep 30 s"
+    finally:
+        store.close()
+

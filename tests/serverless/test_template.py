@@ -250,9 +250,11 @@ def test_rest_api_sends_every_path_to_the_api_function_with_auth(resources):
         for op in ops.values():
             assert op["x-amazon-apigateway-integration"]["type"] == "aws_proxy"
             assert "ApiFunction.Arn" in op["x-amazon-apigateway-integration"]["uri"]["Fn::Sub"]
-            assert op["security"] == {"Fn::If": ["UseApiKey", [{"ApiKey": []}], [{"SigV4": []}]]}
+            assert op["security"] == {"Fn::If": ["UseApiKey", [{"api_key": []}], [{"SigV4": []}]]}
     schemes = api["Properties"]["Body"]["components"]["securitySchemes"]
     assert schemes["SigV4"]["x-amazon-apigateway-authtype"] == "awsSigv4"
+    # The name API Gateway's importer and SAM's own key auth use for the x-api-key header.
+    assert schemes["api_key"] == {"type": "apiKey", "name": "x-api-key", "in": "header"}
     assert {r["Condition"] for r in resources.values() if r["Type"].startswith("AWS::ApiGateway::UsagePlan")} == {"UseApiKey"}
     permission = resources["ApiInvokePermission"]["Properties"]
     assert permission["Principal"] == "apigateway.amazonaws.com" and "${RdqApi}" in permission["SourceArn"]["Fn::Sub"]
@@ -293,8 +295,8 @@ def test_iam_is_scoped_to_each_functions_own_needs(resources):
     assert storage_read["Type"] == "AWS::IAM::ManagedPolicy"
     assert not {"Roles", "Users", "Groups"} & set(storage_read["Properties"]), "attached only through the functions' roles"
     storage_statements = storage_read["Properties"]["PolicyDocument"]["Statement"]
-    assert [s["Fn::If"][0] for s in storage_statements] == ["HasSecret", "HasParameter"]
-    secret, parameter = (_scoped(s) for s in storage_statements)
+    assert [s["Fn::If"][0] for s in storage_statements] == ["HasSecret", "HasParameter", "HasKmsKey"]
+    secret, parameter = (_scoped(s) for s in storage_statements[:2])
     assert (secret["Action"], secret["Resource"]) == ("secretsmanager:GetSecretValue", {"Ref": "StorageUrlSecretArn"})
     assert parameter["Action"] == "ssm:GetParameter"
     assert parameter["Resource"]["Fn::Sub"].endswith(":parameter${StorageUrlParameterName}")

@@ -5,10 +5,11 @@ Every call is bounded (the SPI's promise): ``connect_timeout`` (10 s), TCP keepa
 ``tcp_user_timeout``, and the session settings ``statement_timeout`` (30 s), ``lock_timeout``
 (10 s) and ``idle_in_transaction_session_timeout`` (60 s), each added only when the URL does not
 set it (``?options=-c%20statement_timeout%3D5s``; with ``?rdq_session_timeouts=off`` none is
-sent, for poolers that refuse startup options). The server's own timeout needs the server to hear
-about the statement, so a client-side watchdog also drops a connection whose statement has not
-answered a little after ``statement_timeout``: a half-open connection raises
-``StorageUnavailable`` instead of hanging a claim loop.
+sent, for poolers that refuse startup options). ``RDQ_PG_STATEMENT_TIMEOUT`` changes the default
+``statement_timeout`` for a process: the API function's is 10 s, below its own timeout. The
+server's own timeout needs the server to hear about the statement, so a client-side watchdog
+also drops a connection whose statement has not answered a little after ``statement_timeout``: a
+half-open connection raises ``StorageUnavailable`` instead of hanging a claim loop.
 """
 
 from __future__ import annotations
@@ -128,6 +129,16 @@ def _client_deadline(statement_timeout: str) -> float | None:
 SESSION_TIMEOUTS_PARAM = "rdq_session_timeouts"
 
 
+#: Environment variable that lowers the default ``statement_timeout`` for one process: the API
+#: function sets it below its own timeout, itself below API Gateway's 29 s (template.yaml).
+STATEMENT_TIMEOUT_ENV = "RDQ_PG_STATEMENT_TIMEOUT"
+
+
+def _default_session_timeouts() -> dict[str, str]:
+    value = os.environ.get(STATEMENT_TIMEOUT_ENV, "").strip()
+    return {**DEFAULT_SESSION_TIMEOUTS, "statement_timeout": value} if value else dict(DEFAULT_SESSION_TIMEOUTS)
+
+
 def _bounded_connect_kwargs(conninfo: str) -> tuple[str, dict[str, Any], float | None]:
     """The conninfo for libpq, the connect arguments that bound every call (only those the URL
     does not set itself), and the client-side statement deadline that goes with them."""
@@ -150,10 +161,11 @@ def _bounded_connect_kwargs(conninfo: str) -> tuple[str, dict[str, Any], float |
         kwargs["tcp_user_timeout"] = DEFAULT_TCP_USER_TIMEOUT_MS
     options = str(params.get("options") or "")
     present = _session_options(options)
-    added = [f"-c {name}={value}" for name, value in DEFAULT_SESSION_TIMEOUTS.items() if name not in present]
+    defaults = _default_session_timeouts()
+    added = [f"-c {name}={value}" for name, value in defaults.items() if name not in present]
     if added and send_session_settings:
         kwargs["options"] = " ".join(([options] if options.strip() else []) + added)
-    statement_timeout = present.get("statement_timeout", DEFAULT_SESSION_TIMEOUTS["statement_timeout"])
+    statement_timeout = present.get("statement_timeout", defaults["statement_timeout"])
     return conninfo, kwargs, _client_deadline(statement_timeout)
 
 
