@@ -63,6 +63,10 @@ _QUERY_PARAMS = {
                 "schema": {"type": "string", "pattern": f"^({validation.HANDLER_NAME.pattern})?$"}},
     "status": {"name": "status", "in": "query", "description": "one status; empty means every status, PENDING first",
                "schema": {"type": "string", "enum": ["", "PENDING", "IN_FLIGHT", "SUCCEEDED", "DEAD", "CANCELLED"]}},
+    "fields": {"name": "fields", "in": "query",
+               "description": "summary: tasks without payload and result (payload_omitted: true); full or empty: every field. "
+                              "Either way a page ends early, with a next_cursor, before it passes 4 MB",
+               "schema": {"type": "string", "enum": ["", "full", "summary"]}},
     "queue": {"name": "queue", "in": "query", "description": "one queue's entries; empty means every queue",
               "schema": {"type": "string", "pattern": f"^({validation.QUEUE_NAME.pattern})?$"}},
 }

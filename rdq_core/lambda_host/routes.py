@@ -42,6 +42,8 @@ from .connection import shared_storage
 from .invoker import invoker
 from .observability import logger
 from .openapi import openapi_document
+from .paging import (audit_cursor_after, dead_cursor_after, fields_of, task_body, task_cursor_after,
+                     within_budget)
 from .request import ApiRequest, Reply
 
 
@@ -208,28 +210,36 @@ def list_queues(request: ApiRequest) -> Reply:
     return Reply(200, {"queues": [stats.to_dict() for stats in _client(request).list_queues()]})
 
 
-_DLQ_QUERY = ("cursor", "limit", "error_type", "handler")
+# Every list route's page is bounded by bytes as well as by limit (paging.py): it ends early,
+# with a cursor, rather than exceed Lambda's 6 MB response limit.
+_DLQ_QUERY = ("cursor", "limit", "error_type", "handler", "fields")
 
 
 def list_dead(request: ApiRequest, queue: str) -> Reply:
     params = request.query(_DLQ_QUERY)
+    fields = fields_of(params)
     page = _client(request).list_dead(
         queue, limit=_limit(params), cursor=params.get("cursor") or None,
         error_type=params.get("error_type") or None, handler=params.get("handler") or None,
     )
-    return Reply(200, {"tasks": [t.to_dict() for t in page.tasks], "next_cursor": page.next_cursor})
+    tasks, next_cursor = within_budget(page.tasks, lambda t: task_body(t, fields), dead_cursor_after(queue),
+                                       page.next_cursor, request.settings.response_budget_bytes)
+    return Reply(200, {"tasks": tasks, "next_cursor": next_cursor})
 
 
-_TASKS_QUERY = ("status", "handler", "error_type", "cursor", "limit")
+_TASKS_QUERY = ("status", "handler", "error_type", "cursor", "limit", "fields")
 
 
 def list_tasks(request: ApiRequest, queue: str) -> Reply:
     params = request.query(_TASKS_QUERY)
+    fields = fields_of(params)
     page = _client(request).list_tasks(
         queue, status=params.get("status") or None, handler=params.get("handler") or None,
         error_type=params.get("error_type") or None, limit=_limit(params), cursor=params.get("cursor") or None,
     )
-    return Reply(200, page.to_dict())
+    tasks, next_cursor = within_budget(page.tasks, lambda t: task_body(t, fields), task_cursor_after(queue),
+                                       page.next_cursor, request.settings.response_budget_bytes)
+    return Reply(200, {"tasks": tasks, "next_cursor": next_cursor})
 
 
 #: A bulk action matching more tasks than this runs as a background operation (202): one request
@@ -336,9 +346,11 @@ _AUDIT_QUERY = ("queue", "cursor", "limit")
 
 def list_audit(request: ApiRequest) -> Reply:
     params = request.query(_AUDIT_QUERY)
-    page = _client(request).list_audit(queue=params.get("queue") or None, limit=_limit(params),
-                                       cursor=params.get("cursor") or None)
-    return Reply(200, page.to_dict())
+    queue = params.get("queue") or None
+    page = _client(request).list_audit(queue=queue, limit=_limit(params), cursor=params.get("cursor") or None)
+    entries, next_cursor = within_budget(page.entries, lambda e: e.to_dict(), audit_cursor_after(queue),
+                                         page.next_cursor, request.settings.response_budget_bytes)
+    return Reply(200, {"entries": entries, "next_cursor": next_cursor})
 
 
 # -- schedules (rdq_core.schedules) ----------------------------------------------------------

@@ -50,6 +50,9 @@ class Settings:
     #: operation never delays the next scheduled reaping (``RDQ_OPERATION_SECONDS``).
     operation_seconds: float = 40.0
     max_body_bytes: int = 1024 * 1024
+    #: The bytes a list page's items may take in the Lambda response (``RDQ_RESPONSE_BUDGET_BYTES``;
+    #: Lambda's limit is 6 MB): a page ends early, with a cursor, before it passes this.
+    response_budget_bytes: int = 4_000_000
     #: Optional bearer token checked by the API handler itself (``rdq dev``; a deployed API
     #: authenticates at API Gateway with IAM or an API key instead).
     api_token: str = ""
@@ -73,6 +76,7 @@ class Settings:
             reaper_batch_size=int(_number("RDQ_REAPER_BATCH_SIZE", 100)),
             operation_seconds=_number("RDQ_OPERATION_SECONDS", 40.0),
             max_body_bytes=int(_number("RDQ_MAX_BODY_BYTES", 1024 * 1024)),
+            response_budget_bytes=int(_number("RDQ_RESPONSE_BUDGET_BYTES", 4_000_000)),
             api_token=os.environ.get("RDQ_API_TOKEN", ""),
             auth_mode=os.environ.get("RDQ_AUTH_MODE", "iam"),
             auto_migrate=_flag("RDQ_AUTO_MIGRATE", False),
