@@ -295,8 +295,8 @@ def test_iam_is_scoped_to_each_functions_own_needs(resources):
     assert storage_read["Type"] == "AWS::IAM::ManagedPolicy"
     assert not {"Roles", "Users", "Groups"} & set(storage_read["Properties"]), "attached only through the functions' roles"
     storage_statements = storage_read["Properties"]["PolicyDocument"]["Statement"]
-    assert [s["Fn::If"][0] for s in storage_statements] == ["HasSecret", "HasParameter", "HasKmsKey"]
-    secret, parameter = (_scoped(s) for s in storage_statements[:2])
+    assert [s["Fn::If"][0] for s in storage_statements] == ["HasSecret", "HasParameter"]
+    secret, parameter = (_scoped(s) for s in storage_statements)
     assert (secret["Action"], secret["Resource"]) == ("secretsmanager:GetSecretValue", {"Ref": "StorageUrlSecretArn"})
     assert parameter["Action"] == "ssm:GetParameter"
     assert parameter["Resource"]["Fn::Sub"].endswith(":parameter${StorageUrlParameterName}")

@@ -130,14 +130,13 @@ def test_the_stage_is_throttled_in_every_auth_mode(auth):
 
 # -- 5. KMS ------------------------------------------------------------------------------------------
 def test_a_customer_managed_key_may_decrypt_only_through_secrets_manager_or_ssm():
-    without = _stack({})
-    policy = without["resources"]["StorageUrlReadPolicy"]["Properties"]["PolicyDocument"]
-    assert "kms" not in json.dumps(_resolve(policy, without["values"], without["conditions"]))
+    assert "StorageKeyDecryptPolicy" not in _stack({})["resources"]
     stack = _stack({"StorageKmsKeyArn": KEY_ARN})
-    policy = stack["resources"]["StorageUrlReadPolicy"]["Properties"]["PolicyDocument"]
-    (kms,) = [s for s in _resolve(policy, stack["values"], stack["conditions"])["Statement"]
-              if s["Action"] == "kms:Decrypt"]
-    assert kms["Resource"] == KEY_ARN
+    policy = stack["resources"]["StorageKeyDecryptPolicy"]
+    roles = [ref["Ref"] for ref in policy["Properties"]["Roles"]]
+    assert roles == ["ApiFunctionRole", "WorkerFunctionRole", "ReaperFunctionRole"]
+    (kms,) = _resolve(policy["Properties"]["PolicyDocument"], stack["values"], stack["conditions"])["Statement"]
+    assert (kms["Action"], kms["Resource"]) == ("kms:Decrypt", KEY_ARN)
     assert kms["Condition"] == {"StringEquals": {"kms:ViaService": ["secretsmanager.eu-west-1.amazonaws.com",
                                                                      "ssm.eu-west-1.amazonaws.com"]}}
 
