@@ -230,3 +230,22 @@ def test_an_entry_stays_under_the_eventbridge_limit_and_errors_are_cut(storage):
 def test_event_shape_of_a_recorded_event_has_no_task():
     event = OutboxEvent("op:1:finished", "rdq.operation.finished", "q", None, datetime(2026, 1, 1, tzinfo=timezone.utc))
     assert "task_id" not in event.to_dict()
+
+
+def test_the_template_scopes_put_events_to_the_bus_for_the_reaper_alone_and_forwards_dead_tasks():
+    from .test_template import of_type, transformed
+
+    resources = transformed()["Resources"]
+    functions = of_type(resources, "AWS::Lambda::Function")
+    assert all(f["Properties"]["Environment"]["Variables"]["RDQ_EVENT_BUS"] == {"Ref": "EventBusName"}
+               for f in functions.values()), "every function writes events when a bus is set"
+    granted = {name for name, policy in of_type(resources, "AWS::IAM::Role").items() if "events:PutEvents" in json.dumps(policy)}
+    assert granted == {"ReaperFunctionRole"}, "only the reaper delivers"
+    put_events = json.dumps(resources["ReaperFunctionRole"])
+    assert "event-bus/${EventBusName}" in put_events and '"Resource": "*"' not in put_events
+    rule = resources["DeadTaskRule"]
+    assert rule["Condition"] == "DeadTaskTopicOn" and resources["DeadTaskTopic"]["Condition"] == "DeadTaskTopicOn"
+    assert rule["Properties"]["EventPattern"] == {"source": ["rdq"], "detail-type": ["rdq.task.dead"]}
+    assert rule["Properties"]["Targets"][0]["Arn"] == {"Ref": "DeadTaskTopic"}
+    policy = resources["DeadTaskTopicPolicy"]["Properties"]["PolicyDocument"]["Statement"][0]
+    assert policy["Principal"] == {"Service": "events.amazonaws.com"} and policy["Action"] == "sns:Publish"
