@@ -238,6 +238,7 @@ class DevHost:
             f"  console: {base}/" + ("  (it asks for RDQ_API_TOKEN)" if self.settings.api_token else ""),
             f"  worker every {self.worker_every:g}s, reaper every {self.reaper_every:g}s,"
             f" schedules from {self.schedule_firer.book.path} every {self.schedules_every:g}s; Ctrl-C to stop",
+            f"  lifecycle events: logged as the reaper delivers them, and at {base}{EVENTS_PATH}",
             "try:",
             f"  curl -s{auth} -X POST {base}/v1/queues/demo/tasks -H 'Content-Type: application/json'"
             " -d '{\"handler\": \"greet\", \"payload\": {\"name\": \"Ada\"}}'",
