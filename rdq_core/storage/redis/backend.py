@@ -12,6 +12,8 @@ all keys of one queue live in one Redis Cluster slot and one script may touch th
 ``P:{q}:task:<id>``            hash: the task's fields
 ``P:{q}:attempts:<id>``        hash: ``attempt_no`` -> attempt JSON (a field per number: unique)
 ``P:{q}:paused``               string, present while the queue is paused (read by ``claim.lua``)
+``P:{q}:outbox``               zset of lifecycle-event ids scored by write order (``:outbox:seq``);
+                               ``:outbox:events`` their JSON, ``:outbox:leases`` their leases (µs)
 ``P:{P:global}:ids``           hash: task id -> queue (the global id index)
 ``P:{P:global}:queues``        set: queues that hold tasks (the reaper's registry)
 ``P:{P:global}:paused``        set: queues that may be paused (the listing of ``P:{q}:paused``)
