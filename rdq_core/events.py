@@ -228,18 +228,21 @@ class DeliveryReport:
 def deliver_events(
     storage: "Storage", publisher: Publisher, *, deadline: float, clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], object] = time.sleep, lease_seconds: float = DEFAULT_LEASE_SECONDS,
-    first_backoff_seconds: float = 0.2,
+    first_backoff_seconds: float = 0.2, tries_per_batch: int = 4,
 ) -> DeliveryReport:
     """Deliver the outbox until it is empty or ``deadline`` (on ``clock``) comes: take a leased
-    batch, publish it (failed entries again, with backoff), remove exactly what was accepted.
-    What is left stays leased until ``lease_seconds`` pass, then any deliverer takes it again."""
+    batch, publish it (failed entries again, with backoff, up to ``tries_per_batch`` calls),
+    remove exactly what was accepted. What is left stays leased until ``lease_seconds`` pass,
+    then any deliverer takes it again; meanwhile the next batch goes, so an entry EventBridge
+    keeps refusing never holds up the others."""
     report = DeliveryReport()
     while clock() < deadline:
         events = storage.take_events(PUT_EVENTS_MAX_ENTRIES, lease_seconds=lease_seconds)
         if not events:
             break
-        waiting, backoff = list(events), first_backoff_seconds
-        while waiting and clock() < deadline:
+        waiting, backoff, tries = list(events), first_backoff_seconds, 0
+        while waiting and clock() < deadline and tries < tries_per_batch:
+            tries += 1
             report.calls += 1
             try:
                 accepted = publisher.publish(waiting)
@@ -254,12 +257,10 @@ def deliver_events(
             if waiting:
                 report.refused += len(waiting)
                 pause = min(backoff, deadline - clock())
-                if pause > 0:
+                if pause > 0 and tries < tries_per_batch:
                     sleep(pause)
                 backoff *= 2
-        if waiting:
-            report.left += len(waiting)
-            break
+        report.left += len(waiting)
     return report
 
 

@@ -138,7 +138,7 @@ def test_a_delivery_that_never_succeeds_stops_at_its_deadline_and_keeps_the_even
             raise ConnectionError("EventBridge unreachable")
 
     began = time.monotonic()
-    report = deliver_events(storage, EventBridgePublisher(SETTINGS, Down()), deadline=began + 0.5, lease_seconds=0.2,
+    report = deliver_events(storage, EventBridgePublisher(SETTINGS, Down()), deadline=began + 0.5, lease_seconds=1.0,
                             first_backoff_seconds=0.05)
     assert time.monotonic() - began < 2 and report.delivered == 0 and report.left == 2
     deliver_all(storage, aws, 2)
@@ -249,3 +249,28 @@ def test_the_template_scopes_put_events_to_the_bus_for_the_reaper_alone_and_forw
     assert rule["Properties"]["Targets"][0]["Arn"] == {"Ref": "DeadTaskTopic"}
     policy = resources["DeadTaskTopicPolicy"]["Properties"]["PolicyDocument"]["Statement"][0]
     assert policy["Principal"] == {"Service": "events.amazonaws.com"} and policy["Action"] == "sns:Publish"
+
+
+def test_an_entry_eventbridge_keeps_refusing_does_not_hold_up_the_others(aws, storage):
+    ids = dead_letter(storage, "emails", 15)
+    poisoned = f"{ids[0]}:dead:1"
+
+    class RefusesOne:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def put_events(self, Entries: list[dict[str, Any]]) -> dict[str, Any]:
+            self.calls += 1
+            bad = [i for i, e in enumerate(Entries) if json.loads(e["Detail"])["id"] == poisoned]
+            good = aws["events"].put_events(Entries=[e for i, e in enumerate(Entries) if i not in bad])["Entries"]
+            replies = iter(good)
+            return {"FailedEntryCount": len(bad), "Entries": [
+                {"ErrorCode": "MalformedDetail", "ErrorMessage": "no"} if i in bad else next(replies)
+                for i in range(len(Entries))]}
+
+    eventbridge = RefusesOne()
+    report = deliver_events(storage, EventBridgePublisher(SETTINGS, eventbridge), deadline=time.monotonic() + GENEROUS,
+                            sleep=lambda seconds: None)
+    assert (report.delivered, report.left) == (14, 1) and eventbridge.calls == 4 + 1, "four tries, then the next batch"
+    assert {event["detail"]["id"] for event in arrived(aws)} == {f"{i}:dead:1" for i in ids[1:]}
+    assert storage.take_events(10, lease_seconds=1) == [], "the refused one stays leased, in the outbox"
