@@ -75,6 +75,17 @@ class OutboxCompliance:
             storage.settle([fail_permanently(second)])
         assert [e.id for e in storage.take_events(10, lease_seconds=30)] == []
 
+    def test_a_settle_the_store_refuses_as_a_whole_writes_no_event(self, storage: Storage) -> None:
+        if self.capabilities.holds_nul:
+            pytest.skip("the store holds any settlement: none is refused as a whole")
+        storage.configure_events(ON)
+        enqueue_n(storage, "ev-refused", 2)
+        died, odd = storage.claim("ev-refused", 2, 30)
+        with pytest.raises(InvalidInput):  # a result it cannot hold: nothing of the batch is written
+            storage.settle([fail_permanently(died), success(odd, "a\x00b")])
+        assert must_get(storage, died.task.id).status is TaskStatus.IN_FLIGHT
+        assert storage.take_events(10, lease_seconds=30) == [], "no change, no event"
+
     def test_redrive_writes_one_event_per_task_named_by_its_redrive_count(self, storage: Storage) -> None:
         storage.configure_events(ON)
         ids = dead_letter(storage, "ev-redrive", 3)
