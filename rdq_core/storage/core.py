@@ -28,6 +28,8 @@ What the core owns, so no backend writes it again:
 * **Dead-letter selection**: ``DeadFilter`` and the keyset cursor become one ``DeadSelection``
   the backend translates; paging (one row beyond the page) and cursors are done here.
 * **Cancel's reasons**: not found vs not PENDING.
+* **Lifecycle events** (``rdq_core/events.py``): which events ``_settle`` and ``_redrive`` write
+  into the outbox with their change (``events``), and the outbox's guards and records.
 """
 
 from __future__ import annotations
