@@ -31,6 +31,7 @@ from .errors import (
 )
 from .handlers import registry
 from .logs import configure_logging
+from .events import EventSettings, deliver_events, publisher_from_settings
 from .operations import drive_operations
 from .reaper import reap_expired_leases, reap_forever
 from .model import TaskStatus
@@ -377,8 +378,13 @@ def cmd_reaper(args: argparse.Namespace, url: str) -> int:
                 log.info("retention: deleted %d finished task(s) older than %gh", purged, args.retention_hours)
             return purged
 
+        publisher = publisher_from_settings(EventSettings.from_env())
+
         def between_passes() -> int:
-            # Bulk operations advance until the next pass is due (or a stop), at their own rate.
+            # The outbox first (when a bus is configured; a bounded share of the interval), then
+            # bulk operations advance until the next pass is due (or a stop), at their own rate.
+            if publisher is not None:
+                deliver_events(storage, publisher, deadline=time.monotonic() + args.interval / 4)
             drive_operations(storage, deadline=time.monotonic() + args.interval,
                              clock=lambda: math.inf if stopping else time.monotonic(),
                              sleep=lambda seconds: time.sleep(min(seconds, 0.5)))

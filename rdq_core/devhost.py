@@ -40,6 +40,7 @@ import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
+from urllib.parse import parse_qs, urlsplit
 
 from .console.assets import Asset, asset_for
 from .errors import ConfigurationError
@@ -100,6 +101,9 @@ def _configure_environment(storage_url: str, handler_modules: list[str] | None) 
     os.environ["POWERTOOLS_LOG_DEDUPLICATION_DISABLED"] = "true"
     os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "INFO")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    # Lifecycle events (rdq_core/events.py) are on: without a bus the reaper logs each one and
+    # GET /v1/events shows them.
+    os.environ.setdefault("RDQ_EVENTS", "on")
 
 
 class LocalAsyncInvoker:
@@ -147,6 +151,12 @@ class DevHost:
         self.reaper_every = float(os.environ.get("RDQ_DEV_REAPER_EVERY_SECONDS", "5"))
         self.worker_timeout = float(os.environ.get("RDQ_DEV_WORKER_TIMEOUT_SECONDS", "30"))
         invoker.invoker.client = LocalAsyncInvoker(self._invoke_worker, self.settings.max_worker_concurrency)
+        from .events import LogPublisher
+
+        # Without a bus the reaper delivers the outbox here: a log line per event, kept for the route.
+        self.events = LogPublisher()
+        if not os.environ.get("RDQ_EVENT_BUS"):
+            reaper.publisher = self.events
         # Schedules (rdq_core.schedules): fired here from the local schedules file, with the ids a
         # deployed stack's EventBridge Scheduler trigger and `rdq worker` use.
         from .client import Client
@@ -228,6 +238,7 @@ class DevHost:
             f"  console: {base}/" + ("  (it asks for RDQ_API_TOKEN)" if self.settings.api_token else ""),
             f"  worker every {self.worker_every:g}s, reaper every {self.reaper_every:g}s,"
             f" schedules from {self.schedule_firer.book.path} every {self.schedules_every:g}s; Ctrl-C to stop",
+            f"  lifecycle events: logged as the reaper delivers them, and at {base}{EVENTS_PATH}",
             "try:",
             f"  curl -s{auth} -X POST {base}/v1/queues/demo/tasks -H 'Content-Type: application/json'"
             " -d '{\"handler\": \"greet\", \"payload\": {\"name\": \"Ada\"}}'",
@@ -481,6 +492,25 @@ def _check_host(host: str) -> None:
         raise ConfigurationError(f"refusing to serve the dev API on {host} without RDQ_API_TOKEN; use 127.0.0.1 or set a token")
 
 
+#: The dev host's own route: the lifecycle events its reaper delivered (not on a deployed API).
+EVENTS_PATH = "/v1/events"
+
+
+def events_query(path: str) -> tuple[int, int]:
+    """``after`` (a number, default 0) and ``limit`` (1..1000, default 100) of an events request."""
+    query = parse_qs(urlsplit(path).query, keep_blank_values=True)
+    unknown = set(query) - {"after", "limit"}
+    if unknown:
+        raise ValueError(f"unknown query parameter {sorted(unknown)[0]!r}; use after and limit")
+    values: dict[str, int] = {}
+    for name, default, low, high in (("after", 0, 0, 2**63 - 1), ("limit", 100, 1, 1000)):
+        given = query.get(name, [str(default)])
+        if len(given) != 1 or not given[0].isascii() or not given[0].isdigit() or not low <= int(given[0]) <= high:
+            raise ValueError(f"{name} must be a whole number in [{low}, {high}]")
+        values[name] = int(given[0])
+    return values["after"], values["limit"]
+
+
 def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
     from .lambda_host.local_invoke import api_proxy_event, proxy_result_body, proxy_result_headers
 
@@ -507,6 +537,8 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
             denied = host.api_unauthorized({"headers": headers, "path": self.path.split("?")[0]})
             if denied is not None:
                 return self._send_result(denied, close=True)
+            if self.command in ("GET", "HEAD") and self.path.split("?", 1)[0] == EVENTS_PATH:
+                return self._send_events()
             length = self._declared_length(MAX_REQUEST_BYTES)
             if isinstance(length, tuple):
                 return self._refuse(*length)
@@ -528,6 +560,18 @@ def _request_handler_class(host: DevHost) -> type[BaseHTTPRequestHandler]:
         def _send_result(self, result: dict[str, Any], close: bool = False) -> None:
             self._send(int(result.get("statusCode", 500)), list(proxy_result_headers(result)), proxy_result_body(result),
                        unread=close)
+
+        def _send_events(self) -> None:
+            """``GET /v1/events?after=&limit=``: the events this host delivered, oldest first, each
+            numbered (``seq``); ``next_after`` is the number to ask after next time."""
+            try:
+                after, limit = events_query(self.path)
+            except ValueError as exc:
+                return self._refuse(400, str(exc))
+            found, last = host.events.page(after, limit)
+            body = json.dumps({"events": found, "next_after": last}).encode()
+            self._send(200, {"Content-Type": "application/json"}, body, unread=self._declares_body())
+            return None
 
         def _send_asset(self, asset: Asset) -> None:
             # A GET with a body: it was not read, so this connection cannot carry another request.

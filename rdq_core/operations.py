@@ -34,6 +34,7 @@ from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping
 
 from .errors import InvalidInput, TaskConflict, TaskNotFound
+from .events import operation_finished_event
 from .ids import new_sequential_id
 from . import payloads
 from .model import Task, TaskFilter, TaskStatus
@@ -298,6 +299,13 @@ def _update(storage: Storage, operation_id: str, change: Callable[[Operation], O
         wanted = change(current)
         if wanted == current and wanted.next_chunk_at == current.next_chunk_at:
             return current
+        if wanted.finished and not current.finished:
+            # rdq.operation.finished goes into the outbox right before the final compare-and-set,
+            # not after it: a crash between the two then leaves an event for an operation the next
+            # pass finishes (the event id is the operation's, so it is written once), never a
+            # finished operation without its event. A losing compare-and-set is retried, and its
+            # event (same id) stands as first written.
+            storage.record_events([operation_finished_event(wanted)])
         stored = storage.put_document(OPERATION, operation_id, wanted._body(), expected_version=current.version)
         if stored is not None:
             return replace(wanted, version=stored.version)

@@ -48,6 +48,9 @@ class Capabilities:
     #: cannot: a payload or result with one is ``InvalidInput`` and the whole call writes nothing,
     #: and error text is stored with U+FFFD in its place (diagnostics must not sink a settle).
     holds_nul: bool = True
+    #: Round trips a ``settle`` or ``redrive`` may add to its budget when lifecycle events are on
+    #: (``rdq_core/events.py``): 0 where the events are written by the same statement or script.
+    event_round_trips: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = set(self.round_trips) - set(OPERATIONS)

@@ -14,6 +14,7 @@ one promise of the storage SPI (see ``spi.py``); a backend's test class subclass
 | ``operator.py``       | get, cancel, stats, queues, retention                               |
 | ``browsing.py``       | listings by status, counts, cancel by filter, pause, the audit trail |
 | ``documents.py``      | engine documents: compare-and-set, delete, paging               |
+| ``outbox.py``         | lifecycle events: written with the change, leased, acked, ordered   |
 | ``bounds.py``         | round-trip budgets, an unreachable server                           |
 | ``engine.py``         | the runner on this backend                                          |
 | ``runner_paths.py``   | the runner's own paths (buffers, heartbeats, deadlines)             |
@@ -43,6 +44,7 @@ from .history import HistoryCompliance
 from .leases import LeaseCompliance
 from .lifecycle import LifecycleCompliance
 from .operator import OperatorCompliance
+from .outbox import OutboxCompliance
 from .runner_paths import RunnerPathsCompliance
 from .stateful import StatefulCompliance
 from .support import OpenStore
@@ -59,6 +61,7 @@ class StorageCompliance(
     OperatorCompliance,
     BrowsingCompliance,
     DocumentCompliance,
+    OutboxCompliance,
     BoundsCompliance,
     EngineCompliance,
     StatefulCompliance,

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from aws_lambda_powertools.metrics import MetricUnit
 
+from ..events import DeliveryReport, EventSettings, Publisher, deliver_events, publisher_from_settings
 from ..operations import drive_operations
 from ..reaper import reap_expired_leases
 from .connection import shared_storage
@@ -48,17 +49,36 @@ def run_reaper_invocation(
     add_metric("DeadTasks", MetricUnit.Count, dead)
     add_metric("OldestPendingAge", MetricUnit.Seconds, oldest)
     # Bulk operations (redrive, purge, cancel as jobs) advance in what is left of the invocation,
-    # capped so the next scheduled reaping is not delayed.
-    operations = drive_operations(storage, deadline=min(deadline, clock() + settings.operation_seconds), clock=clock)
+    # capped so the next scheduled reaping is not delayed, and leaving the events their share.
+    publisher = event_publisher()
+    event_share = settings.event_seconds if publisher is not None else 0.0
+    operations = drive_operations(storage, deadline=min(deadline - event_share, clock() + settings.operation_seconds),
+                                  clock=clock)
+    # Then the outbox (operations' own rdq.operation.finished included), bounded the same way.
+    delivery = DeliveryReport() if publisher is None else deliver_events(
+        storage, publisher, deadline=min(deadline, clock() + settings.event_seconds), clock=clock)
     summary = {
         "expired": report.expired, "rescheduled": report.rescheduled, "dead_lettered": report.dead_lettered,
         "contended": report.contended, "batches": report.batches, "queues": len(queues),
         "pending": depth, "dead": dead, "oldest_pending_age_seconds": oldest,
         "operation_chunks": operations.chunks, "operation_tasks": operations.acted,
         "operations_finished": len(operations.finished),
+        "events_delivered": delivery.delivered, "events_refused": delivery.refused, "events_left": delivery.left,
     }
     log_invocation("reaper invocation done", summary, busy=bool(report.expired))
     return summary
+
+
+#: Where the outbox is delivered: EventBridge when ``RDQ_EVENT_BUS`` is set (made on first use and
+#: kept by the container); ``rdq dev`` puts its ``LogPublisher`` here. None: no delivery.
+publisher: Publisher | None = None
+
+
+def event_publisher() -> Publisher | None:
+    global publisher
+    if publisher is None:
+        publisher = publisher_from_settings(EventSettings.from_env())
+    return publisher
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -49,6 +49,9 @@ class Settings:
     #: Seconds of each reaper invocation spent advancing bulk operations (after reaping), so an
     #: operation never delays the next scheduled reaping (``RDQ_OPERATION_SECONDS``).
     operation_seconds: float = 40.0
+    #: Seconds of each reaper invocation kept for delivering lifecycle events (``RDQ_EVENT_SECONDS``;
+    #: only when a bus is configured, see ``rdq_core/events.py``).
+    event_seconds: float = 10.0
     max_body_bytes: int = 1024 * 1024
     #: The bytes a list page's items may take in the Lambda response (``RDQ_RESPONSE_BUDGET_BYTES``;
     #: Lambda's limit is 6 MB): a page ends early, with a cursor, before it passes this.
@@ -75,6 +78,7 @@ class Settings:
             wake_debounce_seconds=_number("RDQ_WAKE_DEBOUNCE_SECONDS", 5.0),
             reaper_batch_size=int(_number("RDQ_REAPER_BATCH_SIZE", 100)),
             operation_seconds=_number("RDQ_OPERATION_SECONDS", 40.0),
+            event_seconds=_number("RDQ_EVENT_SECONDS", 10.0),
             max_body_bytes=int(_number("RDQ_MAX_BODY_BYTES", 1024 * 1024)),
             response_budget_bytes=int(_number("RDQ_RESPONSE_BUDGET_BYTES", 4_000_000)),
             api_token=os.environ.get("RDQ_API_TOKEN", ""),

@@ -53,6 +53,7 @@ from datetime import datetime, timezone
 from typing import Any, ClassVar, Mapping, Sequence
 
 from ..errors import InvalidCursor
+from ..events import EventSettings, OutboxEvent
 from ..model import (
     AuditEntry,
     Document,
@@ -242,6 +243,27 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def list_audit(self, *, queue: str | None = None, limit: int, cursor: str | None = None) -> AuditPage:
         """Audit entries (of ``queue``, or all) newest first, keyset-paged by ``(at, id)``."""
+
+    # -- lifecycle events (the outbox; rdq_core/events.py) ----------------------------------
+    @abc.abstractmethod
+    def configure_events(self, settings: EventSettings) -> None:
+        """Which events this store writes from now on (by default, ``EventSettings.from_env()``
+        when the first write needs it). Task events are written by ``settle`` and ``redrive`` in
+        the same atomic step as the change."""
+
+    @abc.abstractmethod
+    def record_events(self, events: Sequence[OutboxEvent]) -> None:
+        """Put events into the outbox (an event id already there is kept as it is)."""
+
+    @abc.abstractmethod
+    def take_events(self, limit: int, *, lease_seconds: float) -> list[OutboxEvent]:
+        """Up to ``limit`` outbox events not leased to another deliverer, oldest first (so the
+        events of one task come in the order they were written), each leased to the caller for
+        ``lease_seconds``: no other ``take_events`` returns them until the lease passes."""
+
+    @abc.abstractmethod
+    def ack_events(self, ids: Sequence[str]) -> int:
+        """Remove delivered events from the outbox; how many were there."""
 
     # -- conveniences built on the primitives ------------------------------------------------
     def __enter__(self) -> "Storage":

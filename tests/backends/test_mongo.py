@@ -23,6 +23,7 @@ from rdq_core.compliance import Capabilities, PerTask, StorageCompliance  # noqa
 from rdq_core.compliance.servers import mongo_url_with_database  # noqa: E402 - after importorskip
 from rdq_core.compliance.support import wait_until  # noqa: E402 - after importorskip
 from rdq_core.errors import StorageUnavailable  # noqa: E402 - after importorskip
+from rdq_core.events import EventSettings  # noqa: E402 - after importorskip
 from rdq_core.model import DeadFilter, ErrorInfo, NewTask, Outcome, Settlement, TaskFilter, TaskStatus  # noqa: E402 - after importorskip
 from rdq_core.storage import open_storage  # noqa: E402 - after importorskip
 from rdq_core.storage.mongo import MongoStorage  # noqa: E402 - after importorskip
@@ -36,6 +37,10 @@ class TestMongoCompliance(StorageCompliance):
     capabilities = Capabilities(
         round_trips={"enqueue": 2, "claim": PerTask(2, 1), "extend": 2, "release": 2, "settle": 4,
                      "find_expired": 2, "get": 2, "list_dead": 1, "stats": 8, "redrive": 2},
+        # With lifecycle events on, the events ride on the task documents and are then moved to the
+        # outbox: settle finds, inserts and clears (3); redrive reads, writes, finds, inserts, clears
+        # per chunk instead of one update_many (4).
+        event_round_trips={"settle": 3, "redrive": 4},
         unreachable_url="mongodb://127.0.0.1:{port}/rdq?serverSelectionTimeoutMS=300",
     )
 
@@ -146,6 +151,39 @@ def test_settle_that_died_before_inserting_its_attempt_row_is_healed(storage, cr
     storage.settle([Settlement(task_id, again.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED)])
     rows = list(storage._attempts.find({"task_id": task_id}, sort=[("attempt_no", 1)]))
     assert [(r["attempt_no"], r["outcome"]) for r in rows] == [(1, "RETRYABLE_FAILURE"), (2, "SUCCESS")]
+
+
+@pytest.mark.parametrize("point", ["settle:committed", "events:moved"])
+def test_events_left_on_a_task_by_a_settle_that_died_are_moved_by_the_next_take(storage, crash_at, point):
+    """The settle's events ride on the task document; a death before they are copied to the
+    outbox, or after the copy but before the task is cleared, loses none and doubles none."""
+    storage.configure_events(EventSettings(enabled=True))
+    [task_id] = _enqueue(storage, 1)
+    [claimed] = storage.claim("q", 1, 30)
+    crash_at(point)
+    with pytest.raises(SimulatedCrash):
+        storage.settle([Settlement(task_id, claimed.claim_token, Outcome.PERMANENT_FAILURE, TaskStatus.DEAD,
+                                   error=ErrorInfo("E", "gone"))])
+    crash_at()
+    assert storage.get(task_id).status is TaskStatus.DEAD, "the change committed"
+    assert storage._tasks.find_one({"_id": task_id})["pending_events"], "its event is on the task"
+    assert [e.id for e in storage.take_events(10, lease_seconds=30)] == [f"{task_id}:dead:1"]
+    assert "pending_events" not in storage._tasks.find_one({"_id": task_id}), "moved, then cleared"
+    assert storage._outbox.count_documents({}) == 1
+
+
+def test_a_redrive_that_died_before_moving_its_events_loses_none(storage, crash_at):
+    storage.configure_events(EventSettings(enabled=True))
+    ids = _enqueue(storage, 3)
+    for claimed in storage.claim("q", 3, 30):
+        storage.settle([Settlement(claimed.task.id, claimed.claim_token, Outcome.PERMANENT_FAILURE, TaskStatus.DEAD)])
+    storage.ack_events([e.id for e in storage.take_events(10, lease_seconds=30)])
+    crash_at("redrive:committed")
+    with pytest.raises(SimulatedCrash):
+        storage.redrive("q", DeadFilter())
+    crash_at()
+    taken = storage.take_events(10, lease_seconds=30)
+    assert sorted(e.id for e in taken) == sorted(f"{i}:redriven:1" for i in ids)
 
 
 def test_two_settles_in_a_row_dying_between_their_writes_lose_no_attempt(storage, crash_at):

@@ -235,7 +235,7 @@ def test_reserved_concurrency_is_opt_in_and_then_the_fan_out_cap(resources):
 def test_schedules_target_worker_and_reaper(resources):
     rules = of_type(resources, "AWS::Events::Rule")
     targets = {r["Properties"]["Targets"][0]["Arn"]["Fn::GetAtt"][0]: r["Properties"]["ScheduleExpression"]
-               for r in rules.values()}
+               for r in rules.values() if "ScheduleExpression" in r["Properties"]}
     assert targets == {"WorkerFunction": {"Ref": "WorkerSchedule"}, "ReaperFunction": {"Ref": "ReaperSchedule"}}
     assert transformed()["Parameters"]["WorkerSchedule"]["Default"] == "rate(1 minute)"
 
@@ -319,7 +319,10 @@ def test_iam_is_scoped_to_each_functions_own_needs(resources):
     assert _statements(resources["WorkerFunctionRole"]) == [{"Effect": "Allow", "Action": "lambda:InvokeFunction",
                                "Resource": {"Fn::Sub": "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}"
                                                        ":function:${AWS::StackName}-worker"}}]
-    assert _statements(resources["ReaperFunctionRole"]) == [], "the reaper needs only the storage URL"
+    assert _statements(resources["ReaperFunctionRole"]) == [{
+        "Effect": "Allow", "Action": "events:PutEvents",
+        "Resource": {"Fn::Sub": "arn:${AWS::Partition}:events:${AWS::Region}:${AWS::AccountId}:event-bus/${EventBusName}"}}], \
+        "the reaper needs the storage URL, and PutEvents on the event bus when one is given"
 
 
 def test_log_retention_alarms_and_outputs(resources):

@@ -51,7 +51,10 @@ PURGE_CHUNK = 500
 
 _RETAINED_STATUSES = [TaskStatus.SUCCEEDED.value, TaskStatus.CANCELLED.value]
 # A listing without history leaves out the attempt rows a task carries (codec reads none).
-_WITHOUT_HISTORY = {"pending_attempts": 0, "last_attempt": 0}
+_WITHOUT_HISTORY = {"pending_attempts": 0, "last_attempt": 0, "pending_events": 0}
+#: What a task event is built from (``_events_on_task``).
+_EVENT_FIELDS = {"queue": 1, "handler": 1, "redrive_count": 1, "payload_json": 1, "last_error": 1,
+                 "pending_events": 1, "event_no": 1}
 _CLAIM_FIELDS = {"claim_token": "", "claimed_at_ms": "", "lease_expires_at_ms": ""}
 
 # Tests set this to simulate a process dying between two writes: it is called with the name of
@@ -124,6 +127,7 @@ class MongoStorage(StorageCore):
         self._queue_flags = self._db["queues"]
         self._audit = self._db["audit"]
         self._documents = self._db["documents"]
+        self._outbox = self._db["outbox"]
 
     def _count_round_trip(self) -> None:
         with self._round_trip_lock:
@@ -295,7 +299,7 @@ class MongoStorage(StorageCore):
             for d in self._tasks.find(
                 {"_id": {"$in": task_ids}},
                 {"status": 1, "claim_token": 1, "claimed_at_ms": 1, "lease_expires_at_ms": 1,
-                 "attempt_seq": 1, "pending_attempts": 1, "last_attempt": 1, "incarnation": 1},
+                 "attempt_seq": 1, "pending_attempts": 1, "last_attempt": 1, "incarnation": 1, **_EVENT_FIELDS},
             )
         }
 
@@ -319,6 +323,8 @@ class MongoStorage(StorageCore):
 
         planned: list[tuple[Settlement, dict[str, Any], list[dict[str, Any]]]] = []
         operations: list[UpdateOne] = []
+        events_write = uuid.uuid4().hex
+        event_statuses = self.events.settled_statuses
         for settlement in held:
             doc = current[settlement.task_id]
             recorded_seq = doc.get("attempt_seq")
@@ -341,7 +347,13 @@ class MongoStorage(StorageCore):
             filter_["attempt_seq"] = recorded_seq  # compare-and-set: one winner per number
             if settlement.outcome is Outcome.LEASE_EXPIRED:
                 filter_["lease_expires_at_ms"] = {"$lte": now_ms}
-            operations.append(UpdateOne(filter_, _settle_update(settlement, attempt_row, unrecorded, now_ms)))
+            update = _settle_update(settlement, attempt_row, unrecorded, now_ms)
+            if settlement.status.value in event_statuses:
+                # The event rides on the task document, written by this same update.
+                error = settlement.error.to_dict() if settlement.error else doc.get("last_error")
+                update["$set"].update(self._events_on_task(
+                    doc, settlement.status.value.lower(), attempt_no, error, now_ms, events_write))
+            operations.append(UpdateOne(filter_, update))
             planned.append((settlement, attempt_row, unrecorded))
 
         applied = planned
@@ -361,7 +373,80 @@ class MongoStorage(StorageCore):
             for row in [*unrecorded, attempt_row]:
                 rows[row["write_id"]] = row
         self._record_attempts_or_keep(list(rows.values()))
+        if event_statuses:
+            self._move_events([settlement.task_id for settlement, _, _ in applied
+                               if settlement.status.value in event_statuses], events_write)
         return {settlement.task_id for settlement, _, _ in applied}
+
+    # -- lifecycle events: on the task document first, then in the outbox collection ---------------
+    def _events_on_task(self, doc: Mapping[str, Any], kind: str, attempt_no: int, error: Any, now_ms: int,
+                        events_write: str) -> dict[str, Any]:
+        """The ``$set`` fields that put one task event on the task document (after any its last
+        write left there unmoved). ``events_write`` names the write, so only the mover of this
+        write's events clears them; ``event_no`` orders one task's events within a millisecond."""
+        event_no = int(doc.get("event_no") or 0) + 1
+        number = doc.get("redrive_count", 0) + 1 if kind == "redriven" else attempt_no
+        detail = {"handler": doc.get("handler"), "attempt": attempt_no,
+                  "redrive_count": int(doc.get("redrive_count") or 0) + (1 if kind == "redriven" else 0),
+                  "error": None if kind == "succeeded" else error,
+                  "payload": json.loads(doc["payload_json"]) if self.events.include_payload and doc.get("payload_json") else None}
+        event = {"_id": f"{doc['_id']}:{kind}:{number}", "type": f"rdq.task.{kind}", "queue": doc.get("queue"),
+                 "task_id": doc["_id"], "at_ms": now_ms, "event_no": event_no, "detail_json": storable_json(detail),
+                 "leased_until_ms": 0}
+        return {"pending_events": [*(doc.get("pending_events") or []), event], "events_write": events_write,
+                "event_no": event_no}
+
+    def _move_events(self, task_ids: Sequence[str], events_write: str | None) -> None:
+        """Copy the events waiting on these tasks into the outbox (an id already there is kept),
+        then clear them from each task whose events are still the ones copied. A crash between
+        the two steps copies them again on the next take: nothing is lost, nothing doubled."""
+        if not task_ids:
+            return
+        query: dict[str, Any] = {"_id": {"$in": list(task_ids)}}
+        query["events_write"] = events_write if events_write is not None else {"$exists": True}
+        docs = list(self._tasks.find(query, {"pending_events": 1, "events_write": 1}))
+        events = [event for d in docs for event in (d.get("pending_events") or [])]
+        if events:
+            try:
+                self._outbox.insert_many(events, ordered=False)
+            except BulkWriteError as exc:
+                _duplicate_positions(exc)  # already moved: kept as it is
+        _crash_point("events:moved")
+        if docs:
+            self._tasks.bulk_write([UpdateOne({"_id": d["_id"], "events_write": d["events_write"]},
+                                              {"$unset": {"pending_events": "", "events_write": ""}}) for d in docs],
+                                   ordered=False)
+
+    def _outbox_put(self, events: Sequence[Mapping[str, Any]]) -> None:
+        now_ms = _epoch_ms(self._server_now())
+        docs = [{"_id": e["id"], "type": e["type"], "queue": e["queue"], "task_id": e["task_id"], "at_ms": now_ms,
+                 "event_no": 0, "detail_json": e["detail"], "leased_until_ms": 0} for e in events]
+        try:
+            self._outbox.insert_many(docs, ordered=False)
+        except BulkWriteError as exc:
+            _duplicate_positions(exc)
+
+    def _outbox_take(self, limit: int, lease_seconds: float) -> list[dict[str, Any]]:
+        # Events a crashed settle or redrive left on their tasks first (an index probe when none).
+        stranded = [d["_id"] for d in self._tasks.find({"events_write": {"$exists": True}}, {"_id": 1}, limit=200)]
+        self._move_events(stranded, None)
+        now_ms = _epoch_ms(self._server_now())
+        order = [("at_ms", ASCENDING), ("event_no", ASCENDING), ("_id", ASCENDING)]
+        ids = [d["_id"] for d in self._outbox.find({"leased_until_ms": {"$lte": now_ms}}, {"_id": 1}, sort=order,
+                                                    limit=limit, batch_size=limit)]
+        if not ids:
+            return []
+        # Leased under a fresh token, each only if no one leased it meanwhile; what carries the
+        # token is what this call took.
+        lease = uuid.uuid4().hex
+        self._outbox.update_many({"_id": {"$in": ids}, "leased_until_ms": {"$lte": now_ms}},
+                                 {"$set": {"leased_until_ms": now_ms + _duration_ms(lease_seconds), "lease": lease}})
+        taken = self._outbox.find({"_id": {"$in": ids}, "lease": lease}, sort=order)
+        return [{"id": d["_id"], "type": d["type"], "queue": d["queue"], "task_id": d.get("task_id"),
+                 "at": d["at_ms"], "detail": d["detail_json"]} for d in taken]
+
+    def _outbox_ack(self, ids: Sequence[str]) -> int:
+        return int(self._outbox.delete_many({"_id": {"$in": list(ids)}}).deleted_count)
 
     def _release(self, refs: Sequence[ClaimRef]) -> set[str]:
         now_ms = _epoch_ms(self._server_now())
@@ -447,6 +532,8 @@ class MongoStorage(StorageCore):
     def _redrive(self, selection: DeadSelection) -> int:
         query = _selection_query(selection)
         now_ms = _epoch_ms(self._server_now())
+        if self.events.redriven:
+            return self._redrive_with_events(query, now_ms)
         result = self._tasks.update_many(
             query,
             {
@@ -461,6 +548,32 @@ class MongoStorage(StorageCore):
             },
         )
         return result.modified_count
+
+    def _redrive_with_events(self, query: Mapping[str, Any], now_ms: int) -> int:
+        """Redrive with one rdq.task.redriven event per task on its document: each task is read
+        and then written under a compare-and-set on its redrive count (an event names the count),
+        in chunks; then the chunk's events are moved to the outbox."""
+        redriven = 0
+        while True:
+            docs = list(self._tasks.find(query, {"_id": 1, "redrive_count": 1, "attempt_seq": 1, **_EVENT_FIELDS},
+                                         limit=PURGE_CHUNK, batch_size=PURGE_CHUNK))
+            if not docs:
+                return redriven
+            events_write = uuid.uuid4().hex
+            operations = []
+            for doc in docs:
+                fields = self._events_on_task(doc, "redriven", int(doc.get("attempt_seq") or 0), doc.get("last_error"),
+                                              now_ms, events_write)
+                operations.append(UpdateOne(
+                    {"_id": doc["_id"], "status": TaskStatus.DEAD.value, "redrive_count": doc.get("redrive_count", 0)},
+                    {"$set": {"status": TaskStatus.PENDING.value, "attempt_count": 0, "next_attempt_at_ms": now_ms,
+                              "updated_at_ms": now_ms, **fields},
+                     "$inc": {"redrive_count": 1}, "$unset": {"dead_at_ms": ""}}))
+            redriven += self._tasks.bulk_write(operations, ordered=False).modified_count
+            _crash_point("redrive:committed")
+            self._move_events([d["_id"] for d in docs], events_write)
+            if len(docs) < PURGE_CHUNK:
+                return redriven
 
     def _purge_dead(self, selection: DeadSelection) -> int:
         query = _selection_query(selection)

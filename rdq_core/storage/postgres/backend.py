@@ -166,6 +166,9 @@ class PostgresStorage(StorageCore):
             "retry_delays": [float(s.retry_delay_seconds or 0.0) for s in settlements],
             "errors": [_error_json(s.error) for s in settlements],
             "results": [storable_json(s.result) for s in settlements],
+            # Lifecycle events written by the same statement (none when events are off).
+            "event_statuses": list(self.events.settled_statuses),
+            "with_payload": self.events.include_payload,
         }
         try:
             rows = self._fetch_all(QUERIES["settle"], params)
@@ -209,7 +212,9 @@ class PostgresStorage(StorageCore):
 
     def _redrive(self, selection: DeadSelection) -> int:
         where, params = _where(selection)
-        return self._rowcount(_spliced(QUERIES["redrive"], selection, where), params)
+        params.update(redriven_events=self.events.redriven, with_payload=self.events.include_payload)
+        redriven: int = self._fetch_all(_spliced(QUERIES["redrive"], selection, where), params)[0]["n"]
+        return redriven
 
     def _purge_dead(self, selection: DeadSelection) -> int:
         where, params = _where(selection)
@@ -232,6 +237,20 @@ class PostgresStorage(StorageCore):
 
     def _paused(self) -> list[str]:
         return [row["queue"] for row in self._fetch_all(QUERIES["paused"])]
+
+    # The outbox: each call is one autocommit statement.
+    def _outbox_put(self, events: Sequence[Mapping[str, Any]]) -> None:
+        self._rowcount(QUERIES["outbox_put"], {
+            "ids": [e["id"] for e in events], "types": [e["type"] for e in events],
+            "queues": [_text(e["queue"]) for e in events], "task_ids": [e["task_id"] for e in events],
+            "details": [e["detail"] for e in events]})
+
+    def _outbox_take(self, limit: int, lease_seconds: float) -> list[dict[str, Any]]:
+        rows = self._fetch_all(QUERIES["outbox_take"], {"limit": limit, "lease_seconds": lease_seconds})
+        return sorted(rows, key=lambda row: row["seq"])
+
+    def _outbox_ack(self, ids: Sequence[str]) -> int:
+        return self._rowcount(QUERIES["outbox_ack"], {"ids": list(ids)})
 
     # Engine documents: each call is one autocommit statement on rdq_documents' primary key.
     def _doc_get(self, kind: str, key: str) -> tuple[int, str] | None:

@@ -54,6 +54,13 @@ SELECT version FROM rdq_schema_version
 -- name: record_version
 INSERT INTO rdq_schema_version (version, name) VALUES (%(version)s, %(name)s)
 
+-- name: task_event_detail
+-- What a task event records (s: the changed task, with its attempt_no); the payload only when
+-- asked (RDQ_EVENTS_INCLUDE_PAYLOAD), the error not for a success.
+jsonb_build_object('handler', s.handler, 'attempt', s.attempt_no, 'redrive_count', s.redrive_count,
+                   'error', CASE WHEN s.status <> 'SUCCEEDED' THEN s.last_error END,
+                   'payload', CASE WHEN %(with_payload)s THEN s.payload END)
+
 -- name: now
 SELECT now()
 
@@ -203,14 +210,28 @@ settled AS (
       AND t.claim_token = d.claim_token
       AND t.status = 'IN_FLIGHT'
       AND (d.outcome <> 'LEASE_EXPIRED' OR t.lease_expires_at <= now())
-    RETURNING d.ord, t.id, d.outcome, d.error, t.claimed_at
+    RETURNING d.ord, t.id, d.outcome, d.error, t.claimed_at, t.status, t.queue, t.handler, t.redrive_count,
+              t.payload, t.last_error
+),
+numbered AS (
+    SELECT s.*, coalesce((SELECT max(a.attempt_no) FROM rdq_attempts AS a WHERE a.task_id = s.id), 0) + 1 AS attempt_no
+    FROM settled AS s
 ),
 recorded AS (
     INSERT INTO rdq_attempts (task_id, attempt_no, outcome, started_at, finished_at, error)
-    SELECT s.id,
-           coalesce((SELECT max(a.attempt_no) FROM rdq_attempts AS a WHERE a.task_id = s.id), 0) + 1,
-           s.outcome, s.claimed_at, now(), s.error::jsonb
-    FROM settled AS s
+    SELECT s.id, s.attempt_no, s.outcome, s.claimed_at, now(), s.error::jsonb
+    FROM numbered AS s
+),
+-- The lifecycle events of this settle (rdq_core/events.py), in the same statement: none unless
+-- event_statuses names the task's new status.
+events AS (
+    INSERT INTO rdq_outbox (id, type, queue, task_id, at, detail)
+    SELECT s.id || ':' || lower(s.status) || ':' || s.attempt_no, 'rdq.task.' || lower(s.status), s.queue, s.id, now(),
+           {{task_event_detail}}
+    FROM numbered AS s
+    WHERE s.status = ANY(%(event_statuses)s::text[])
+    ORDER BY s.id
+    ON CONFLICT (id) DO NOTHING
 )
 SELECT ord FROM settled
 
@@ -317,10 +338,24 @@ WHERE t.id = ANY (ARRAY(
   AND t.status = 'PENDING'
 
 -- name: redrive
-UPDATE rdq_tasks AS t
-SET status = 'PENDING', attempt_count = 0, redrive_count = t.redrive_count + 1,
-    next_attempt_at = now(), dead_at = NULL, updated_at = now()
-WHERE {where}
+-- With one rdq.task.redriven event per task when redriven_events is true (same statement).
+WITH redriven AS (
+    UPDATE rdq_tasks AS t
+    SET status = 'PENDING', attempt_count = 0, redrive_count = t.redrive_count + 1,
+        next_attempt_at = now(), dead_at = NULL, updated_at = now()
+    WHERE {where}
+    RETURNING t.id, t.queue, t.handler, t.redrive_count, t.payload, t.last_error, 'PENDING' AS status,
+              (SELECT max(a.attempt_no) FROM rdq_attempts AS a WHERE a.task_id = t.id) AS attempt_no
+),
+events AS (
+    INSERT INTO rdq_outbox (id, type, queue, task_id, at, detail)
+    SELECT s.id || ':redriven:' || s.redrive_count, 'rdq.task.redriven', s.queue, s.id, now(), {{task_event_detail}}
+    FROM redriven AS s
+    WHERE %(redriven_events)s
+    ORDER BY s.id
+    ON CONFLICT (id) DO NOTHING
+)
+SELECT count(*) AS n FROM redriven
 
 -- name: purge_dead
 DELETE FROM rdq_tasks AS t WHERE {where}
@@ -415,3 +450,24 @@ SELECT key, version, body FROM rdq_documents
 WHERE kind = %(kind)s AND key > %(after)s
 ORDER BY key
 LIMIT %(limit)s
+
+-- name: outbox_put
+INSERT INTO rdq_outbox (id, type, queue, task_id, at, detail)
+SELECT e.id, e.type, e.queue, e.task_id, now(), e.detail::jsonb
+FROM unnest(%(ids)s::text[], %(types)s::text[], %(queues)s::text[], %(task_ids)s::text[], %(details)s::text[])
+     WITH ORDINALITY AS e(id, type, queue, task_id, detail, ord)
+ORDER BY e.ord
+ON CONFLICT (id) DO NOTHING
+
+-- name: outbox_take
+-- The oldest events not leased to another deliverer (a batch being taken concurrently is
+-- skipped, not waited for), leased in the same statement.
+UPDATE rdq_outbox AS o
+SET leased_until = now() + %(lease_seconds)s * interval '1 second'
+WHERE o.seq = ANY (ARRAY(
+        SELECT seq FROM rdq_outbox WHERE leased_until <= now() ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    ))
+RETURNING o.seq, o.id, o.type, o.queue, o.task_id, o.at, o.detail
+
+-- name: outbox_ack
+DELETE FROM rdq_outbox WHERE id = ANY(%(ids)s::text[])

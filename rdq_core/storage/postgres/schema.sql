@@ -135,3 +135,19 @@ CREATE TABLE rdq_documents (
     CONSTRAINT rdq_documents_pkey PRIMARY KEY (kind, key),
     CONSTRAINT rdq_documents_version_check CHECK (version >= 1)
 );
+
+-- The outbox of lifecycle events: written by the settle and redrive statements with the change,
+-- taken in write order (seq) under a short lease, deleted once delivered; one row per event id.
+CREATE TABLE rdq_outbox (
+    seq          bigint GENERATED ALWAYS AS IDENTITY,
+    id           text COLLATE "C" NOT NULL,
+    type         text NOT NULL,
+    queue        text NOT NULL,
+    task_id      text,
+    at           timestamptz NOT NULL,
+    detail       jsonb NOT NULL,
+    leased_until timestamptz NOT NULL DEFAULT '-infinity',
+
+    CONSTRAINT rdq_outbox_pkey PRIMARY KEY (seq),
+    CONSTRAINT rdq_outbox_id_key UNIQUE (id)
+);

@@ -12,6 +12,8 @@ all keys of one queue live in one Redis Cluster slot and one script may touch th
 ``P:{q}:task:<id>``            hash: the task's fields
 ``P:{q}:attempts:<id>``        hash: ``attempt_no`` -> attempt JSON (a field per number: unique)
 ``P:{q}:paused``               string, present while the queue is paused (read by ``claim.lua``)
+``P:{q}:outbox``               zset of lifecycle-event ids scored by write order (``:outbox:seq``);
+                               ``:outbox:events`` their JSON, ``:outbox:leases`` their leases (µs)
 ``P:{P:global}:ids``           hash: task id -> queue (the global id index)
 ``P:{P:global}:queues``        set: queues that hold tasks (the reaper's registry)
 ``P:{P:global}:paused``        set: queues that may be paused (the listing of ``P:{q}:paused``)
@@ -284,15 +286,19 @@ class RedisStorage(StorageCore):
         return extended
 
     def _settle(self, settlements: Sequence[Settlement]) -> set[str]:
-        return self._fenced("settle", settlements, _settle_args)
+        # The lifecycle events of the settle are written by the same script (none when off).
+        events = (",".join(self.events.settled_statuses), "1" if self.events.include_payload else "0")
+        return self._fenced("settle", settlements, _settle_args, events)
 
     def _release(self, refs: Sequence[ClaimRef]) -> set[str]:
         return self._fenced("release", refs, lambda r: (r.task_id, r.claim_token))
 
-    def _fenced(self, script: str, items: Sequence[Any], args: Callable[[Any], tuple[Any, ...]]) -> set[str]:
+    def _fenced(self, script: str, items: Sequence[Any], args: Callable[[Any], tuple[Any, ...]],
+                lead: tuple[Any, ...] = ()) -> set[str]:
         """Run a fenced write script per queue in one round trip; the ids it did not refuse."""
         by_queue = _group_by_token_queue(items)
-        calls = [self._queue_call(script, queue, *[a for item in group for a in args(item)]) for queue, group in by_queue.items()]
+        calls = [self._queue_call(script, queue, *lead, *[a for item in group for a in args(item)])
+                 for queue, group in by_queue.items()]
         applied: set[str] = set()
         for group, refused in zip(by_queue.values(), self._run_batch(calls), strict=True):
             applied |= {item.task_id for item in group} - set(refused)
@@ -366,10 +372,12 @@ class RedisStorage(StorageCore):
         """Redrive, purge or cancel in bounded script calls, walking the status zset in
         (instant, id) order."""
         after_score, after_id, affected, queue_emptied = "", "", [], False
+        # A redrive writes rdq.task.redriven per task in the same script: '1', '2' with payloads.
+        events = "0" if not self.events.redriven else "2" if self.events.include_payload else "1"
         while True:
             exhausted, after_score, after_id, ids, empty = self._run(self._queue_call(
                 "apply", selection.queue, action, after_score, after_id, _SCAN_BUDGET,
-                *_selection_args(selection)))
+                *_selection_args(selection), events))
             affected.extend(ids)
             queue_emptied = empty == 1
             if exhausted:
@@ -386,6 +394,39 @@ class RedisStorage(StorageCore):
         counts = {TaskStatus.PENDING.value: pending, TaskStatus.IN_FLIGHT.value: in_flight, TaskStatus.DEAD.value: dead,
                   TaskStatus.SUCCEEDED.value: succeeded, TaskStatus.CANCELLED.value: cancelled}
         return QueueCounts(counts, age)
+
+    # -- the outbox (per queue, in the queue's slot: see _queue_prelude.lua) ----------------------
+    def _outbox_put(self, events: Sequence[Mapping[str, Any]]) -> None:
+        by_queue: dict[str, list[Mapping[str, Any]]] = {}
+        for event in events:
+            by_queue.setdefault(event["queue"], []).append(event)
+        self._run_batch([
+            self._queue_call("outbox_put", queue, queue, *[v for e in group for v in (e["id"], e["type"], e["detail"])])
+            for queue, group in by_queue.items()])
+        # Registered like a queue holding tasks, so take_events finds its outbox.
+        self._send(self._client.sadd, self._global_keys[1], *by_queue)
+
+    def _outbox_take(self, limit: int, lease_seconds: float) -> list[dict[str, Any]]:
+        """Queues with events first (one pipeline of ZCARDs), then one take script per such queue
+        until ``limit`` events are leased: a script never leases more than the caller gets."""
+        queues = sorted(self._queues())
+        if not queues:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for queue in queues:
+            pipe.zcard(self._queue_base_checked(queue) + "outbox")
+        counts = self._send(pipe.execute)
+        taken: list[dict[str, Any]] = []
+        for queue, count in zip(queues, counts, strict=True):
+            if count and len(taken) < limit:
+                replies = self._run(self._queue_call("outbox_take", queue, limit - len(taken), _micros(lease_seconds)))
+                taken += [json.loads(reply) for reply in replies]
+        return taken
+
+    def _outbox_ack(self, ids: Sequence[str]) -> int:
+        # An id does not name its queue: every queue's outbox is asked, in one pipeline.
+        queues = sorted(self._queues())
+        return sum(int(n) for n in self._run_batch([self._queue_call("outbox_ack", queue, *ids) for queue in queues]))
 
     def _queues(self) -> list[str]:
         return list(self._send(self._client.smembers, self._global_keys[1]))

@@ -226,7 +226,15 @@ class SQLiteStorage(StorageCore):
                     for task_id, claimed_at in rows
                 ]
                 self._execute(conn, _Q["append_attempts"], {"applied": storable_json(history), "now": now})
+                self._task_events(conn, now, [task_id for task_id, _ in rows], self.events.settled_statuses)
         return {task_id for task_id, _ in rows}
+
+    def _task_events(self, conn: sqlite3.Connection, now: int, ids: Sequence[str], statuses: Sequence[str]) -> None:
+        """The lifecycle events of the tasks just changed, in the caller's transaction (one more
+        statement, only when events are on)."""
+        if ids and statuses:
+            self._execute(conn, _Q["task_events"], {"ids": storable_json(list(ids)), "statuses": storable_json(list(statuses)),
+                                                    "now": now, "with_payload": int(self.events.include_payload)})
 
     def _release(self, refs: Sequence[ClaimRef]) -> set[str]:
         released: set[str] = set()
@@ -279,7 +287,9 @@ class SQLiteStorage(StorageCore):
     def _redrive(self, selection: Selection) -> int:
         where, params = _where(selection)
         with self._write() as (conn, now):
-            return self._execute(conn, _fill(_Q["redrive"], selection=where), [now, now] + params).rowcount
+            ids = [row[0] for row in self._execute(conn, _fill(_Q["redrive"], selection=where), [now, now] + params)]
+            self._task_events(conn, now, ids, ("PENDING",) if self.events.redriven else ())
+        return len(ids)
 
     def _purge_dead(self, selection: Selection) -> int:
         where, params = _where(selection)
@@ -316,6 +326,22 @@ class SQLiteStorage(StorageCore):
         with self._write() as (conn, now):
             self._execute(conn, _Q["audit_append"], {**entry, "at": now})
         return now
+
+    def _outbox_put(self, events: Sequence[Mapping[str, Any]]) -> None:
+        with self._write() as (conn, now):
+            self.round_trips += 1
+            conn.executemany(_Q["outbox_put"], [(e["id"], e["type"], e["queue"], e["task_id"], now, e["detail"])
+                                                for e in events])
+
+    def _outbox_take(self, limit: int, lease_seconds: float) -> Sequence[Record]:
+        with self._write() as (conn, now):
+            records = _records(self._execute(conn, _Q["outbox_take"], {
+                "now": now, "until": now + int(lease_seconds * 1_000_000), "limit": limit}))
+        return sorted(records, key=lambda r: r["seq"])
+
+    def _outbox_ack(self, ids: Sequence[str]) -> int:
+        with self._write() as (conn, _):
+            return self._execute(conn, _fill(_Q["outbox_ack"], marks=_marks(len(ids))), list(ids)).rowcount
 
     def _doc_get(self, kind: str, key: str) -> tuple[int, str] | None:
         row = self._execute(self._conn(), _Q["doc_get"], (kind, key)).fetchone()

@@ -115,6 +115,7 @@ UPDATE rdq_tasks SET status = 'CANCELLED', updated_at = ? WHERE {selection}
 UPDATE rdq_tasks SET status = 'PENDING', attempt_count = 0, redrive_count = redrive_count + 1,
        next_attempt_at = ?, dead_at = NULL, updated_at = ?
  WHERE {selection}
+RETURNING id
 
 -- name: purge_dead
 -- Attempts go with their task (ON DELETE CASCADE; foreign keys are on for every connection).
@@ -178,3 +179,34 @@ DELETE FROM rdq_documents WHERE kind = ? AND key = ? AND version = ?
 
 -- name: doc_page
 SELECT key, version, body FROM rdq_documents WHERE kind = ? AND key > ? ORDER BY key LIMIT ?
+
+-- name: task_events
+-- The lifecycle events of tasks this transaction just changed (rdq_core/events.py), inserted in
+-- the same transaction: a settle's DEAD (and, when asked, SUCCEEDED) tasks, a redrive's PENDING
+-- ones. The id is the task id, the kind and the attempt number (a redrive: the new redrive
+-- count), so writing one change twice is one event.
+INSERT OR IGNORE INTO rdq_outbox (id, type, queue, task_id, at, detail)
+SELECT e.id || ':' || e.kind || ':' || CASE e.kind WHEN 'redriven' THEN e.redrive_count ELSE e.attempt END,
+       'rdq.task.' || e.kind, e.queue, e.id, :now,
+       json_object('handler', e.handler, 'attempt', e.attempt, 'redrive_count', e.redrive_count,
+                   'error', json(CASE WHEN e.kind = 'succeeded' THEN NULL ELSE e.last_error END),
+                   'payload', CASE WHEN :with_payload THEN json(e.payload) END)
+  FROM (SELECT t.id, t.queue, t.handler, t.redrive_count, t.last_error, t.payload,
+               CASE t.status WHEN 'PENDING' THEN 'redriven' ELSE lower(t.status) END AS kind,
+               COALESCE((SELECT MAX(h.attempt_no) FROM rdq_attempts AS h WHERE h.task_id = t.id), 0) AS attempt
+          FROM rdq_tasks AS t
+         WHERE t.id IN (SELECT value FROM json_each(:ids))
+           AND t.status IN (SELECT value FROM json_each(:statuses))) AS e
+ ORDER BY e.id
+
+-- name: outbox_put
+INSERT OR IGNORE INTO rdq_outbox (id, type, queue, task_id, at, detail) VALUES (?, ?, ?, ?, ?, ?)
+
+-- name: outbox_take
+-- The oldest events not leased to someone else, leased in the same statement.
+UPDATE rdq_outbox SET leased_until = :until
+ WHERE seq IN (SELECT seq FROM rdq_outbox WHERE leased_until <= :now ORDER BY seq LIMIT :limit)
+RETURNING seq, id, type, queue, task_id, at, detail
+
+-- name: outbox_ack
+DELETE FROM rdq_outbox WHERE id IN ({marks})

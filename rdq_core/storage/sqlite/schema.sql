@@ -63,4 +63,14 @@ CREATE TABLE rdq_documents (
     body    TEXT NOT NULL,
     PRIMARY KEY (kind, key)
 ) WITHOUT ROWID;
-PRAGMA user_version = 3;
+CREATE TABLE rdq_outbox (
+    seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+    id           TEXT NOT NULL UNIQUE,
+    type         TEXT NOT NULL,
+    queue        TEXT NOT NULL,
+    task_id      TEXT,
+    at           INTEGER NOT NULL,
+    detail       TEXT NOT NULL,
+    leased_until INTEGER NOT NULL DEFAULT 0
+);
+PRAGMA user_version = 4;

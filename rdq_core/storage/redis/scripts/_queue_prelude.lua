@@ -27,11 +27,49 @@ local function task_reply_without_history(id)
   return {redis.call('HGETALL', task_key(id)), {}}
 end
 
+-- The lifecycle-event outbox of this queue (rdq_core/events.py), in the queue's slot so a
+-- settle or redrive script writes its events with the change: OUTBOX is a zset of event ids
+-- scored by write order (OUTBOX_SEQ counts), OUTBOX_EVENTS their JSON, OUTBOX_LEASES the
+-- instant (µs) a taken event becomes takeable again.
+local OUTBOX, OUTBOX_EVENTS = BASE .. 'outbox', BASE .. 'outbox:events'
+local OUTBOX_LEASES, OUTBOX_SEQ = BASE .. 'outbox:leases', BASE .. 'outbox:seq'
+
+-- A queue with undelivered events is not empty: it stays in the registry the outbox is taken by.
 local function queue_is_empty()
   for i = 1, 5 do
     if redis.call('ZCARD', KEYS[i]) > 0 then return false end
   end
-  return true
+  return redis.call('ZCARD', OUTBOX) == 0
+end
+
+-- Put one event (its JSON built from parts that are JSON already) unless its id is there.
+local function outbox_put(id, event_type, queue, task_id, at, detail_json)
+  if redis.call('HEXISTS', OUTBOX_EVENTS, id) == 1 then return end
+  redis.call('HSET', OUTBOX_EVENTS, id, '{"id":' .. cjson.encode(id) .. ',"type":' .. cjson.encode(event_type) ..
+    ',"queue":' .. cjson.encode(queue) .. ',"task_id":' .. (task_id and cjson.encode(task_id) or 'null') .. ',"at":"' .. at ..
+    '","detail":' .. detail_json .. '}')
+  redis.call('ZADD', OUTBOX, redis.call('INCR', OUTBOX_SEQ), id)
+end
+
+-- A task event (dead, succeeded, redriven) from the task's stored fields; the id is the task id,
+-- the kind and the attempt number (a redrive: the new redrive count).
+local function task_event(task_id, kind, attempt_no, at, with_payload)
+  local held = redis.call('HMGET', task_key(task_id), 'handler', 'redrive_count', 'last_error', 'payload', 'queue')
+  local error_json = (kind ~= 'succeeded' and held[3]) or 'null'
+  local payload_json = (with_payload == '1' and held[4]) or 'null'
+  local number = kind == 'redriven' and (held[2] or '0') or tostring(attempt_no)
+  outbox_put(task_id .. ':' .. kind .. ':' .. number, 'rdq.task.' .. kind, held[5], task_id, at,
+    '{"handler":' .. cjson.encode(held[1] or '') .. ',"attempt":' .. tostring(attempt_no) ..
+    ',"redrive_count":' .. (held[2] or '0') .. ',"error":' .. error_json .. ',"payload":' .. payload_json .. '}')
+end
+
+-- MAX(attempt_no) over the task's history (0 for none).
+local function last_attempt_no(task_id)
+  local attempt_no = 0
+  for _, no in ipairs(redis.call('HKEYS', attempts_key(task_id))) do
+    attempt_no = math.max(attempt_no, tonumber(no) or 0)
+  end
+  return attempt_no
 end
 
 -- The zset that holds the tasks of a status (ordered by that status's instant, then id).

@@ -1,5 +1,6 @@
 -- ARGV: base, action ('redrive' | 'purge' on DEAD tasks, 'cancel' on PENDING ones), after_score,
--- after_id, budget, ids_json, error_type, handler. Applies the action to the matches found in one
+-- after_id, budget, ids_json, error_type, handler, events ('1': a redrive writes
+-- rdq.task.redriven per task, with the payload when '2'). Applies the action to the matches found in one
 -- bounded scan (phase 1 is the scan), so each step is atomic on its own and never blocks the
 -- server for long; the client walks the whole selection in such steps.
 -- Returns {exhausted, last_score, last_id, affected ids, queue_is_empty}.
@@ -33,6 +34,9 @@ for _, m in ipairs(matches) do
     redis.call('HINCRBY', key, 'redrive_count', 1)
     redis.call('HSET', key, 'status', 'PENDING', 'attempt_count', '0', 'next_attempt_at', now, 'updated_at', now)
     redis.call('ZADD', DUE, now, id)
+    if ARGV[9] == '1' or ARGV[9] == '2' then
+      task_event(id, 'redriven', last_attempt_no(id), now, ARGV[9] == '2' and '1' or '0')
+    end
     affected[#affected + 1] = id
   else
     redis.call('ZREM', DEAD, id)

@@ -1,4 +1,5 @@
--- ARGV: base, then per settlement: id, token, outcome, status, retry_delay_us, error_json,
+-- ARGV: base, the statuses that write a lifecycle event (comma-separated, '' = none), whether
+-- events carry the payload ('1'/'0'), then per settlement: id, token, outcome, status, retry_delay_us, error_json,
 -- error_type, result_json ('' = none). The error JSON is embedded in the attempt record, so it
 -- is decoded (checked) first; the result JSON is stored verbatim. Returns the refused ids.
 -- Phase 1 checks every item and its fence (token, IN_FLIGHT, lease expiry for LEASE_EXPIRED,
@@ -6,11 +7,12 @@
 
 local OUTCOMES = {SUCCESS = true, RETRYABLE_FAILURE = true, PERMANENT_FAILURE = true, LEASE_EXPIRED = true}
 local SETTLED = {SUCCEEDED = true, PENDING = true, DEAD = true}
-need_groups(2, 8, 'settle')
+need_groups(4, 8, 'settle')
+local event_statuses, with_payload = ',' .. ARGV[2] .. ',', ARGV[3]
 
 local now = now_us()
 local refused, plan, seen = {}, {}, {}
-for o = 2, #ARGV, 8 do
+for o = 4, #ARGV, 8 do
   local id, token, outcome, status = ARGV[o], ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
   local error_json, error_type, result_json = ARGV[o + 5], ARGV[o + 6], ARGV[o + 7]
   need_string(id, 'task id')
@@ -27,10 +29,7 @@ for o = 2, #ARGV, 8 do
   if valid and outcome == 'LEASE_EXPIRED' and (tonumber(held[3]) or 0) > now then valid = false end
   if valid then
     -- attempt_no = MAX(attempt_no) + 1 over the history, never derived from attempt_count.
-    local attempt_no = 0
-    for _, no in ipairs(redis.call('HKEYS', attempts_key(id))) do
-      attempt_no = math.max(attempt_no, tonumber(no) or 0)
-    end
+    local attempt_no = last_attempt_no(id)
     seen[id] = true
     plan[#plan + 1] = {id = id, key = key, status = status, delay = delay, error_json = error_json,
       error_type = error_type, result_json = result_json, attempt_no = attempt_no + 1,
@@ -61,6 +60,9 @@ for _, p in ipairs(plan) do
   else
     redis.call('HSET', key, 'dead_at', us(now))
     redis.call('ZADD', DEAD, us(now), id)
+  end
+  if string.find(event_statuses, ',' .. p.status .. ',', 1, true) then
+    task_event(id, string.lower(p.status), p.attempt_no, us(now), with_payload)
   end
 end
 return refused
