@@ -9,6 +9,7 @@ Task states and their transitions (drawn in docs/state-machine.md)::
     IN_FLIGHT --lease expired, budget left-> PENDING   (reaper; one LEASE_EXPIRED row)
     IN_FLIGHT --failure/expiry, budget spent, or PermanentError--> DEAD
     IN_FLIGHT --release (never started)-->  PENDING    (no attempt row, budget unchanged)
+    IN_FLIGHT --Snooze(seconds)-->          PENDING    (one SNOOZED row, budget unchanged)
     DEAD      --redrive-->                  PENDING    (budget reset, history kept)
 """
 
@@ -33,6 +34,8 @@ class Outcome(str, enum.Enum):
     RETRYABLE_FAILURE = "RETRYABLE_FAILURE"
     PERMANENT_FAILURE = "PERMANENT_FAILURE"
     LEASE_EXPIRED = "LEASE_EXPIRED"
+    #: The handler asked to run again later (``rdq_core.Snooze``): no retry budget spent.
+    SNOOZED = "SNOOZED"
 
 
 @dataclass(frozen=True)
@@ -240,7 +243,7 @@ class Settlement:
     The backend, in one atomic step per task and only if ``claim_token`` still matches an
     IN_FLIGHT task (and, for LEASE_EXPIRED, only if its lease has expired by the backend clock):
     appends an attempt ``MAX(attempt_no)+1`` with ``outcome``/``error``, adds 1 to
-    ``attempt_count``, sets ``status`` (SUCCEEDED, PENDING or DEAD), clears the claim, sets
+    ``attempt_count`` (0 for SNOOZED, which is always PENDING: a snooze spends no budget), sets
     ``next_attempt_at = now() + retry_delay_seconds`` for PENDING, ``dead_at = now()`` for DEAD,
     stores ``result`` for SUCCEEDED and ``last_error`` for failures.
     """

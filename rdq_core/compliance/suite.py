@@ -14,6 +14,7 @@ one promise of the storage SPI (see ``spi.py``); a backend's test class subclass
 | ``operator.py``       | get, cancel, stats, queues, retention                               |
 | ``browsing.py``       | listings by status, counts, cancel by filter, pause, the audit trail |
 | ``documents.py``      | engine documents: compare-and-set, delete, paging               |
+| ``dedupe_snooze.py``  | snooze without spending budget, retry_on / dead_on              |
 | ``bounds.py``         | round-trip budgets, an unreachable server                           |
 | ``engine.py``         | the runner on this backend                                          |
 | ``runner_paths.py``   | the runner's own paths (buffers, heartbeats, deadlines)             |
@@ -31,6 +32,7 @@ from ..storage import open_storage
 from ..storage.spi import Storage
 from .bounds import BoundsCompliance
 from .browsing import BrowsingCompliance
+from .dedupe_snooze import DedupeSnoozeCompliance
 from .documents import DocumentCompliance
 from .capabilities import Capabilities
 from .chaos_compliance import ChaosCompliance
@@ -59,6 +61,7 @@ class StorageCompliance(
     OperatorCompliance,
     BrowsingCompliance,
     DocumentCompliance,
+    DedupeSnoozeCompliance,
     BoundsCompliance,
     EngineCompliance,
     StatefulCompliance,

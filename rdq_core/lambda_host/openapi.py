@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from zoneinfo import available_timezones
 
 from .. import payloads, validation
+from ..model import Outcome  # snooze: the attempt outcomes
 from ..validation import Limits
 from ..schedules import EXPRESSION_PATTERN, SCHEDULE_NAME
 
@@ -172,7 +173,7 @@ def _schemas() -> dict[str, Any]:
             "type": "object", "required": ["attempt_no", "outcome"],
             "properties": {
                 "attempt_no": {"type": "integer", "minimum": 1},
-                "outcome": {"type": "string", "enum": ["SUCCESS", "RETRYABLE_FAILURE", "PERMANENT_FAILURE", "LEASE_EXPIRED"]},
+                "outcome": {"type": "string", "enum": [o.value for o in Outcome]},  # SNOOZED included
                 "started_at": timestamp, "finished_at": timestamp, "error": error,
             },
         },

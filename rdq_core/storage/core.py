@@ -17,7 +17,7 @@ What the core owns, so no backend writes it again:
   with ``limit <= 0`` return nothing without touching the store; ``list_dead`` with
   ``limit < 1`` is ``InvalidInput``; ids, claim tokens, queue names and filter values that are
   not strings are ``InvalidInput`` (a store must never see a request value that could read as a
-  query operator); a settlement to any status but SUCCEEDED, PENDING or DEAD is ``InvalidInput``.
+  a SNOOZED one) is ``InvalidInput``.
 * **Errors**: the backend declares ``transient_errors`` (and may refine ``is_transient``); any
   of them escaping a primitive becomes ``StorageUnavailable``. ``connection=`` on a store that
   cannot join a caller's transaction is ``UnsupportedOperation``.
@@ -61,6 +61,7 @@ from ..model import (
     DeadPage,
     EnqueueResult,
     NewTask,
+    Outcome,
     QueueStats,
     Settlement,
     Task,
@@ -359,6 +360,8 @@ class StorageCore(Storage, abc.ABC):
         for item in items:
             if item.status not in _SETTLED_STATUSES:
                 raise InvalidInput(f"cannot settle task {item.task_id} as {item.status}", field="status")
+            if item.outcome is Outcome.SNOOZED and item.status is not TaskStatus.PENDING:
+                raise InvalidInput(f"a snoozed task {item.task_id} goes back to PENDING", field="status")
         # One settle per claim: the first decision for a task id is applied, a repeat refused.
         first: dict[str, Settlement] = {}
         for item in items:

@@ -763,7 +763,7 @@ def _settle_update(
         fields["last_error"] = settlement.error.to_dict()
     return {
         "$set": fields,
-        "$inc": {"attempt_count": 1},
+        "$inc": {"attempt_count": 0 if settlement.outcome is Outcome.SNOOZED else 1},  # a snooze spends no budget
         # last_attempt: the single recovery copy of schema 1 documents, now in pending_attempts.
         "$unset": {**_CLAIM_FIELDS, "last_attempt": ""},
     }

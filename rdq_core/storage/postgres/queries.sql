@@ -171,7 +171,7 @@ RETURNING ref.ord
 -- nothing. The attempt number is read from the history (MAX + 1) in the same statement --
 -- never from attempt_count, which redrive resets. claimed_at is kept on the task so it can
 -- become the attempt's started_at. dead_at uses clock_timestamp() so tasks dead-lettered by one
--- statement still get distinct, ordered DLQ positions.
+-- statement still get distinct, ordered DLQ positions. A SNOOZED attempt spends no budget.
 WITH decision AS (
     SELECT *
     FROM unnest(
@@ -184,7 +184,7 @@ WITH decision AS (
 settled AS (
     UPDATE rdq_tasks AS t
     SET status = d.status,
-        attempt_count = t.attempt_count + 1,
+        attempt_count = t.attempt_count + CASE WHEN d.outcome = 'SNOOZED' THEN 0 ELSE 1 END,
         next_attempt_at = CASE WHEN d.status = 'PENDING'
                                THEN now() + d.retry_delay_seconds * interval '1 second'
                                ELSE t.next_attempt_at END,

@@ -59,7 +59,7 @@ CREATE TABLE rdq_attempts (
         FOREIGN KEY (task_id) REFERENCES rdq_tasks (id) ON DELETE CASCADE,
     CONSTRAINT rdq_attempts_attempt_no_check CHECK (attempt_no >= 1),
     CONSTRAINT rdq_attempts_outcome_check
-        CHECK (outcome IN ('SUCCESS', 'RETRYABLE_FAILURE', 'PERMANENT_FAILURE', 'LEASE_EXPIRED'))
+        CHECK (outcome IN ('SUCCESS', 'RETRYABLE_FAILURE', 'PERMANENT_FAILURE', 'LEASE_EXPIRED', 'SNOOZED'))
 );
 
 -- Partial indexes: each hot path scans only the rows in the state it looks for, so its cost

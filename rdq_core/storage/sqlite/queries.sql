@@ -44,8 +44,9 @@ UPDATE rdq_tasks SET lease_expires_at = MAX(lease_expires_at, ?), updated_at = ?
 -- name: settle
 -- A whole batch of settlements travels as one JSON array (json_each), so a settle costs two
 -- statements however many tasks it carries: this fenced UPDATE … FROM, then append_attempts.
+-- A SNOOZED attempt spends no budget.
 UPDATE rdq_tasks AS t
-   SET status = s.status, attempt_count = t.attempt_count + 1, claim_token = NULL,
+   SET status = s.status, attempt_count = t.attempt_count + (s.outcome <> 'SNOOZED'), claim_token = NULL,
        lease_expires_at = NULL, updated_at = :now,
        next_attempt_at = CASE WHEN s.status = 'PENDING' THEN :now + s.delay_us ELSE t.next_attempt_at END,
        dead_at = CASE WHEN s.status = 'DEAD' THEN :now ELSE NULL END,

@@ -25,10 +25,11 @@ CREATE TABLE rdq_tasks (
     CHECK ((status = 'IN_FLIGHT') = (claim_token IS NOT NULL AND lease_expires_at IS NOT NULL)),
     CHECK ((status = 'DEAD') = (dead_at IS NOT NULL))
 );
-CREATE TABLE rdq_attempts (
+-- (quoted: migration 0006 rebuilt it under another name and renamed it, which quotes the name)
+CREATE TABLE "rdq_attempts" (
     task_id     TEXT NOT NULL REFERENCES rdq_tasks(id) ON DELETE CASCADE,
     attempt_no  INTEGER NOT NULL CHECK (attempt_no >= 1),
-    outcome     TEXT NOT NULL CHECK (outcome IN ('SUCCESS','RETRYABLE_FAILURE','PERMANENT_FAILURE','LEASE_EXPIRED')),
+    outcome     TEXT NOT NULL CHECK (outcome IN ('SUCCESS','RETRYABLE_FAILURE','PERMANENT_FAILURE','LEASE_EXPIRED','SNOOZED')),
     started_at  INTEGER,
     finished_at INTEGER,
     error       TEXT,
@@ -63,4 +64,4 @@ CREATE TABLE rdq_documents (
     body    TEXT NOT NULL,
     PRIMARY KEY (kind, key)
 ) WITHOUT ROWID;
-PRAGMA user_version = 3;
+PRAGMA user_version = 6;

@@ -4,18 +4,20 @@
 -- Phase 1 checks every item and its fence (token, IN_FLIGHT, lease expiry for LEASE_EXPIRED,
 -- one settle per task within the batch) and numbers its attempt; phase 2 writes.
 
-local OUTCOMES = {SUCCESS = true, RETRYABLE_FAILURE = true, PERMANENT_FAILURE = true, LEASE_EXPIRED = true}
+local OUTCOMES = {SUCCESS = true, RETRYABLE_FAILURE = true, PERMANENT_FAILURE = true, LEASE_EXPIRED = true, SNOOZED = true}
 local SETTLED = {SUCCEEDED = true, PENDING = true, DEAD = true}
 need_groups(2, 8, 'settle')
 
 local now = now_us()
 local refused, plan, seen = {}, {}, {}
+local spends = {}  -- attempt_count increments: SNOOZED ones are 0
 for o = 2, #ARGV, 8 do
   local id, token, outcome, status = ARGV[o], ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
   local error_json, error_type, result_json = ARGV[o + 5], ARGV[o + 6], ARGV[o + 7]
   need_string(id, 'task id')
   if not OUTCOMES[outcome] then invalid('unknown outcome for task ' .. id) end
   if not SETTLED[status] then invalid('cannot settle task ' .. id .. ' as ' .. tostring(status)) end
+  if outcome == 'SNOOZED' and status ~= 'PENDING' then invalid('a snoozed task goes back to PENDING: ' .. id) end
   local delay = need_number(ARGV[o + 4], 'retry delay')
   if error_json ~= '' then
     local decoded = need_json(error_json, 'error')
@@ -31,6 +33,7 @@ for o = 2, #ARGV, 8 do
     for _, no in ipairs(redis.call('HKEYS', attempts_key(id))) do
       attempt_no = math.max(attempt_no, tonumber(no) or 0)
     end
+    spends[id] = outcome == 'SNOOZED' and 0 or 1  -- a SNOOZED attempt spends no budget
     seen[id] = true
     plan[#plan + 1] = {id = id, key = key, status = status, delay = delay, error_json = error_json,
       error_type = error_type, result_json = result_json, attempt_no = attempt_no + 1,
@@ -46,7 +49,7 @@ for _, p in ipairs(plan) do
   redis.call('HSETNX', attempts_key(id), tostring(p.attempt_no), p.attempt)
   redis.call('ZREM', INFLIGHT, id)
   redis.call('HDEL', key, 'claim_token', 'claimed_at', 'lease_expires_at', 'dead_at')
-  redis.call('HINCRBY', key, 'attempt_count', 1)
+  redis.call('HINCRBY', key, 'attempt_count', spends[id])  -- 0 for SNOOZED
   redis.call('HSET', key, 'status', p.status, 'updated_at', us(now))
   if p.error_json ~= '' then
     redis.call('HSET', key, 'last_error', p.error_json, 'error_type', p.error_type)
