@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from .errors import ConfigurationError
+from .flow import FlowBook, FlowPolicy, flow_book_from_config
 from .model import Backoff, Task
 
 DEFAULT_MAX_ATTEMPTS = 5
@@ -70,6 +71,11 @@ class PolicyBook:
 
     default: RetryPolicy = field(default_factory=RetryPolicy)
     queues: Mapping[str, RetryPolicy] = field(default_factory=dict)
+    #: Each queue's flow control (rdq_core/flow.py), from the same configuration.
+    flows: FlowBook = field(default_factory=FlowBook)
+
+    def flow_for(self, queue: str) -> FlowPolicy:
+        return self.flows.for_queue(queue)
 
     def for_task(self, task: Task) -> RetryPolicy:
         queue_policy = self.queues.get(task.queue, self.default)
@@ -133,4 +139,4 @@ def policy_book_from_config(config: Mapping[str, object] | None) -> PolicyBook:
             retry_on=None if retry_on is None else _exception_names(str(queue), "retry_on", retry_on),
             dead_on=_exception_names(str(queue), "dead_on", raw.get("dead_on") or []),
         )
-    return PolicyBook(queues=queues)
+    return PolicyBook(queues=queues, flows=flow_book_from_config(config))

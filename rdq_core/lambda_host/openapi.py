@@ -96,6 +96,17 @@ def _bulk_result(done: str) -> dict[str, Any]:
 def _schemas() -> dict[str, Any]:
     name = {"type": "string", "pattern": f"^{validation.HANDLER_NAME.pattern}$"}
     task_id = {"type": "string", "pattern": f"^{validation.TASK_ID.pattern}$"}
+    flow_key = {"type": "string", "pattern": f"^{validation.FLOW_KEY.pattern}$"}
+    seconds = {"type": ["number", "null"], "minimum": 0, "maximum": Limits.delay_seconds}
+    flow_fields = {  # docs/flow-control.md
+        "priority": {"type": ["integer", "null"], "minimum": 0, "maximum": Limits.max_priority,
+                     "description": "claim order: lower runs first (default 0)"},
+        "concurrency_key": _nullable(flow_key), "rate_key": _nullable(flow_key), "group": _nullable(flow_key),
+        "dedupe_key": _nullable(flow_key), "dedupe_for_seconds": seconds, "dedupe_max_wait_seconds": seconds,
+        "dedupe_states": {"type": ["array", "null"], "minItems": 1,
+                          "items": {"type": "string", "enum": ["PENDING", "IN_FLIGHT", "SUCCEEDED", "DEAD", "CANCELLED"]}},
+        "dedupe_mode": {"type": ["string", "null"], "enum": ["skip", "replace", "debounce", None]},
+    }
     backoff = {
         "type": "object", "additionalProperties": False,
         "properties": {
@@ -144,6 +155,7 @@ def _schemas() -> dict[str, Any]:
                                               "not": {"pattern": "^rdq\\."}, "description": "the rdq. prefix is reserved"},
                             "additionalProperties": {"type": "string", "maxLength": Limits.header_value_chars,
                                                      "pattern": _NO_NUL}},
+                **flow_fields,
             },
         },
         "BatchRequest": {
@@ -193,6 +205,11 @@ def _schemas() -> dict[str, Any]:
                 "updated_at": timestamp, "dead_at": timestamp,
                 "result": {}, "last_error": error,
                 "attempts": {"type": "array", "items": {"$ref": "#/components/schemas/Attempt"}},
+                "priority": {"type": "integer", "minimum": 0, "maximum": Limits.max_priority},
+                "concurrency_key": _nullable(flow_key), "rate_key": _nullable(flow_key), "group": _nullable(flow_key),
+                "dedupe_key": _nullable(flow_key),
+                "deduplicated": {"type": "boolean", "description": "enqueue only: true when a task with the same "
+                                                                   "dedupe_key was found and is returned instead"},
             },
         },
         "QueueStats": {

@@ -152,7 +152,8 @@ def enqueue_task(request: ApiRequest, queue: str) -> Reply:
     logger.info("enqueued", extra=extra)
     # 200 with created=false: the id already existed on this queue and nothing was enqueued.
     status = 201 if result.created else 200
-    return Reply(status, {**result.task.to_dict(), "created": result.created}, {"Location": f"/v1/tasks/{result.task.id}"})
+    answer = {**result.task.to_dict(), "created": result.created, "deduplicated": result.deduplicated}
+    return Reply(status, answer, {"Location": f"/v1/tasks/{result.task.id}"})
 
 
 def enqueue_batch(request: ApiRequest, queue: str) -> Reply:

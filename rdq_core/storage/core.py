@@ -50,6 +50,7 @@ from ..errors import (
     TaskNotFound,
     UnsupportedOperation,
 )
+from ..flow import NO_FLOW, FlowPolicy
 from ..ids import new_sequential_id
 from ..model import (
     AuditEntry,
@@ -202,8 +203,9 @@ class StorageCore(Storage, abc.ABC):
         """Insert each task as PENDING unless its id exists; one result per input, in order."""
 
     @abc.abstractmethod
-    def _claim(self, queue: str, limit: int, lease_seconds: float) -> Sequence[Record]:
-        """Flip up to ``limit`` due PENDING tasks to IN_FLIGHT atomically; claimed records."""
+    def _claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy) -> Sequence[Record]:
+        """Flip up to ``limit`` due PENDING tasks to IN_FLIGHT atomically, in claim order and
+        within ``flow`` (docs/flow-control.md); claimed records."""
 
     @abc.abstractmethod
     def _extend(self, refs: Sequence[ClaimRef], lease_seconds: float) -> Mapping[str, Any]:
@@ -328,12 +330,12 @@ class StorageCore(Storage, abc.ABC):
             results.append(EnqueueResult(task=task, created=created, conflict=not created and task.queue != request.queue))
         return results
 
-    def claim(self, queue: str, limit: int, lease_seconds: float) -> list[ClaimedTask]:
+    def claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy = NO_FLOW) -> list[ClaimedTask]:
         _require_text(queue, "queue")
         if limit <= 0:
             return []
         with self.translated_errors():
-            records = self._claim(queue, int(limit), float(lease_seconds))
+            records = self._claim(queue, int(limit), float(lease_seconds), flow)
         return [self.codec.claimed(r) for r in records]
 
     def extend_leases(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, datetime]:

@@ -53,6 +53,7 @@ from datetime import datetime, timezone
 from typing import Any, ClassVar, Mapping, Sequence
 
 from ..errors import InvalidCursor
+from ..flow import NO_FLOW, FlowPolicy
 from ..model import (
     AuditEntry,
     Document,
@@ -107,8 +108,10 @@ class Storage(abc.ABC):
 
     # -- worker side -----------------------------------------------------------------------
     @abc.abstractmethod
-    def claim(self, queue: str, limit: int, lease_seconds: float) -> list[ClaimedTask]:
-        """Atomically claim up to ``limit`` due PENDING tasks of ``queue`` (see module doc)."""
+    def claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy = NO_FLOW) -> list[ClaimedTask]:
+        """Atomically claim up to ``limit`` due PENDING tasks of ``queue`` (see module doc),
+        lowest priority first, then by due time, within the queue's ``flow`` policy
+        (docs/flow-control.md)."""
 
     @abc.abstractmethod
     def extend_leases(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, datetime]:

@@ -181,7 +181,7 @@ _BAD_REQUESTS = [
      request("POST", "/v1/queues/emails/dlq:redrive", {"all": True}, content_type="application/x-www-form-urlencoded"), 415),
     ("JSON array body", request("POST", "/v1/queues/emails/tasks", [1, 2]), 422),
     ("missing handler", request("POST", "/v1/queues/emails/tasks", {"payload": 1}), 422),
-    ("unknown field", request("POST", "/v1/queues/emails/tasks", {"handler": "quick", "priority": 1}), 422),
+    ("unknown field", request("POST", "/v1/queues/emails/tasks", {"handler": "quick", "urgency": 1}), 422),
     ("bad queue name", request("POST", "/v1/queues/Not_OK!/tasks", {"handler": "quick"}), 422),
     ("bad task id", request("POST", "/v1/queues/emails/tasks", {"handler": "quick", "id": "../x"}), 422),
     ("negative delay", request("POST", "/v1/queues/emails/tasks", {"handler": "quick", "delay_seconds": -1}), 422),

@@ -27,6 +27,7 @@ from pymongo.errors import (
 )
 
 from ...errors import ConfigurationError, StorageUnavailable, TaskConflict
+from ...flow import FlowPolicy
 from ...model import ClaimRef, NewTask, Outcome, Settlement, TaskStatus
 from ..codec import RecordCodec, epoch_millis
 from ..core import ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore
@@ -218,7 +219,7 @@ class MongoStorage(StorageCore):
             results.append(InsertedRecord(record, inserted=False))
         return results
 
-    def _claim(self, queue: str, limit: int, lease_seconds: float) -> list[Mapping[str, Any]]:
+    def _claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy) -> list[Mapping[str, Any]]:
         # A paused queue claims nothing. findAndModify cannot read another collection, so the
         # flag is read before the first task is taken (one _id probe, nothing per task). Not
         # atomic with the claim: a claim that starts after set_paused returned sees the flag; a

@@ -29,6 +29,7 @@ from ...errors import (
     StorageUnavailable,
     UnsupportedOperation,
 )
+from ...flow import FlowPolicy
 from ...model import ClaimRef, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, decoded, instant
 from ..core import ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore
@@ -116,6 +117,10 @@ class PostgresStorage(StorageCore):
             # A naive run_at is taken as UTC rather than as the session's time zone.
             "run_ats": [t.run_at.replace(tzinfo=UTC) if t.run_at and t.run_at.tzinfo is None else t.run_at
                         for t in tasks],
+            "priorities": [t.priority for t in tasks],
+            "concurrency_keys": [t.concurrency_key for t in tasks],
+            "rate_keys": [t.rate_key for t in tasks],
+            "groups": [t.group for t in tasks],
         }
         try:
             if connection is not None:
@@ -150,7 +155,7 @@ class PostgresStorage(StorageCore):
             rows.append({**found[request.id], "ord": ord_, "inserted": False})
         return rows
 
-    def _claim(self, queue: str, limit: int, lease_seconds: float) -> list[dict[str, Any]]:
+    def _claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy) -> list[dict[str, Any]]:
         return self._fetch_all(QUERIES["claim"], {"queue": queue, "limit": limit, "lease_seconds": lease_seconds})
 
     def _extend(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, datetime]:

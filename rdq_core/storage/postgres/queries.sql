@@ -26,7 +26,8 @@
 -- Fragment: a task row as every statement returns it, from a relation aliased t.
 t.id, t.queue, t.handler, t.payload, t.headers, t.status, t.attempt_count, t.redrive_count,
 t.max_attempts, t.backoff, t.next_attempt_at, t.lease_expires_at, t.created_at, t.updated_at,
-t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at
+t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at, t.priority, t.concurrency_key, t.rate_key,
+t.task_group AS "group"
 
 -- name: task_history
 -- Fragment: the history of task t as a jsonb array, in attempt order.
@@ -66,17 +67,19 @@ WITH request AS (
     FROM unnest(
         %(ids)s::text[], %(queues)s::text[], %(handlers)s::text[], %(payloads)s::text[],
         %(headers)s::text[], %(max_attempts)s::int[], %(backoffs)s::text[],
-        %(delays)s::float8[], %(run_ats)s::timestamptz[]
+        %(delays)s::float8[], %(run_ats)s::timestamptz[], %(priorities)s::smallint[],
+        %(concurrency_keys)s::text[], %(rate_keys)s::text[], %(groups)s::text[]
     ) WITH ORDINALITY AS r(id, queue, handler, payload, headers, max_attempts, backoff,
-                           delay_seconds, run_at, ord)
+                           delay_seconds, run_at, priority, concurrency_key, rate_key, task_group, ord)
 ),
 inserted AS (
     INSERT INTO rdq_tasks (id, queue, handler, payload, headers, status, max_attempts,
-                           backoff, next_attempt_at)
+                           backoff, next_attempt_at, priority, concurrency_key, rate_key, task_group)
     SELECT DISTINCT ON (r.id)
            r.id, r.queue, r.handler, r.payload::jsonb, r.headers::jsonb, 'PENDING',
            r.max_attempts, r.backoff::jsonb,
-           coalesce(r.run_at, now() + r.delay_seconds * interval '1 second')
+           coalesce(r.run_at, now() + r.delay_seconds * interval '1 second'),
+           r.priority, r.concurrency_key, r.rate_key, r.task_group
     FROM request AS r
     ORDER BY r.id, r.ord
     ON CONFLICT (id) DO NOTHING

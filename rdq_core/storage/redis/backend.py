@@ -62,6 +62,7 @@ from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...errors import ConfigurationError, InvalidInput, RdqError, StorageUnavailable, TaskConflict
+from ...flow import FlowPolicy
 from ...model import ClaimRef, NewTask, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, epoch_micros
 from ..core import DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore
@@ -265,7 +266,7 @@ class RedisStorage(StorageCore):
             results[i] = result
 
     # -- worker side ---------------------------------------------------------------------------
-    def _claim(self, queue: str, limit: int, lease_seconds: float) -> list[Record]:
+    def _claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy) -> list[Record]:
         # The token carries its queue so later fenced writes find the task's keys without a
         # lookup; the random part makes it unique even if Redis loses recent writes on restart.
         token_prefix = f"{queue}|{secrets.token_urlsafe(12)}."

@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ...errors import ConfigurationError, StorageUnavailable
+from ...flow import FlowPolicy
 from ...model import ClaimRef, NewTask, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, epoch_micros
 from ..core import InsertedRecord, QueueCounts, Selection, StorageCore
@@ -175,12 +176,15 @@ class SQLiteStorage(StorageCore):
                         "max_attempts": t.max_attempts,
                         "backoff": storable_json(t.backoff.to_dict()) if t.backoff else None,
                         "next_attempt_at": _due_micros(t, now), "created_at": now, "updated_at": now,
+                        "priority": t.priority, "concurrency_key": t.concurrency_key, "rate_key": t.rate_key,
+                        "group": t.group,
                     }
             if fresh:
                 self.round_trips += 1
                 conn.executemany(_Q["insert"], [
                     (r["id"], r["queue"], r["handler"], r["payload"], r["headers"], r["max_attempts"], r["backoff"],
-                     r["next_attempt_at"], r["created_at"], r["updated_at"])
+                     r["next_attempt_at"], r["created_at"], r["updated_at"], r["priority"], r["concurrency_key"],
+                     r["rate_key"], r["group"])
                     for r in fresh.values()
                 ])
         return [
@@ -188,7 +192,7 @@ class SQLiteStorage(StorageCore):
             for t in tasks
         ]
 
-    def _claim(self, queue: str, limit: int, lease_seconds: float) -> Sequence[Record]:
+    def _claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy) -> Sequence[Record]:
         with self._write() as (conn, now):
             records = _records(self._execute(
                 conn, _Q["claim"],

@@ -11,7 +11,8 @@
 
 -- name: task_columns
 id, queue, handler, payload, headers, status, attempt_count, redrive_count, max_attempts, backoff,
-next_attempt_at, lease_expires_at, created_at, updated_at, dead_at, result, last_error, claim_token, claimed_at
+next_attempt_at, lease_expires_at, created_at, updated_at, dead_at, result, last_error, claim_token, claimed_at,
+priority, concurrency_key, rate_key, task_group AS "group"
 
 -- name: tasks_by_id
 SELECT {task_columns} FROM rdq_tasks WHERE id IN ({marks})
@@ -22,8 +23,8 @@ SELECT task_id, attempt_no, outcome, started_at, finished_at, error FROM rdq_att
 
 -- name: insert
 INSERT INTO rdq_tasks (id, queue, handler, payload, headers, status, max_attempts, backoff,
-                       next_attempt_at, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, 'PENDING', ?, ?, ?, ?, ?)
+                       next_attempt_at, created_at, updated_at, priority, concurrency_key, rate_key, task_group)
+VALUES (?, ?, ?, ?, ?, 'PENDING', ?, ?, ?, ?, ?, ?, ?, ?, ?)
 
 -- name: claim
 UPDATE rdq_tasks
