@@ -291,6 +291,7 @@ class Settlement:
     IN_FLIGHT task (and, for LEASE_EXPIRED, only if its lease has expired by the backend clock):
     appends an attempt ``MAX(attempt_no)+1`` with ``outcome``/``error``, adds 1 to
     ``attempt_count`` (0 for SNOOZED, which is always PENDING: a snooze spends no budget), sets
+    ``status`` (SUCCEEDED, PENDING or DEAD), clears the claim, sets
     ``next_attempt_at = now() + retry_delay_seconds`` for PENDING, ``dead_at = now()`` for DEAD,
     stores ``result`` for SUCCEEDED and ``last_error`` for failures.
     """

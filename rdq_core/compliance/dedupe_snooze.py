@@ -1,4 +1,9 @@
-"""Snooze and per-queue retry_on / dead_on on this backend.
+"""Enqueue-time dedupe, snooze and per-queue retry_on / dead_on on this backend.
+
+* an enqueue whose ``dedupe_key`` matches a task of the same queue (status in ``dedupe_states``,
+  default PENDING and IN_FLIGHT, or created within ``dedupe_for_seconds``) inserts nothing and
+  returns that task with ``deduplicated``; ``replace`` and ``debounce`` change a PENDING match;
+  enqueues racing on one key from many connections create exactly one task;
 
 * a SNOOZED settlement is fenced like any other, puts the task back to PENDING at the store's
   now + delay, records one SNOOZED attempt numbered from history and leaves ``attempt_count``
@@ -10,6 +15,8 @@
 
 from __future__ import annotations
 
+import threading
+from dataclasses import replace
 from datetime import timedelta
 from typing import Callable
 
@@ -17,18 +24,118 @@ import pytest
 
 from ..errors import InvalidInput, StaleClaim
 from ..handlers import HandlerRegistry, Snooze, TaskContext
-from ..model import Outcome, Settlement, TaskStatus
+from ..model import NewTask
+from ..ids import new_task_id
+from ..model import DedupeMode, EnqueueResult, Outcome, Settlement, TaskStatus
 from ..retry import policy_book_from_config
 from ..runner import BatchRunner
 from ..storage.spi import Storage
-from .support import FAST_BACKOFF, NEVER_ISSUED, due_at, must_get, new_task, retry, state, success, wait_until
+from .support import (
+    FAST_BACKOFF, NEVER_ISSUED, OpenStore, due_at, must_get, new_task, retry, state, success, wait_until,
+)
 
 
 def snooze(claimed_task_id: str, token: str, seconds: float) -> Settlement:
     return Settlement(claimed_task_id, token, Outcome.SNOOZED, TaskStatus.PENDING, retry_delay_seconds=seconds)
 
 
+def keyed(queue: str, key: str, payload: object = None, **fields: object) -> NewTask:
+    return replace(new_task(queue, payload=payload), dedupe_key=key, **fields)  # type: ignore[arg-type]
+
+
+def race_enqueues(stores: list[Storage], request: NewTask) -> list[EnqueueResult]:
+    """Each store enqueues ``request`` under a fresh id, all released at once by a barrier."""
+    barrier = threading.Barrier(len(stores))
+    results: list[EnqueueResult] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def enqueue(store: Storage) -> None:
+        try:
+            barrier.wait(10)
+            result = store.enqueue([replace(request, id=new_task_id())])[0]
+            with lock:
+                results.append(result)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=enqueue, args=(store,)) for store in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    return results
+
+
 class DedupeSnoozeCompliance:
+    # -- dedupe ---------------------------------------------------------------------------
+    def test_an_enqueue_matching_an_active_task_by_dedupe_key_returns_it_and_inserts_nothing(
+            self, storage: Storage) -> None:
+        first = storage.enqueue([keyed("dd", "order-1", {"v": 1})])[0]
+        assert first.created and not first.deduplicated and first.task.dedupe_key == "order-1"
+        again = storage.enqueue([keyed("dd", "order-1", {"v": 2})])[0]
+        assert (again.created, again.deduplicated, again.conflict) == (False, True, False)
+        assert again.task.id == first.task.id and again.task.payload == {"v": 1}, "skip: nothing changes"
+        other_key, other_queue = storage.enqueue([keyed("dd", "order-2"), keyed("dd-other", "order-1")])
+        assert other_key.created and other_queue.created, "a key is per queue"
+        assert storage.stats("dd").pending == 2
+        # An idempotent repeat of an id is that, not a dedupe.
+        repeat = storage.enqueue([replace(keyed("dd", "order-1"), id=first.task.id)])[0]
+        assert (repeat.created, repeat.deduplicated) == (False, False)
+        # In flight still matches by default; once finished, it no longer does.
+        claimed = storage.claim("dd", 10, 30)
+        assert storage.enqueue([keyed("dd", "order-1")])[0].deduplicated
+        storage.settle([success(c) for c in claimed])
+        fresh = storage.enqueue([keyed("dd", "order-1")])[0]
+        assert fresh.created and fresh.task.id != first.task.id
+
+    def test_dedupe_states_and_window_choose_what_matches(self, storage: Storage) -> None:
+        done = storage.enqueue([keyed("dd-states", "k")])[0].task
+        storage.settle([success(c) for c in storage.claim("dd-states", 1, 30)])
+        recent = storage.enqueue([keyed("dd-states", "k", dedupe_for_seconds=3600.0)])[0]
+        assert recent.deduplicated and recent.task.id == done.id and recent.task.status is TaskStatus.SUCCEEDED
+        by_state = storage.enqueue([keyed("dd-states", "k", dedupe_states=(TaskStatus.SUCCEEDED,))])[0]
+        assert by_state.deduplicated and by_state.task.id == done.id
+        outside = storage.enqueue([keyed("dd-states", "k", dedupe_for_seconds=0.0)])[0]
+        assert outside.created, "a finished task created before the window does not match"
+        # Now one PENDING (outside) and one SUCCEEDED (done): the newest matching one is returned.
+        only_done = storage.enqueue([keyed("dd-states", "k", dedupe_states=(TaskStatus.SUCCEEDED, TaskStatus.DEAD))])
+        assert only_done[0].deduplicated and only_done[0].task.id == done.id
+        newest = storage.enqueue([keyed("dd-states", "k", dedupe_for_seconds=3600.0)])[0]
+        assert newest.deduplicated and newest.task.id == outside.task.id
+
+    def test_replace_stores_the_new_payload_on_a_pending_match_only(self, storage: Storage) -> None:
+        first = storage.enqueue([keyed("dd-replace", "k", {"v": 1})])[0].task
+        replaced = storage.enqueue([keyed("dd-replace", "k", {"v": 2}, dedupe_mode=DedupeMode.REPLACE)])[0]
+        assert replaced.deduplicated and replaced.task.id == first.id and replaced.task.payload == {"v": 2}
+        assert must_get(storage, first.id).payload == {"v": 2}
+        storage.claim("dd-replace", 1, 30)
+        held = storage.enqueue([keyed("dd-replace", "k", {"v": 3}, dedupe_mode=DedupeMode.REPLACE)])[0]
+        assert held.deduplicated and must_get(storage, first.id).payload == {"v": 2}, "in flight: not replaced"
+
+    def test_debounce_pushes_the_run_time_but_never_past_the_max_wait(self, storage: Storage) -> None:
+        start = storage.now()
+        first = storage.enqueue([keyed("dd-debounce", "k", delay_seconds=10.0)])[0].task
+        pushed = storage.enqueue([keyed("dd-debounce", "k", delay_seconds=60.0, dedupe_mode=DedupeMode.DEBOUNCE)])[0]
+        assert pushed.deduplicated and pushed.task.id == first.id
+        assert start + timedelta(seconds=59) <= due_at(storage, first.id) <= storage.now() + timedelta(seconds=61)
+        capped = storage.enqueue([keyed("dd-debounce", "k", delay_seconds=3600.0, dedupe_mode=DedupeMode.DEBOUNCE,
+                                        dedupe_max_wait_seconds=120.0)])[0]
+        assert capped.deduplicated
+        created = must_get(storage, first.id).created_at
+        assert created is not None and due_at(storage, first.id) == created + timedelta(seconds=120)
+        assert storage.stats("dd-debounce").pending == 1
+
+    def test_concurrent_enqueues_of_one_key_create_exactly_one_task(self, storage: Storage, open_another: OpenStore) -> None:
+        stores = [open_another() for _ in range(8)]
+        for round_no in range(4):
+            results = race_enqueues(stores, keyed("dd-race", f"race-{round_no}"))
+            created = [r for r in results if r.created]
+            assert len(results) == len(stores) and len(created) == 1, results
+            assert all(r.deduplicated and r.task.id == created[0].task.id for r in results if not r.created), results
+        assert storage.stats("dd-race").pending == 4
+
     # -- snooze: the store ------------------------------------------------------------------
     def test_a_snooze_returns_the_task_to_pending_without_spending_its_budget(self, storage: Storage) -> None:
         storage.enqueue([new_task("snooze", id="snooze-1", max_attempts=2)])

@@ -17,6 +17,7 @@ What the core owns, so no backend writes it again:
   with ``limit <= 0`` return nothing without touching the store; ``list_dead`` with
   ``limit < 1`` is ``InvalidInput``; ids, claim tokens, queue names and filter values that are
   not strings are ``InvalidInput`` (a store must never see a request value that could read as a
+  query operator); a settlement to any status but SUCCEEDED, PENDING or DEAD (PENDING only, for
   a SNOOZED one) is ``InvalidInput``.
 * **Errors**: the backend declares ``transient_errors`` (and may refine ``is_transient``); any
   of them escaping a primitive becomes ``StorageUnavailable``. ``connection=`` on a store that
@@ -150,6 +151,17 @@ class InsertedRecord:
 
     record: Record
     inserted: bool
+    #: The record is an existing task the request matched by its dedupe_key (``_insert_deduplicated``).
+    deduplicated: bool = False
+
+
+#: The statuses a dedupe_key matches when the request names none.
+DEFAULT_DEDUPE_STATES = (TaskStatus.PENDING, TaskStatus.IN_FLIGHT)
+
+
+def dedupe_states_of(task: NewTask) -> tuple[str, ...]:
+    """The status values ``task``'s dedupe_key matches (its own, or PENDING and IN_FLIGHT)."""
+    return tuple(s.value for s in (task.dedupe_states or DEFAULT_DEDUPE_STATES))
 
 
 @dataclass(frozen=True)
@@ -201,6 +213,21 @@ class StorageCore(Storage, abc.ABC):
     @abc.abstractmethod
     def _insert(self, tasks: Sequence[NewTask], connection: Any) -> Sequence[InsertedRecord]:
         """Insert each task as PENDING unless its id exists; one result per input, in order."""
+
+    @abc.abstractmethod
+    def _insert_deduplicated(self, task: NewTask, connection: Any) -> InsertedRecord:
+        """Enqueue one task that has a ``dedupe_key``, atomically against concurrent enqueues of the
+        same queue and key (never a check and an insert another enqueue can slip between):
+
+        * a task already holding ``task.id``: its record, not inserted (idempotency comes first);
+        * else the newest task (by ``created_at``, then id) of the same queue and ``dedupe_key``
+          whose status is in ``dedupe_states_of(task)`` or that was created within
+          ``task.dedupe_for_seconds`` of the store's now: its record after the mode is applied,
+          ``deduplicated=True``. Only a PENDING match changes: ``replace`` stores the request's
+          payload; ``debounce`` moves ``next_attempt_at`` to the request's due time (now + delay,
+          or run_at), but never past the match's ``created_at + dedupe_max_wait_seconds``;
+        * else the task inserted as ``_insert`` would, with its ``dedupe_key`` stored.
+        """
 
     @abc.abstractmethod
     def _claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy) -> Sequence[Record]:
@@ -319,7 +346,7 @@ class StorageCore(Storage, abc.ABC):
             for field in ("id", "queue", "handler"):
                 _require_text(getattr(request, field), field)
         with self.translated_errors():
-            inserted = self._insert(requests, connection)
+            inserted = self._insert_all(requests, connection)
         results: list[EnqueueResult] = []
         seen: set[str] = set()
         for request, row in zip(requests, inserted, strict=True):
@@ -327,8 +354,18 @@ class StorageCore(Storage, abc.ABC):
             created = row.inserted and request.id not in seen
             seen.add(request.id)
             task = self.codec.task(row.record)  # an existing task keeps its history, if the record carries it
-            results.append(EnqueueResult(task=task, created=created, conflict=not created and task.queue != request.queue))
+            results.append(EnqueueResult(task=task, created=created, deduplicated=row.deduplicated,
+                                         conflict=not created and task.queue != request.queue))
         return results
+
+    def _insert_all(self, requests: list[NewTask], connection: Any) -> list[InsertedRecord]:
+        """Tasks without a dedupe_key go in one batch, exactly as before; each task with one is
+        enqueued by ``_insert_deduplicated``, after the batch, in request order."""
+        plain = [r for r in requests if r.dedupe_key is None]
+        rows = iter(self._insert(plain, connection) if plain else ())
+        batch = [None if r.dedupe_key is not None else next(rows) for r in requests]
+        return [row if row is not None else self._insert_deduplicated(request, connection)
+                for request, row in zip(requests, batch, strict=True)]
 
     def claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy = NO_FLOW) -> list[ClaimedTask]:
         _require_text(queue, "queue")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import uuid
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Sequence, TypeGuard
@@ -28,9 +29,9 @@ from pymongo.errors import (
 
 from ...errors import ConfigurationError, StorageUnavailable, TaskConflict
 from ...flow import FlowPolicy
-from ...model import ClaimRef, NewTask, Outcome, Settlement, TaskStatus
+from ...model import ClaimRef, DedupeMode, NewTask, Outcome, Settlement, TaskStatus
 from ..codec import RecordCodec, epoch_millis
-from ..core import ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore
+from ..core import ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore, dedupe_states_of
 from ..querytext import migrations
 from ..spi import from_micros, storable_json, to_micros
 
@@ -49,6 +50,8 @@ DEFAULT_CONNECT_TIMEOUT_MS = 10_000
 DEFAULT_SOCKET_TIMEOUT_MS = 30_000
 # purge_dead works through large selections in chunks so one delete never carries a huge $in.
 PURGE_CHUNK = 500
+#: How long an enqueue may hold a dedupe key's lock document before another may take it over.
+DEDUPE_LOCK_MS = 5_000
 
 _RETAINED_STATUSES = [TaskStatus.SUCCEEDED.value, TaskStatus.CANCELLED.value]
 # A listing without history leaves out the attempt rows a task carries (codec reads none).
@@ -125,6 +128,7 @@ class MongoStorage(StorageCore):
         self._queue_flags = self._db["queues"]
         self._audit = self._db["audit"]
         self._documents = self._db["documents"]
+        self._dedupe_locks = self._db["dedupe_locks"]
 
     def _count_round_trip(self) -> None:
         with self._round_trip_lock:
@@ -218,6 +222,54 @@ class MongoStorage(StorageCore):
                 raise TaskConflict(f"task {doc['_id']!r} changed while being enqueued; retry")
             results.append(InsertedRecord(record, inserted=False))
         return results
+
+    def _insert_deduplicated(self, task: NewTask, connection: Any) -> InsertedRecord:
+        # No multi-document transactions here (nx-27017 has none): the match and the insert are
+        # made one step by a lock document per queue and key, taken by insert_one on its unique
+        # _id. Its lease (DEDUPE_LOCK_MS) outlives any enqueue; a holder that died is taken over
+        # once the lease is past, by a conditional update only one waiter can win.
+        lock_id, token = f"{task.queue} {task.dedupe_key}", uuid.uuid4().hex
+        now_ms = self._take_dedupe_lock(lock_id, token)
+        try:
+            holder = self._tasks.find_one({"_id": task.id})
+            if holder is not None:
+                return InsertedRecord(self._with_histories([holder])[0], False)
+            window = task.dedupe_for_seconds
+            matches: list[dict[str, Any]] = [{"status": {"$in": list(dedupe_states_of(task))}}]
+            if window is not None:
+                matches.append({"created_at_ms": {"$gte": now_ms - _duration_ms(window)}})
+            match = self._tasks.find_one({"queue": task.queue, "dedupe_key": task.dedupe_key, "$or": matches},
+                                         sort=[("created_at_ms", DESCENDING), ("task_id", DESCENDING)])
+            if match is None:
+                return self._insert([task], connection)[0]
+            change = _dedupe_change(task, match, now_ms)
+            if change:
+                changed = self._tasks.find_one_and_update({"_id": match["_id"], "status": TaskStatus.PENDING.value},
+                                                          {"$set": change}, return_document=ReturnDocument.AFTER)
+                match = changed or match
+            return InsertedRecord(self._with_histories([match])[0], False, deduplicated=True)
+        finally:
+            self._dedupe_locks.delete_one({"_id": lock_id, "token": token})
+
+    def _take_dedupe_lock(self, lock_id: str, token: str) -> int:
+        """Hold the queue and key's lock; the server's now (ms) when it was taken."""
+        give_up = time.monotonic() + DEDUPE_LOCK_MS / 1000
+        pause = 0.002
+        while True:
+            now_ms = _epoch_ms(self._server_now())
+            try:
+                self._dedupe_locks.insert_one({"_id": lock_id, "token": token, "until_ms": now_ms + DEDUPE_LOCK_MS})
+                return now_ms
+            except DuplicateKeyError:
+                taken = self._dedupe_locks.find_one_and_update(
+                    {"_id": lock_id, "until_ms": {"$lt": now_ms}},
+                    {"$set": {"token": token, "until_ms": now_ms + DEDUPE_LOCK_MS}})
+                if taken is not None:
+                    return now_ms
+            if time.monotonic() > give_up:
+                raise StorageUnavailable(f"dedupe key {lock_id!r} stayed locked for {DEDUPE_LOCK_MS} ms; retry")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def _claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy) -> list[Mapping[str, Any]]:
         # A paused queue claims nothing. findAndModify cannot read another collection, so the
@@ -730,11 +782,24 @@ def _new_task_doc(new: NewTask, now_ms: int) -> dict[str, Any]:
         # behind never count as the history of a later task with the same id.
         "incarnation": uuid.uuid4().hex,
         "max_attempts": new.max_attempts,
+        "dedupe_key": new.dedupe_key,
         "backoff": new.backoff.to_dict() if new.backoff else None,
         "next_attempt_at_ms": next_attempt_ms,
         "created_at_ms": now_ms,
         "updated_at_ms": now_ms,
     }
+
+
+def _dedupe_change(task: NewTask, match: Mapping[str, Any], now_ms: int) -> dict[str, Any]:
+    """The fields a dedupe mode sets on a PENDING match (none for skip)."""
+    if task.dedupe_mode is DedupeMode.REPLACE:
+        return {"payload_json": storable_json(task.payload), "updated_at_ms": now_ms}
+    if task.dedupe_mode is DedupeMode.DEBOUNCE:
+        due = _new_task_doc(task, now_ms)["next_attempt_at_ms"]
+        if task.dedupe_max_wait_seconds is not None:
+            due = min(due, int(match["created_at_ms"]) + _duration_ms(task.dedupe_max_wait_seconds))
+        return {"next_attempt_at_ms": due, "updated_at_ms": now_ms}
+    return {}
 
 
 def _document_id(kind: str, key: str) -> str:

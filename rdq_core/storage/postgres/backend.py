@@ -32,7 +32,7 @@ from ...errors import (
 from ...flow import FlowPolicy
 from ...model import ClaimRef, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, decoded, instant
-from ..core import ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore
+from ..core import ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore, dedupe_states_of
 from ..querytext import migrations, named_queries
 from ..spi import from_micros, storable_json
 from .pool import MAX_IDLE_CONNECTIONS, WATCHDOG, ConnectionPool
@@ -41,6 +41,8 @@ QUERIES = named_queries(__package__, "queries.sql")
 
 #: First key of the two-key advisory lock that serialises migrations (second: the schema).
 MIGRATION_LOCK_NAMESPACE = 0x72647100  # "rdq\0"
+#: First key of the two-key advisory lock that serialises enqueues of one queue and dedupe_key.
+DEDUPE_LOCK_NAMESPACE = 0x72647164  # "rdqd"
 
 
 class PostgresStorage(StorageCore):
@@ -121,6 +123,7 @@ class PostgresStorage(StorageCore):
             "concurrency_keys": [t.concurrency_key for t in tasks],
             "rate_keys": [t.rate_key for t in tasks],
             "groups": [t.group for t in tasks],
+            "dedupe_keys": [t.dedupe_key for t in tasks],
         }
         try:
             if connection is not None:
@@ -135,6 +138,34 @@ class PostgresStorage(StorageCore):
             raise InvalidInput(f"value not storable in PostgreSQL jsonb: {exc}", field="payload") from exc
         by_ord = {row["ord"]: row for row in rows}
         return [InsertedRecord(by_ord[ord_], by_ord[ord_]["inserted"]) for ord_ in range(1, len(tasks) + 1)]
+
+    def _insert_deduplicated(self, task: NewTask, connection: Any) -> InsertedRecord:
+        if connection is not None and not isinstance(connection, psycopg.Connection):
+            raise UnsupportedOperation("connection must be a psycopg (3) Connection")
+        if connection is not None:
+            with _schema_required(), connection.transaction():  # a savepoint in the caller's transaction
+                return self._dedupe_on(connection, task)
+        with self._connection() as conn, conn.transaction():
+            return self._dedupe_on(conn, task)
+
+    def _dedupe_on(self, conn: psycopg.Connection[Any], task: NewTask) -> InsertedRecord:
+        """Lock the key, then match (and apply the mode) or insert: three round trips at most."""
+        self._execute(conn, QUERIES["dedupe_lock"], {
+            "namespace": DEDUPE_LOCK_NAMESPACE, "queue": task.queue, "key": task.dedupe_key})
+        run_at = task.run_at.replace(tzinfo=UTC) if task.run_at and task.run_at.tzinfo is None else task.run_at
+        try:
+            found = self._execute(conn, QUERIES["dedupe_match"], {
+                "id": task.id, "queue": task.queue, "key": task.dedupe_key, "states": list(dedupe_states_of(task)),
+                "window_seconds": task.dedupe_for_seconds, "mode": task.dedupe_mode.value,
+                "payload": storable_json(task.payload), "run_at": run_at, "delay_seconds": float(task.delay_seconds),
+                "max_wait_seconds": task.dedupe_max_wait_seconds,
+            }).fetchall()
+        except pg_errors.UntranslatableCharacter as exc:
+            raise InvalidInput(f"value not storable in PostgreSQL jsonb: {exc}", field="payload") from exc
+        if found:
+            row = found[0]
+            return InsertedRecord(row, False, deduplicated=bool(row["deduplicated"]))
+        return self._insert([task], conn)[0]
 
     def _insert_on(
         self, conn: psycopg.Connection[Any], tasks: Sequence[NewTask], params: dict[str, Any]

@@ -27,7 +27,7 @@
 t.id, t.queue, t.handler, t.payload, t.headers, t.status, t.attempt_count, t.redrive_count,
 t.max_attempts, t.backoff, t.next_attempt_at, t.lease_expires_at, t.created_at, t.updated_at,
 t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at, t.priority, t.concurrency_key, t.rate_key,
-t.task_group AS "group"
+t.task_group AS "group", t.dedupe_key
 
 -- name: task_history
 -- Fragment: the history of task t as a jsonb array, in attempt order.
@@ -68,18 +68,18 @@ WITH request AS (
         %(ids)s::text[], %(queues)s::text[], %(handlers)s::text[], %(payloads)s::text[],
         %(headers)s::text[], %(max_attempts)s::int[], %(backoffs)s::text[],
         %(delays)s::float8[], %(run_ats)s::timestamptz[], %(priorities)s::smallint[],
-        %(concurrency_keys)s::text[], %(rate_keys)s::text[], %(groups)s::text[]
+        %(concurrency_keys)s::text[], %(rate_keys)s::text[], %(groups)s::text[], %(dedupe_keys)s::text[]
     ) WITH ORDINALITY AS r(id, queue, handler, payload, headers, max_attempts, backoff,
-                           delay_seconds, run_at, priority, concurrency_key, rate_key, task_group, ord)
+                           delay_seconds, run_at, priority, concurrency_key, rate_key, task_group, dedupe_key, ord)
 ),
 inserted AS (
     INSERT INTO rdq_tasks (id, queue, handler, payload, headers, status, max_attempts,
-                           backoff, next_attempt_at, priority, concurrency_key, rate_key, task_group)
+                           backoff, next_attempt_at, priority, concurrency_key, rate_key, task_group, dedupe_key)
     SELECT DISTINCT ON (r.id)
            r.id, r.queue, r.handler, r.payload::jsonb, r.headers::jsonb, 'PENDING',
            r.max_attempts, r.backoff::jsonb,
            coalesce(r.run_at, now() + r.delay_seconds * interval '1 second'),
-           r.priority, r.concurrency_key, r.rate_key, r.task_group
+           r.priority, r.concurrency_key, r.rate_key, r.task_group, r.dedupe_key
     FROM request AS r
     ORDER BY r.id, r.ord
     ON CONFLICT (id) DO NOTHING
@@ -96,6 +96,51 @@ SELECT r.ord, false AS inserted,
 FROM request AS r JOIN rdq_tasks AS t ON t.id = r.id
 WHERE t.id = ANY(%(ids)s::text[])
 ORDER BY ord
+
+-- name: dedupe_lock
+-- Serialises enqueues of one queue and dedupe_key until the transaction ends (a hash collision
+-- only serialises two keys more than needed). The next statement runs after it with a snapshot
+-- that sees every task an earlier holder committed: the match below can never miss one.
+SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(queue)s || ' ' || %(key)s))
+
+-- name: dedupe_match
+-- Under dedupe_lock: the task holding the id (an idempotent repeat), else the newest task of the
+-- queue and key in one of the states or created within the window, with the mode applied to it
+-- when it is PENDING (replace: the payload; debounce: the run time, capped at created_at + the
+-- max wait). No row: nothing matches, insert. rdq_tasks_dedupe_idx serves the match.
+WITH holder AS (
+    SELECT t.id FROM rdq_tasks AS t WHERE t.id = %(id)s
+),
+match AS (
+    SELECT t.id FROM rdq_tasks AS t
+    WHERE NOT EXISTS (SELECT 1 FROM holder)
+      AND t.queue = %(queue)s AND t.dedupe_key = %(key)s
+      AND (t.status = ANY(%(states)s::text[])
+           OR t.created_at >= now() - %(window_seconds)s::float8 * interval '1 second')
+    ORDER BY t.created_at DESC, t.id DESC
+    LIMIT 1
+    FOR UPDATE
+),
+applied AS (
+    UPDATE rdq_tasks AS t
+    SET payload = CASE WHEN %(mode)s = 'replace' THEN %(payload)s::jsonb ELSE t.payload END,
+        next_attempt_at = CASE WHEN %(mode)s = 'debounce'
+                               THEN least(coalesce(%(run_at)s::timestamptz, now() + %(delay_seconds)s::float8 * interval '1 second'),
+                                          t.created_at + %(max_wait_seconds)s::float8 * interval '1 second')
+                               ELSE t.next_attempt_at END,
+        updated_at = now()
+    FROM match AS m
+    WHERE t.id = m.id AND t.status = 'PENDING' AND %(mode)s <> 'skip'
+    RETURNING t.*
+)
+SELECT false AS deduplicated, {{task_columns}}, {{task_history}}
+FROM rdq_tasks AS t JOIN holder AS h ON h.id = t.id
+UNION ALL
+SELECT true, {{task_columns}}, {{task_history}} FROM applied AS t
+UNION ALL
+SELECT true, {{task_columns}}, {{task_history}}
+FROM rdq_tasks AS t JOIN match AS m ON m.id = t.id
+WHERE NOT EXISTS (SELECT 1 FROM applied)
 
 -- name: tasks_by_ids
 -- enqueue's rare second trip: ids a concurrent transaction inserted while the enqueue ran.

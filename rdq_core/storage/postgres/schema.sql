@@ -34,6 +34,8 @@ CREATE TABLE rdq_tasks (
     concurrency_key  text COLLATE "C",
     rate_key         text COLLATE "C",
     task_group       text COLLATE "C",
+    -- enqueue-time dedupe (docs/flow-control.md)
+    dedupe_key       text COLLATE "C",
 
     CONSTRAINT rdq_tasks_pkey PRIMARY KEY (id),
     CONSTRAINT rdq_tasks_status_check
@@ -92,6 +94,10 @@ CREATE INDEX rdq_tasks_in_flight_key_idx ON rdq_tasks (queue, concurrency_key)
 -- due tasks.
 CREATE INDEX rdq_tasks_pending_group_idx ON rdq_tasks (queue, task_group, priority, next_attempt_at, id)
     WHERE status = 'PENDING' AND task_group IS NOT NULL;
+
+-- dedupe: an enqueue's match, newest first within one queue and dedupe_key (keyed tasks only).
+CREATE INDEX rdq_tasks_dedupe_idx ON rdq_tasks (queue, dedupe_key, created_at, id)
+    WHERE dedupe_key IS NOT NULL;
 
 -- reaper: IN_FLIGHT tasks whose lease expired, oldest expiry first, in one queue or queue by
 -- queue (a skip scan over this index); IN_FLIGHT listings.

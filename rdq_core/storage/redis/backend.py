@@ -65,7 +65,7 @@ from ...errors import ConfigurationError, InvalidInput, RdqError, StorageUnavail
 from ...flow import FlowPolicy
 from ...model import ClaimRef, NewTask, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, epoch_micros
-from ..core import DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore
+from ..core import DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore, dedupe_states_of
 from ..spi import from_micros, storable_error, storable_json, to_micros
 from .client import open_client
 from .lua import QUEUE_ZSETS, SCRIPTS, Call, Script
@@ -251,6 +251,25 @@ class RedisStorage(StorageCore):
         if dangling:
             self._take_over(tasks, dangling, results)
         return results  # type: ignore[return-value]  # every slot is filled above
+
+    def _insert_deduplicated(self, task: NewTask, connection: Any) -> InsertedRecord:
+        """As ``_insert`` (the id reserved first, re-asserted after creating), with the match and
+        the insert in one script, ``enqueue_dedupe.lua``: two round trips, three when the request
+        is deduplicated (its id reservation is dropped again)."""
+        args = _enqueue_args(task)
+        owner = self._run(self._global_call("reserve_ids", task.id, task.queue))[0]
+        if owner != task.queue:  # the id is another queue's: the ordinary conflict path
+            return self._insert([task], connection)[0]
+        window, max_wait = task.dedupe_for_seconds, task.dedupe_max_wait_seconds
+        created, reply, deduplicated = self._run_pipeline([
+            self._queue_call("enqueue_dedupe", task.queue, task.queue, task.dedupe_key,
+                             _json(list(dedupe_states_of(task))), "" if window is None else _micros(window),
+                             task.dedupe_mode.value, "" if max_wait is None else _micros(max_wait), *args),
+            self._global_call("reserve_ids", task.id, task.queue),
+        ])[0]
+        if deduplicated:
+            self._run(self._global_call("unindex", task.queue, "0", task.id))
+        return InsertedRecord(_record(reply), inserted=created == 1, deduplicated=deduplicated == 1)
 
     def _take_over(self, tasks: Sequence[NewTask], dangling: list[tuple[int, str]], results: list[Any]) -> None:
         """An index entry names a queue that has no such task (an enqueue died between its two

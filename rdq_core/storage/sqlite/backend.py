@@ -17,6 +17,7 @@ the number of the last one applied); the shared behaviour is ``StorageCore``'s.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sqlite3
@@ -32,7 +33,7 @@ from ...errors import ConfigurationError, StorageUnavailable
 from ...flow import FlowPolicy
 from ...model import ClaimRef, NewTask, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, epoch_micros
-from ..core import InsertedRecord, QueueCounts, Selection, StorageCore
+from ..core import InsertedRecord, QueueCounts, Selection, StorageCore, dedupe_states_of
 from ..querytext import migrations, named_queries
 from ..spi import from_micros, storable_json, to_micros
 
@@ -164,33 +165,55 @@ class SQLiteStorage(StorageCore):
 
     def _insert(self, tasks: Sequence[NewTask], connection: Any) -> Sequence[InsertedRecord]:
         with self._write() as (conn, now):
-            # Inside the write lock nobody else can insert, so "exists" is decided once, here.
-            existing = {r["id"]: r for r in _tasks_by_id(conn, [t.id for t in tasks])}
+            return self._insert_locked(conn, now, tasks)
+
+    def _insert_locked(self, conn: sqlite3.Connection, now: int, tasks: Sequence[NewTask]) -> list[InsertedRecord]:
+        # Inside the write lock nobody else can insert, so "exists" is decided once, here.
+        existing = {r["id"]: r for r in _tasks_by_id(conn, [t.id for t in tasks])}
+        self.round_trips += 1
+        fresh: dict[str, dict[str, Any]] = {}
+        for t in tasks:
+            if t.id not in existing and t.id not in fresh:  # a repeat in the batch: its first
+                fresh[t.id] = {
+                    "id": t.id, "queue": t.queue, "handler": t.handler, "payload": storable_json(t.payload),
+                    "headers": storable_json(dict(t.headers)), "status": TaskStatus.PENDING.value,
+                    "max_attempts": t.max_attempts,
+                    "backoff": storable_json(t.backoff.to_dict()) if t.backoff else None,
+                    "next_attempt_at": _due_micros(t, now), "created_at": now, "updated_at": now,
+                    "priority": t.priority, "concurrency_key": t.concurrency_key, "rate_key": t.rate_key,
+                    "group": t.group, "dedupe_key": t.dedupe_key,
+                }
+        if fresh:
             self.round_trips += 1
-            fresh: dict[str, dict[str, Any]] = {}
-            for t in tasks:
-                if t.id not in existing and t.id not in fresh:  # a repeat in the batch: its first
-                    fresh[t.id] = {
-                        "id": t.id, "queue": t.queue, "handler": t.handler, "payload": storable_json(t.payload),
-                        "headers": storable_json(dict(t.headers)), "status": TaskStatus.PENDING.value,
-                        "max_attempts": t.max_attempts,
-                        "backoff": storable_json(t.backoff.to_dict()) if t.backoff else None,
-                        "next_attempt_at": _due_micros(t, now), "created_at": now, "updated_at": now,
-                        "priority": t.priority, "concurrency_key": t.concurrency_key, "rate_key": t.rate_key,
-                        "group": t.group,
-                    }
-            if fresh:
-                self.round_trips += 1
-                conn.executemany(_Q["insert"], [
-                    (r["id"], r["queue"], r["handler"], r["payload"], r["headers"], r["max_attempts"], r["backoff"],
-                     r["next_attempt_at"], r["created_at"], r["updated_at"], r["priority"], r["concurrency_key"],
-                     r["rate_key"], r["group"])
-                    for r in fresh.values()
-                ])
+            conn.executemany(_Q["insert"], [
+                (r["id"], r["queue"], r["handler"], r["payload"], r["headers"], r["max_attempts"], r["backoff"],
+                 r["next_attempt_at"], r["created_at"], r["updated_at"], r["priority"], r["concurrency_key"],
+                 r["rate_key"], r["group"], r["dedupe_key"])
+                for r in fresh.values()
+            ])
         return [
             InsertedRecord(existing[t.id], False) if t.id in existing else InsertedRecord(fresh[t.id], True)
             for t in tasks
         ]
+
+    def _insert_deduplicated(self, task: NewTask, connection: Any) -> InsertedRecord:
+        # The write lock (BEGIN IMMEDIATE) serialises every enqueue: the match and the insert
+        # below are one step to any other writer.
+        with self._write() as (conn, now):
+            if (holder := _tasks_by_id(conn, [task.id])):
+                return InsertedRecord(holder[0], False)
+            since = None if task.dedupe_for_seconds is None else now - int(task.dedupe_for_seconds * 1_000_000)
+            match = _records(self._execute(conn, _Q["dedupe_match"], {
+                "queue": task.queue, "key": task.dedupe_key, "states": json.dumps(dedupe_states_of(task)),
+                "since": since}))
+            if not match:
+                return self._insert_locked(conn, now, [task])[0]
+            max_wait = task.dedupe_max_wait_seconds
+            changed = _records(self._execute(conn, _Q["dedupe_apply"], {
+                "id": match[0]["id"], "mode": task.dedupe_mode.value, "payload": storable_json(task.payload),
+                "due": _due_micros(task, now), "now": now,
+                "max_wait_us": None if max_wait is None else int(max_wait * 1_000_000)}))
+            return InsertedRecord((changed or match)[0], False, deduplicated=True)
 
     def _claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy) -> Sequence[Record]:
         with self._write() as (conn, now):

@@ -12,7 +12,7 @@
 -- name: task_columns
 id, queue, handler, payload, headers, status, attempt_count, redrive_count, max_attempts, backoff,
 next_attempt_at, lease_expires_at, created_at, updated_at, dead_at, result, last_error, claim_token, claimed_at,
-priority, concurrency_key, rate_key, task_group AS "group"
+priority, concurrency_key, rate_key, task_group AS "group", dedupe_key
 
 -- name: tasks_by_id
 SELECT {task_columns} FROM rdq_tasks WHERE id IN ({marks})
@@ -23,8 +23,29 @@ SELECT task_id, attempt_no, outcome, started_at, finished_at, error FROM rdq_att
 
 -- name: insert
 INSERT INTO rdq_tasks (id, queue, handler, payload, headers, status, max_attempts, backoff,
-                       next_attempt_at, created_at, updated_at, priority, concurrency_key, rate_key, task_group)
-VALUES (?, ?, ?, ?, ?, 'PENDING', ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                       next_attempt_at, created_at, updated_at, priority, concurrency_key, rate_key, task_group,
+                       dedupe_key)
+VALUES (?, ?, ?, ?, ?, 'PENDING', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: dedupe_match
+-- The newest task of the queue with this dedupe_key in one of :states (a JSON array) or created
+-- at or after :since (NULL: no window). rdq_tasks_dedupe serves it.
+SELECT {task_columns} FROM rdq_tasks
+ WHERE queue = :queue AND dedupe_key = :key
+   AND (status IN (SELECT value FROM json_each(:states)) OR created_at >= :since)
+ ORDER BY created_at DESC, id DESC LIMIT 1
+
+-- name: dedupe_apply
+-- The mode, on a PENDING match only: replace stores the new payload; debounce moves the run time
+-- to the request's, capped at first enqueue + max wait. skip changes nothing (no row returned).
+UPDATE rdq_tasks
+   SET payload = CASE WHEN :mode = 'replace' THEN :payload ELSE payload END,
+       next_attempt_at = CASE WHEN :mode = 'debounce'
+                              THEN MIN(:due, COALESCE(created_at + :max_wait_us, :due))
+                              ELSE next_attempt_at END,
+       updated_at = :now
+ WHERE id = :id AND status = 'PENDING' AND :mode <> 'skip'
+RETURNING {task_columns}
 
 -- name: claim
 UPDATE rdq_tasks

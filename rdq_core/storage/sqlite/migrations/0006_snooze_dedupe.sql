@@ -14,3 +14,7 @@ INSERT INTO rdq_attempts_v6 (task_id, attempt_no, outcome, started_at, finished_
 SELECT task_id, attempt_no, outcome, started_at, finished_at, error FROM rdq_attempts;
 DROP TABLE rdq_attempts;
 ALTER TABLE rdq_attempts_v6 RENAME TO rdq_attempts;
+-- Enqueue-time dedupe: the key a task was enqueued with, and the index the match walks (newest
+-- first within one queue and key). Tasks without a key are not in it.
+ALTER TABLE rdq_tasks ADD COLUMN dedupe_key TEXT;
+CREATE INDEX rdq_tasks_dedupe ON rdq_tasks (queue, dedupe_key, created_at, id) WHERE dedupe_key IS NOT NULL;
