@@ -307,7 +307,8 @@ class HttpClient:
                 dedupe_key=sent.get("dedupe_key"),
             )
             results.append(EnqueueResult(task=task, created=answer["result"] == "created",
-                                         conflict=answer["result"] == "conflict"))
+                                         conflict=answer["result"] == "conflict",
+                                         deduplicated=bool(answer.get("deduplicated", False))))
         return results
 
     # -- reading and operating -------------------------------------------------------------

@@ -172,12 +172,15 @@ def _schemas() -> dict[str, Any]:
                      "properties": {
                         "id": {"type": "string"}, "queue": {"type": "string"},
                         "result": {"type": "string", "enum": ["created", "existing"]},
+                        "deduplicated": {"type": "boolean", "description": "existing because its dedupe_key matched "
+                                                                           "this task (id is the matched task's)"},
                         "status": {"$ref": "#/components/schemas/Status"}}},
                     {"type": "object", "required": ["id", "result"], "additionalProperties": False,
                      "description": "the id is taken on another queue; nothing was written",
                      "properties": {"id": {"type": "string"}, "result": {"const": "conflict"}}},
                 ]}},
                 "created": {"type": "integer"}, "existing": {"type": "integer"}, "conflict": {"type": "integer"},
+                "deduplicated": {"type": "integer", "description": "of the existing ones, matched by dedupe_key"},
             },
         },
         "Status": {"type": "string", "enum": ["PENDING", "IN_FLIGHT", "SUCCEEDED", "DEAD", "CANCELLED"]},
