@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .errors import ConfigurationError
 
@@ -151,3 +151,132 @@ def flow_book_from_config(config: Mapping[str, object] | None) -> FlowBook:
         if policy != NO_FLOW:
             queues[str(queue)] = policy
     return FlowBook(queues=queues)
+
+
+# -- the choice a serialised claim makes ------------------------------------------------------
+#: Priorities run 0 (first) .. 9; the claim walks them in this order.
+PRIORITIES = range(10)
+#: How many due tasks a flow-controlled claim of ``limit`` looks at beyond the keys it already
+#: knows are full: enough that a few busy keys at the head of the queue do not hide the allowed
+#: tasks behind them (a busier head is passed over by the next claim, once those keys are full).
+CANDIDATES_PER_CLAIMED = 8
+MAX_CANDIDATES = 1000
+#: How many groups a fair claim looks up (each one index probe) before it gives up finding more
+#: groups with due tasks their keys allow.
+MAX_GROUP_PROBES = 200
+
+
+def candidate_count(limit: int) -> int:
+    return min(max(limit * CANDIDATES_PER_CLAIMED, limit), MAX_CANDIDATES)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A due PENDING task a flow-controlled claim may take; ``due`` in the store's microseconds."""
+
+    id: str
+    priority: int
+    due: int
+    concurrency_key: str | None = None
+    rate_key: str | None = None
+    group: str | None = None
+
+
+@dataclass(frozen=True)
+class FlowState:
+    """What the store holds now, read inside the claim's serialised step.
+
+    ``in_flight``: IN_FLIGHT tasks of the queue; ``in_flight_by_key``: of each concurrency key
+    (only keys with some); ``recent_claims``: per rate key, claims within the last period;
+    ``last_group``: the group the previous fair claim served last."""
+
+    in_flight: int = 0
+    in_flight_by_key: Mapping[str, int] = field(default_factory=dict)
+    recent_claims: Mapping[str, int] = field(default_factory=dict)
+    last_group: str | None = None
+
+
+@dataclass(frozen=True)
+class FlowChoice:
+    ids: tuple[str, ...]
+    #: The group the last task taken belongs to ('' for no group), for the next fair claim.
+    served_group: str | None = None
+
+
+def rank(flow: FlowPolicy, candidate: Candidate) -> tuple[int, int, str]:
+    """Claim order: priority, then due time, then id; with aging, due time + priority x aging."""
+    if flow.priority_aging_seconds is not None:
+        return (candidate.due + int(candidate.priority * flow.priority_aging_seconds * 1_000_000), 0, candidate.id)
+    return (candidate.priority, candidate.due, candidate.id)
+
+
+def full_keys(flow: FlowPolicy, state: FlowState) -> tuple[list[str], list[str]]:
+    """Concurrency keys at their limit and rate keys out of budget: a claim need not read their tasks."""
+    concurrency = [key for key, n in state.in_flight_by_key.items() if (limit := flow.limit_for(key)) is not None and n >= limit]
+    rate = [key for key, n in state.recent_claims.items()
+            if flow.rate_limit is not None and n >= flow.rate_limit.count]
+    return concurrency, rate
+
+
+def choose(flow: FlowPolicy, state: FlowState, candidates: Sequence[Candidate], limit: int) -> FlowChoice:
+    """Which candidates one claim of ``limit`` takes under ``flow``, given ``state``.
+
+    Over-limit tasks are passed over (left PENDING, nothing spent) and the allowed ones behind
+    them taken. With ``fair_groups`` the claim takes one task per group in turn, groups in name
+    order starting after ``state.last_group`` (tasks without a group form the group '')."""
+    budget = limit if flow.max_in_flight is None else min(limit, flow.max_in_flight - state.in_flight)
+    if budget <= 0:
+        return FlowChoice(())
+    running = dict(state.in_flight_by_key)
+    recent = dict(state.recent_claims)
+    rate_count = flow.rate_limit.count if flow.rate_limit is not None else None
+
+    def allowed(candidate: Candidate) -> bool:
+        key = candidate.concurrency_key
+        if key is not None:
+            key_limit = flow.limit_for(key)
+            if key_limit is not None and running.get(key, 0) >= key_limit:
+                return False
+        if rate_count is not None and candidate.rate_key is not None and recent.get(candidate.rate_key, 0) >= rate_count:
+            return False
+        return True
+
+    def take(candidate: Candidate) -> None:
+        if candidate.concurrency_key is not None:
+            running[candidate.concurrency_key] = running.get(candidate.concurrency_key, 0) + 1
+        if candidate.rate_key is not None:
+            recent[candidate.rate_key] = recent.get(candidate.rate_key, 0) + 1
+        taken.append(candidate.id)
+
+    taken: list[str] = []
+    ordered = sorted(candidates, key=lambda c: rank(flow, c))
+    if not flow.fair_groups:
+        for candidate in ordered:
+            if len(taken) >= budget:
+                break
+            if allowed(candidate):
+                take(candidate)
+        return FlowChoice(tuple(taken))
+
+    lanes: dict[str, list[Candidate]] = {}
+    for candidate in ordered:
+        lanes.setdefault(candidate.group or "", []).append(candidate)
+    names = sorted(lanes)
+    last = state.last_group
+    if last is not None:
+        # Round robin across claims: the groups after the one served last come first.
+        names = [n for n in names if n > last] + [n for n in names if n <= last]
+    queues = {name: iter(lanes[name]) for name in names}
+    served: str | None = None
+    while len(taken) < budget and queues:
+        for name in list(queues):
+            if len(taken) >= budget:
+                break
+            for candidate in queues[name]:
+                if allowed(candidate):
+                    take(candidate)
+                    served = name
+                    break
+            else:
+                del queues[name]  # nothing more this group may run now
+    return FlowChoice(tuple(taken), served)

@@ -161,7 +161,7 @@ def test_claim_plan_uses_the_pending_index_over_a_backlog(storage, sql_conn):
             "EXPLAIN " + CLAIM_SQL, {"queue": "hot", "limit": 100, "lease_seconds": 30.0}
         )
     )
-    assert "rdq_tasks_pending_due_idx" in claim_plan, claim_plan
+    assert "rdq_tasks_pending_claim_idx" in claim_plan, claim_plan
     # The paused check is uncorrelated: evaluated once per statement, above the index scan, never
     # per task.
     assert "rdq_paused_queues" in claim_plan and "One-Time Filter" in claim_plan, claim_plan

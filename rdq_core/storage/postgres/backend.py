@@ -14,6 +14,7 @@ puts rdq's tables in a schema of their own (migrations create objects in the cur
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from ...errors import (
@@ -29,18 +31,22 @@ from ...errors import (
     StorageUnavailable,
     UnsupportedOperation,
 )
-from ...flow import FlowPolicy
+from ...flow import PRIORITIES, Candidate, FlowPolicy, FlowState, candidate_count, choose
+from ...flow import full_keys as flow_full_keys
 from ...model import ClaimRef, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, decoded, instant
 from ..core import ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore, dedupe_states_of
 from ..querytext import migrations, named_queries
-from ..spi import from_micros, storable_json
+from ..spi import from_micros, storable_json, to_micros
 from .pool import MAX_IDLE_CONNECTIONS, WATCHDOG, ConnectionPool
 
 QUERIES = named_queries(__package__, "queries.sql")
 
 #: First key of the two-key advisory lock that serialises migrations (second: the schema).
 MIGRATION_LOCK_NAMESPACE = 0x72647100  # "rdq\0"
+#: First key of the transaction-scoped advisory lock of a queue's flow-controlled claims
+#: (second: a hash of the queue name; a collision only makes two queues take turns).
+FLOW_LOCK_NAMESPACE = 0x72647101
 #: First key of the two-key advisory lock that serialises enqueues of one queue and dedupe_key.
 DEDUPE_LOCK_NAMESPACE = 0x72647164  # "rdqd"
 
@@ -187,7 +193,72 @@ class PostgresStorage(StorageCore):
         return rows
 
     def _claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy) -> list[dict[str, Any]]:
-        return self._fetch_all(QUERIES["claim"], {"queue": queue, "limit": limit, "lease_seconds": lease_seconds})
+        if flow.plain:
+            return self._fetch_all(QUERIES["claim"], {"queue": queue, "limit": limit, "lease_seconds": lease_seconds})
+        with self._connection() as conn:
+            try:
+                return self._flow_claim(conn, queue, limit, lease_seconds, flow)
+            finally:
+                if conn.info.transaction_status != TransactionStatus.IDLE:
+                    conn.rollback()  # an error left the transaction open: end it (and its lock)
+
+    def _flow_claim(self, conn: psycopg.Connection[Any], queue: str, limit: int, lease_seconds: float,
+                    flow: FlowPolicy) -> list[dict[str, Any]]:
+        """The claim under a flow policy, one transaction in three round trips: (BEGIN, the
+        queue's advisory lock, the state) pipelined; the candidates; (the claim, COMMIT)
+        pipelined. The lock serialises the flow-controlled claims of the queue, so what the state
+        says (in-flight counts, the rate log, the fairness cursor) stays true until COMMIT, and
+        each statement's snapshot is taken after the lock is held; ``rdq_core.flow.choose``
+        decides."""
+        period = flow.rate_limit.period_seconds if flow.rate_limit is not None else None
+        with conn.pipeline():
+            self._execute(conn, "BEGIN")
+            self._execute(conn, QUERIES["flow_lock"], {"namespace": FLOW_LOCK_NAMESPACE, "queue": queue})
+            row = self._execute(conn, QUERIES["flow_state"], {
+                "queue": queue, "read_in_flight": flow.limits_concurrency or flow.max_in_flight is not None,
+                "rate_period": period, "fair": flow.fair_groups}).fetchone()
+        self.round_trips -= 2  # the three statements went in one round trip
+        assert row is not None
+        now = row["now"]
+        if row["paused"]:
+            self._execute(conn, "COMMIT")
+            return []
+        in_flight: dict[str, int] = row["in_flight"]
+        state = FlowState(
+            in_flight=sum(in_flight.values()),
+            in_flight_by_key={key: n for key, n in in_flight.items() if key},
+            recent_claims=row["recent"], last_group=row["last_group"])
+        full_keys, full_rates = flow_full_keys(flow, state)
+        params = {"queue": queue, "now": now, "full_keys": full_keys, "full_rates": full_rates}
+        if flow.fair_groups:
+            candidates = self._fair_candidates(conn, params, limit, state.last_group)
+        else:
+            wanted = candidate_count(limit)
+            total = wanted * len(PRIORITIES) if flow.priority_aging_seconds is not None else wanted
+            candidates = [Candidate(**r) for r in self._execute(
+                conn, QUERIES["flow_candidates"], {**params, "limit": wanted, "total": total}).fetchall()]
+        choice = choose(flow, state, [_micros_due(c) for c in candidates], limit)
+        with conn.pipeline():
+            rows = self._execute(conn, QUERIES["flow_claim"], {
+                "queue": queue, "now": now, "lease_seconds": lease_seconds, "ids": list(choice.ids),
+                "rate_period": period, "served_group": choice.served_group}).fetchall() if choice.ids else []
+            self._execute(conn, "COMMIT")
+        if choice.ids:
+            self.round_trips -= 1
+        return rows
+
+    def _fair_candidates(self, conn: psycopg.Connection[Any], params: dict[str, Any], limit: int,
+                         last_group: str | None) -> list[Candidate]:
+        """Up to ``limit`` due tasks of each of up to ``limit`` groups after ``last_group`` and of
+        the tasks without a group; then, wrapping round, of the groups up to ``last_group``."""
+        found = [Candidate(**r) for r in self._execute(conn, QUERIES["flow_group_candidates"], {
+            **params, "after": last_group or "", "until": None, "groups": limit, "limit": limit,
+            "ungrouped": True}).fetchall()]
+        if last_group is not None and len({c.group for c in found}) < limit:
+            found += [Candidate(**r) for r in self._execute(conn, QUERIES["flow_group_candidates"], {
+                **params, "after": "", "until": last_group, "groups": limit, "limit": limit,
+                "ungrouped": False}).fetchall()]
+        return found
 
     def _extend(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, datetime]:
         rows = self._fetch_all(QUERIES["extend_leases"], {**_fence_params(refs), "lease_seconds": lease_seconds})
@@ -369,3 +440,9 @@ def _error_json(error: ErrorInfo | None) -> str | None:
 
 def _fence_params(refs: Sequence[ClaimRef]) -> dict[str, list[str]]:
     return {"task_ids": [ref.task_id for ref in refs], "claim_tokens": [ref.claim_token for ref in refs]}
+
+
+def _micros_due(candidate: Candidate) -> Candidate:
+    """A candidate as ``choose`` ranks it: its due instant in epoch microseconds."""
+    due: Any = candidate.due
+    return replace(candidate, due=to_micros(due)) if isinstance(due, datetime) else candidate

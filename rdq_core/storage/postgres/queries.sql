@@ -153,8 +153,12 @@ FROM rdq_tasks AS t WHERE t.id = ANY(%(ids)s::text[])
 -- locking subquery as an uncorrelated ARRAY(...): it runs exactly once (an IN subquery may be
 -- re-scanned by some plans, and SKIP LOCKED is not repeatable), and "id = ANY(array)" makes the
 -- update probe the primary key per claimed row instead of joining against the whole table.
+-- Claim order is priority, then due time, then id: the lateral walks the claim index once per
+-- priority, in priority order (each walk a range scan that stops at the first task not yet due),
+-- and the outer LIMIT stops the walk as soon as the batch is full -- with every task at
+-- priority 0, exactly one walk, as before priorities.
 -- A paused queue claims nothing: the NOT EXISTS is uncorrelated, so it runs once per statement
--- (one primary-key probe of rdq_paused_queues, a one-time filter above the index scan), in the
+-- (one primary-key probe of rdq_paused_queues, a one-time filter above the scans), in the
 -- claim's own snapshot -- a claim that starts after set_paused committed sees the row.
 WITH claimed AS (
     UPDATE rdq_tasks
@@ -164,19 +168,141 @@ WITH claimed AS (
         lease_expires_at = now() + %(lease_seconds)s * interval '1 second',
         updated_at = now()
     WHERE id = ANY (ARRAY(
-        SELECT id
-        FROM rdq_tasks
-        WHERE queue = %(queue)s AND status = 'PENDING' AND next_attempt_at <= now()
-          AND NOT EXISTS (SELECT FROM rdq_paused_queues AS p WHERE p.queue = %(queue)s)
-        ORDER BY next_attempt_at, id
+        SELECT due.id
+        FROM generate_series(0, 9) AS p(priority)
+        CROSS JOIN LATERAL (
+            SELECT id
+            FROM rdq_tasks
+            WHERE queue = %(queue)s AND status = 'PENDING' AND priority = p.priority
+              AND next_attempt_at <= now()
+            ORDER BY next_attempt_at, id
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED
+        ) AS due
+        WHERE NOT EXISTS (SELECT FROM rdq_paused_queues AS q WHERE q.queue = %(queue)s)
         LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
     ))
     RETURNING *
 )
 SELECT {{task_columns}}
 FROM claimed AS t
-ORDER BY t.next_attempt_at, t.id
+ORDER BY t.priority, t.next_attempt_at, t.id
+
+-- name: flow_lock
+-- A flow-controlled claim serialises with the other flow-controlled claims of its queue: a
+-- transaction-scoped advisory lock (released by COMMIT, no session state, so it holds behind a
+-- transaction-mode pooler too). The statements after it take their snapshots once it is held.
+SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(queue)s))
+
+-- name: flow_state
+-- What the claim's decision reads, in one row: the clock (read after the lock, so claim times
+-- follow the order claims commit in), whether the queue is paused, IN_FLIGHT tasks per
+-- concurrency key ('' for none), rate-log claims within the period per rate key, and the group
+-- the last fair claim served.
+WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now)
+SELECT clock.now,
+       EXISTS (SELECT FROM rdq_paused_queues AS q WHERE q.queue = %(queue)s) AS paused,
+       (SELECT coalesce(jsonb_object_agg(f.key, f.n), '{}'::jsonb)
+          FROM (SELECT coalesce(concurrency_key, '') AS key, count(*) AS n FROM rdq_tasks
+                 WHERE queue = %(queue)s AND status = 'IN_FLIGHT' AND %(read_in_flight)s
+                 GROUP BY concurrency_key) AS f) AS in_flight,
+       (SELECT coalesce(jsonb_object_agg(r.key, r.n), '{}'::jsonb)
+          FROM (SELECT rate_key AS key, count(*) AS n FROM rdq_rate_log
+                 WHERE queue = %(queue)s AND %(rate_period)s::float8 IS NOT NULL
+                   AND claimed_at > clock.now - %(rate_period)s::float8 * interval '1 second'
+                 GROUP BY rate_key) AS r) AS recent,
+       (SELECT c.last_group FROM rdq_fair_cursor AS c WHERE c.queue = %(queue)s AND %(fair)s) AS last_group
+FROM clock
+
+-- name: flow_candidates
+-- Due tasks whose keys are not known to be full, by priority then due time: up to %(limit)s of
+-- each priority, walked in priority order; %(total)s caps them all (without aging, the first
+-- priorities fill the claim; with aging every priority's oldest may rank first).
+SELECT due.*
+FROM generate_series(0, 9) AS p(priority)
+CROSS JOIN LATERAL (
+    SELECT id, priority, next_attempt_at AS due, concurrency_key, rate_key, task_group AS "group"
+    FROM rdq_tasks
+    WHERE queue = %(queue)s AND status = 'PENDING' AND priority = p.priority
+      AND next_attempt_at <= %(now)s
+      AND (concurrency_key IS NULL OR concurrency_key <> ALL (%(full_keys)s::text[]))
+      AND (rate_key IS NULL OR rate_key <> ALL (%(full_rates)s::text[]))
+    ORDER BY next_attempt_at, id
+    LIMIT %(limit)s
+) AS due
+LIMIT %(total)s
+
+-- name: flow_group_candidates
+-- fair_groups: the groups with PENDING tasks after %(after)s and up to %(until)s (by name; a
+-- skip scan of the group index, one probe per group, at most %(groups)s), then up to %(limit)s
+-- due tasks of each whose keys are not known to be full. Tasks without a group: %(ungrouped)s.
+WITH RECURSIVE grp AS (
+    (SELECT task_group AS name, 1 AS n FROM rdq_tasks
+      WHERE queue = %(queue)s AND status = 'PENDING' AND task_group > %(after)s
+      ORDER BY task_group LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.task_group FROM rdq_tasks AS t
+             WHERE t.queue = %(queue)s AND t.status = 'PENDING' AND t.task_group > grp.name
+             ORDER BY t.task_group LIMIT 1), grp.n + 1
+    FROM grp WHERE grp.name IS NOT NULL AND grp.n < %(groups)s
+)
+SELECT due.*
+FROM grp
+CROSS JOIN LATERAL (
+    SELECT id, priority, next_attempt_at AS due, concurrency_key, rate_key, task_group AS "group"
+    FROM rdq_tasks
+    WHERE queue = %(queue)s AND status = 'PENDING' AND task_group = grp.name
+      AND next_attempt_at <= %(now)s
+      AND (concurrency_key IS NULL OR concurrency_key <> ALL (%(full_keys)s::text[]))
+      AND (rate_key IS NULL OR rate_key <> ALL (%(full_rates)s::text[]))
+    ORDER BY priority, next_attempt_at, id
+    LIMIT %(limit)s
+) AS due
+WHERE grp.name IS NOT NULL AND (%(until)s::text IS NULL OR grp.name <= %(until)s)
+UNION ALL
+SELECT * FROM (
+    SELECT id, priority, next_attempt_at AS due, concurrency_key, rate_key, task_group AS "group"
+    FROM rdq_tasks
+    WHERE %(ungrouped)s AND queue = %(queue)s AND status = 'PENDING' AND task_group IS NULL
+      AND next_attempt_at <= %(now)s
+      AND (concurrency_key IS NULL OR concurrency_key <> ALL (%(full_keys)s::text[]))
+      AND (rate_key IS NULL OR rate_key <> ALL (%(full_rates)s::text[]))
+    ORDER BY priority, next_attempt_at, id
+    LIMIT %(limit)s
+) AS ungrouped
+
+-- name: flow_claim
+-- The decision applied, in the same transaction: the chosen tasks flip to IN_FLIGHT (each
+-- re-checked PENDING), stamped with the clock flow_state read; rate-keyed claims go in the rate
+-- log and its rows older than the period go out; the fairness cursor moves.
+WITH claimed AS (
+    UPDATE rdq_tasks
+    SET status = 'IN_FLIGHT',
+        claim_token = gen_random_uuid()::text,
+        claimed_at = %(now)s,
+        lease_expires_at = %(now)s + %(lease_seconds)s * interval '1 second',
+        updated_at = %(now)s
+    WHERE id = ANY (%(ids)s::text[]) AND status = 'PENDING'
+    RETURNING *
+),
+logged AS (
+    INSERT INTO rdq_rate_log (queue, rate_key, claimed_at, task_id)
+    SELECT c.queue, c.rate_key, %(now)s, c.id FROM claimed AS c
+    WHERE c.rate_key IS NOT NULL AND %(rate_period)s::float8 IS NOT NULL
+),
+trimmed AS (
+    DELETE FROM rdq_rate_log
+    WHERE queue = %(queue)s AND %(rate_period)s::float8 IS NOT NULL
+      AND claimed_at <= %(now)s - %(rate_period)s::float8 * interval '1 second'
+),
+cursor_moved AS (
+    INSERT INTO rdq_fair_cursor (queue, last_group)
+    SELECT %(queue)s, %(served_group)s::text WHERE %(served_group)s::text IS NOT NULL
+    ON CONFLICT (queue) DO UPDATE SET last_group = excluded.last_group
+)
+SELECT {{task_columns}}
+FROM claimed AS t
+ORDER BY t.priority, t.next_attempt_at, t.id
 
 -- name: extend_leases
 -- A ref is honoured only while its token still owns an IN_FLIGHT task (fencing). GREATEST: an

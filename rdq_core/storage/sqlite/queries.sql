@@ -48,13 +48,77 @@ UPDATE rdq_tasks
 RETURNING {task_columns}
 
 -- name: claim
+-- Due tasks by priority, then due time, then id: one walk of the claim index per priority (each
+-- a range scan that stops at the first task not yet due), in priority order, until :limit.
+-- The placeholder in braces stands for one due_of_priority branch per priority, joined by UNION ALL.
 UPDATE rdq_tasks
    SET status = 'IN_FLIGHT', claim_token = lower(hex(randomblob(16))), claimed_at = :now,
        lease_expires_at = :lease_until, updated_at = :now
- WHERE id IN (SELECT id FROM rdq_tasks
-               WHERE queue = :queue AND status = 'PENDING' AND next_attempt_at <= :now
-                AND NOT EXISTS (SELECT 1 FROM rdq_paused_queues AS p WHERE p.queue = :queue)
-               ORDER BY next_attempt_at, id LIMIT :limit)
+ WHERE id IN (SELECT id FROM ({due_of_priority}) LIMIT :limit)
+   AND NOT EXISTS (SELECT 1 FROM rdq_paused_queues AS p WHERE p.queue = :queue)
+RETURNING {task_columns}
+
+-- name: due_of_priority
+SELECT id FROM (SELECT id FROM rdq_tasks
+                 WHERE queue = :queue AND status = 'PENDING' AND priority = {priority} AND next_attempt_at <= :now
+                 ORDER BY next_attempt_at, id LIMIT :limit)
+
+-- name: flow_paused
+SELECT 1 FROM rdq_paused_queues WHERE queue = :queue
+
+-- name: flow_in_flight
+-- A flow-controlled claim's view of what runs: IN_FLIGHT tasks per concurrency key (NULL: none).
+SELECT concurrency_key AS key, count(*) AS n FROM rdq_tasks
+ WHERE queue = :queue AND status = 'IN_FLIGHT' GROUP BY concurrency_key
+
+-- name: flow_rate_trim
+DELETE FROM rdq_rate_log WHERE queue = :queue AND claimed_at <= :since
+
+-- name: flow_rate_counts
+SELECT rate_key AS key, count(*) AS n FROM rdq_rate_log WHERE queue = :queue GROUP BY rate_key
+
+-- name: flow_rate_log
+INSERT INTO rdq_rate_log (queue, rate_key, claimed_at, task_id) VALUES (?, ?, ?, ?)
+
+-- name: flow_last_group
+SELECT last_group FROM rdq_fair_cursor WHERE queue = :queue
+
+-- name: flow_served_group
+INSERT INTO rdq_fair_cursor (queue, last_group) VALUES (:queue, :group)
+ON CONFLICT (queue) DO UPDATE SET last_group = excluded.last_group
+
+-- name: flow_candidates
+-- Due tasks of one priority whose keys are not known to be full (:full_keys, :full_rates: JSON arrays).
+SELECT id, priority, next_attempt_at AS due, concurrency_key, rate_key, task_group AS "group" FROM rdq_tasks
+ WHERE queue = :queue AND status = 'PENDING' AND priority = :priority AND next_attempt_at <= :now
+   AND (concurrency_key IS NULL OR concurrency_key NOT IN (SELECT value FROM json_each(:full_keys)))
+   AND (rate_key IS NULL OR rate_key NOT IN (SELECT value FROM json_each(:full_rates)))
+ ORDER BY next_attempt_at, id LIMIT :limit
+
+-- name: flow_next_group
+-- fair_groups: the next group (by name) after :after with PENDING tasks, one probe of the group index.
+SELECT min(task_group) AS grp FROM rdq_tasks
+ WHERE queue = :queue AND status = 'PENDING' AND task_group IS NOT NULL AND task_group > :after
+
+-- name: flow_group_candidates
+SELECT id, priority, next_attempt_at AS due, concurrency_key, rate_key, task_group AS "group" FROM rdq_tasks
+ WHERE queue = :queue AND status = 'PENDING' AND task_group = :group AND next_attempt_at <= :now
+   AND (concurrency_key IS NULL OR concurrency_key NOT IN (SELECT value FROM json_each(:full_keys)))
+   AND (rate_key IS NULL OR rate_key NOT IN (SELECT value FROM json_each(:full_rates)))
+ ORDER BY priority, next_attempt_at, id LIMIT :limit
+
+-- name: flow_ungrouped_candidates
+SELECT id, priority, next_attempt_at AS due, concurrency_key, rate_key, task_group AS "group" FROM rdq_tasks
+ WHERE queue = :queue AND status = 'PENDING' AND task_group IS NULL AND next_attempt_at <= :now
+   AND (concurrency_key IS NULL OR concurrency_key NOT IN (SELECT value FROM json_each(:full_keys)))
+   AND (rate_key IS NULL OR rate_key NOT IN (SELECT value FROM json_each(:full_rates)))
+ ORDER BY priority, next_attempt_at, id LIMIT :limit
+
+-- name: flow_claim_ids
+UPDATE rdq_tasks
+   SET status = 'IN_FLIGHT', claim_token = lower(hex(randomblob(16))), claimed_at = ?,
+       lease_expires_at = ?, updated_at = ?
+ WHERE id IN ({marks}) AND status = 'PENDING'
 RETURNING {task_columns}
 
 -- name: extend_lease
