@@ -15,10 +15,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 from dataclasses import replace
 from datetime import timedelta
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 
@@ -29,9 +30,10 @@ from ..ids import new_task_id
 from ..model import DedupeMode, EnqueueResult, Outcome, Settlement, TaskStatus
 from ..retry import policy_book_from_config
 from ..runner import BatchRunner
+from ..storage import open_storage
 from ..storage.spi import Storage
 from .support import (
-    FAST_BACKOFF, NEVER_ISSUED, OpenStore, due_at, must_get, new_task, retry, state, success, wait_until,
+    FAST_BACKOFF, NEVER_ISSUED, OpenStore, due_at, must_get, new_task, present, retry, state, success, wait_until,
 )
 
 
@@ -41,6 +43,22 @@ def snooze(claimed_task_id: str, token: str, seconds: float) -> Settlement:
 
 def keyed(queue: str, key: str, payload: object = None, **fields: object) -> NewTask:
     return replace(new_task(queue, payload=payload), dedupe_key=key, **fields)  # type: ignore[arg-type]
+
+
+def enqueue_at_barrier(storage_url: str, barrier: Any, queue: str, key: str, answers: Any) -> None:
+    """In a process of its own: open the store, wait for the others, enqueue one keyed task and
+    put ``(created, deduplicated, task id)`` (or the error's text) on ``answers``."""
+    try:
+        store = open_storage(storage_url)
+        try:
+            request = keyed(queue, key)
+            barrier.wait(30)
+            result = store.enqueue([request])[0]
+            answers.put((result.created, result.deduplicated, result.task.id))
+        finally:
+            store.close()
+    except BaseException as exc:  # noqa: BLE001 - reported to the test
+        answers.put(f"{type(exc).__name__}: {exc}")
 
 
 def race_enqueues(stores: list[Storage], request: NewTask) -> list[EnqueueResult]:
@@ -126,6 +144,38 @@ class DedupeSnoozeCompliance:
         created = must_get(storage, first.id).created_at
         assert created is not None and due_at(storage, first.id) == created + timedelta(seconds=120)
         assert storage.stats("dd-debounce").pending == 1
+
+    def test_a_window_match_ends_when_the_window_does_by_the_store_clock(self, storage: Storage) -> None:
+        done = storage.enqueue([keyed("dd-window", "k")])[0].task
+        storage.settle([success(c) for c in storage.claim("dd-window", 1, 30)])
+        window = 0.5
+        inside = storage.enqueue([keyed("dd-window", "k", dedupe_for_seconds=window)])[0]
+        assert inside.deduplicated and inside.task.id == done.id
+        created = present(must_get(storage, done.id).created_at, "created_at")
+        wait_until(lambda: storage.now() > created + timedelta(seconds=window + 0.01), timeout=5,
+                   what="the dedupe window to pass on the store clock")
+        after = storage.enqueue([keyed("dd-window", "k", dedupe_for_seconds=window)])[0]
+        assert after.created and after.task.id != done.id
+
+    def test_concurrent_enqueues_from_processes_create_exactly_one_task(self, storage: Storage, storage_url: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        workers = 3  # spawned interpreters import the whole engine: few, so the test stays short
+        barrier, answers = context.Barrier(workers), context.Queue()
+        processes = [context.Process(target=enqueue_at_barrier, args=(storage_url, barrier, "dd-procs", "one", answers))
+                     for _ in range(workers)]
+        for process in processes:
+            process.start()
+        try:
+            outcomes = [answers.get(timeout=60) for _ in processes]
+        finally:
+            for process in processes:
+                process.join(10)
+        assert all(isinstance(o, tuple) for o in outcomes), outcomes
+        created = [task_id for was_created, _, task_id in outcomes if was_created]
+        assert len(created) == 1, outcomes
+        assert all(deduplicated and task_id == created[0] for was_created, deduplicated, task_id in outcomes
+                   if not was_created), outcomes
+        assert storage.stats("dd-procs").pending == 1
 
     def test_concurrent_enqueues_of_one_key_create_exactly_one_task(self, storage: Storage, open_another: OpenStore) -> None:
         stores = [open_another() for _ in range(8)]
