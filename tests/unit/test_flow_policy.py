@@ -6,7 +6,17 @@ import pytest
 
 from rdq_core.client import build_new_task
 from rdq_core.errors import ConfigurationError, InvalidInput
-from rdq_core.flow import NO_FLOW, FlowPolicy, RateLimit, flow_book_from_config, parse_rate
+from rdq_core.flow import (
+    NO_FLOW,
+    Candidate,
+    FlowPolicy,
+    FlowState,
+    RateLimit,
+    choose,
+    flow_book_from_config,
+    full_keys,
+    parse_rate,
+)
 from rdq_core.model import DedupeMode, TaskStatus
 from rdq_core.retry import policy_book_from_config
 
@@ -78,3 +88,54 @@ def test_a_bad_flow_field_is_refused_naming_it(field, value):
     with pytest.raises(InvalidInput) as caught:
         build_new_task("q", {"handler": "h", field: value})
     assert caught.value.field == field
+
+
+# -- the decision a serialised claim makes ------------------------------------------------------
+
+def _c(task_id: str, priority: int = 0, due: int = 0, key: str | None = None, rate: str | None = None,
+       group: str | None = None) -> Candidate:
+    return Candidate(task_id, priority, due, key, rate, group)
+
+
+def test_choose_orders_by_priority_then_due_then_id_and_respects_the_batch():
+    candidates = [_c("b", 1, 0), _c("a", 0, 5), _c("c", 0, 5), _c("d", 0, 1)]
+    assert choose(NO_FLOW, FlowState(), candidates, 3).ids == ("d", "a", "c")
+
+
+def test_choose_with_aging_ranks_by_due_plus_priority_times_aging():
+    flow = FlowPolicy(priority_aging_seconds=1.0)
+    candidates = [_c("urgent", 0, 10_000_000), _c("old-low", 5, 0), _c("recent-low", 5, 6_000_000)]
+    assert choose(flow, FlowState(), candidates, 3).ids == ("old-low", "urgent", "recent-low")
+
+
+def test_choose_skips_full_keys_and_takes_what_is_behind_them():
+    flow = FlowPolicy(concurrency_limit=2, concurrency_overrides={"vip": 3})
+    state = FlowState(in_flight=3, in_flight_by_key={"a": 2, "vip": 1})
+    candidates = [_c("a1", key="a"), _c("v1", key="vip"), _c("v2", key="vip"), _c("v3", key="vip"),
+                  _c("b1", key="b"), _c("b2", key="b"), _c("b3", key="b"), _c("free")]
+    assert choose(flow, state, candidates, 10).ids == ("b1", "b2", "free", "v1", "v2")  # same due: by id
+    assert full_keys(flow, state) == (["a"], [])
+
+
+def test_choose_caps_the_queue_at_max_in_flight():
+    flow = FlowPolicy(max_in_flight=5)
+    candidates = [_c(f"t{n}") for n in range(10)]
+    assert len(choose(flow, FlowState(in_flight=3), candidates, 10).ids) == 2
+    assert choose(flow, FlowState(in_flight=5), candidates, 10).ids == ()
+
+
+def test_choose_spends_at_most_the_rate_budget_left():
+    flow = FlowPolicy(rate_limit=RateLimit(3, 1.0))
+    candidates = [_c(f"r{n}", rate="api") for n in range(5)] + [_c("x", rate="other")]
+    assert choose(flow, FlowState(recent_claims={"api": 1}), candidates, 10).ids == ("r0", "r1", "x")
+    assert full_keys(flow, FlowState(recent_claims={"api": 3, "other": 2})) == ([], ["api"])
+
+
+def test_choose_takes_groups_in_turn_from_the_one_after_the_last_served():
+    flow = FlowPolicy(fair_groups=True)
+    candidates = ([_c(f"big{n}", due=n, group="big") for n in range(10)] + [_c("m0", due=50, group="mid")]
+                  + [_c("s0", due=60, group="small"), _c("s1", due=61, group="small")] + [_c("n0", due=70)])
+    first = choose(flow, FlowState(), candidates, 5)
+    assert first.ids == ("n0", "big0", "m0", "s0", "big1") and first.served_group == "big"
+    after_mid = choose(flow, FlowState(last_group="mid"), candidates, 4)
+    assert after_mid.ids == ("s0", "n0", "big0", "m0") and after_mid.served_group == "mid"
