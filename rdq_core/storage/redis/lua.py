@@ -16,7 +16,7 @@ from typing import Any
 #: Scripts that run on one queue's keys (all in that queue's hash-tag slot).
 QUEUE_SCRIPTS = (
     "enqueue", "claim", "settle", "extend", "release", "expired_leases", "read_tasks", "cancel", "stats",
-    "page", "count", "apply", "purge_finished", "existing", "enqueue_dedupe",
+    "page", "count", "apply", "purge_finished", "existing", "index_lanes", "enqueue_dedupe",
 )
 #: Scripts that run on the global id index and queue registry.
 GLOBAL_SCRIPTS = ("reserve_ids", "unindex", "take_over_ids")

@@ -30,6 +30,7 @@ need_string(ARGV[T + 3], 'headers')
 if ARGV[T + 4] ~= '' then need_count(ARGV[T + 4], 'max_attempts') end
 local delay = need_number(ARGV[T + 6], 'delay')
 if ARGV[T + 7] ~= '' then need_number(ARGV[T + 7], 'run_at') end
+need_priority(ARGV[T + 8])
 
 local now = now_us()
 local key = task_key(id)
@@ -49,7 +50,7 @@ for _, other in ipairs(redis.call('ZREVRANGE', index, 0, -1)) do
       local next_at = due
       if max_wait then next_at = math.min(next_at, tonumber(held[2]) + max_wait) end
       redis.call('HSET', task_key(other), 'next_attempt_at', us(next_at), 'updated_at', us(now))
-      redis.call('ZADD', DUE, us(next_at), other)
+      index_pending(other, us(next_at))
     end
     return {0, task_reply(other), 1}
   end
@@ -60,7 +61,8 @@ local fields = {'id', id, 'queue', queue, 'handler', ARGV[T + 1], 'payload', ARG
   'created_at', us(now), 'updated_at', us(now), 'dedupe_key', dedupe_key}
 if ARGV[T + 4] ~= '' then fields[#fields + 1] = 'max_attempts'; fields[#fields + 1] = ARGV[T + 4] end
 if ARGV[T + 5] ~= '' then fields[#fields + 1] = 'backoff'; fields[#fields + 1] = ARGV[T + 5] end
+add_flow_fields(fields, T + 8)
 redis.call('HSET', key, unpack(fields))
-redis.call('ZADD', DUE, us(due), id)
+index_pending(id, us(due), lane_of(ARGV[T + 8], ARGV[T + 11]))
 redis.call('ZADD', index, now, id)
 return {1, task_reply_without_history(id), 0}

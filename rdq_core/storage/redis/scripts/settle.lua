@@ -24,7 +24,7 @@ for o = 2, #ARGV, 8 do
     if type(decoded) ~= 'table' or type(decoded['type']) ~= 'string' then invalid('error must be an object with a type') end
   end
   local key = task_key(id)
-  local held = redis.call('HMGET', key, 'status', 'claim_token', 'lease_expires_at', 'claimed_at')
+  local held = redis.call('HMGET', key, 'status', 'claim_token', 'lease_expires_at', 'claimed_at', 'concurrency_key')
   local valid = not seen[id] and held[1] == 'IN_FLIGHT' and held[2] == token
   if valid and outcome == 'LEASE_EXPIRED' and (tonumber(held[3]) or 0) > now then valid = false end
   if valid then
@@ -35,7 +35,7 @@ for o = 2, #ARGV, 8 do
     end
     spends[id] = outcome == 'SNOOZED' and 0 or 1  -- a SNOOZED attempt spends no budget
     seen[id] = true
-    plan[#plan + 1] = {id = id, key = key, status = status, delay = delay, error_json = error_json,
+    plan[#plan + 1] = {id = id, key = key, status = status, delay = delay, error_json = error_json, ckey = held[5],
       error_type = error_type, result_json = result_json, attempt_no = attempt_no + 1,
       attempt = '{"outcome":"' .. outcome .. '","started_at":"' .. (held[4] or '') .. '","finished_at":"' ..
         us(now) .. '","error":' .. (error_json ~= '' and error_json or 'null') .. '}'}
@@ -48,6 +48,7 @@ for _, p in ipairs(plan) do
   local id, key = p.id, p.key
   redis.call('HSETNX', attempts_key(id), tostring(p.attempt_no), p.attempt)
   redis.call('ZREM', INFLIGHT, id)
+  if p.ckey then redis.call('ZREM', key_in_flight(p.ckey), id) end
   redis.call('HDEL', key, 'claim_token', 'claimed_at', 'lease_expires_at', 'dead_at')
   redis.call('HINCRBY', key, 'attempt_count', spends[id])  -- 0 for SNOOZED
   redis.call('HSET', key, 'status', p.status, 'updated_at', us(now))
@@ -57,7 +58,7 @@ for _, p in ipairs(plan) do
   if p.status == 'PENDING' then
     local next_at = us(now + p.delay)
     redis.call('HSET', key, 'next_attempt_at', next_at)
-    redis.call('ZADD', DUE, next_at, id)
+    index_pending(id, next_at)
   elseif p.status == 'SUCCEEDED' then
     if p.result_json ~= '' then redis.call('HSET', key, 'result', p.result_json) end
     redis.call('ZADD', SUCCEEDED, us(now), id)
