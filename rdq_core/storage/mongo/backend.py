@@ -234,12 +234,15 @@ class MongoStorage(StorageCore):
             holder = self._tasks.find_one({"_id": task.id})
             if holder is not None:
                 return InsertedRecord(self._with_histories([holder])[0], False)
-            window = task.dedupe_for_seconds
-            matches: list[dict[str, Any]] = [{"status": {"$in": list(dedupe_states_of(task))}}]
-            if window is not None:
-                matches.append({"created_at_ms": {"$gte": now_ms - _duration_ms(window)}})
-            match = self._tasks.find_one({"queue": task.queue, "dedupe_key": task.dedupe_key, "$or": matches},
-                                         sort=[("created_at_ms", DESCENDING), ("task_id", DESCENDING)])
+            # The key's tasks newest first, the first that matches wins. Filtering here rather than
+            # with an $or in the query: nx-27017 scans the collection for an $or (27 ms at 300
+            # tasks, against 1.4 ms for this walk of rdq_dedupe_match).
+            states = set(dedupe_states_of(task))
+            since = None if task.dedupe_for_seconds is None else now_ms - _duration_ms(task.dedupe_for_seconds)
+            with self._tasks.find({"queue": task.queue, "dedupe_key": task.dedupe_key},
+                                  sort=[("created_at_ms", DESCENDING), ("task_id", DESCENDING)], batch_size=16) as walk:
+                match = next((doc for doc in walk
+                              if doc["status"] in states or (since is not None and doc["created_at_ms"] >= since)), None)
             if match is None:
                 return self._insert([task], connection)[0]
             change = _dedupe_change(task, match, now_ms)
