@@ -123,11 +123,13 @@ class DedupeSnoozeCompliance:
         newest = storage.enqueue([keyed("dd-states", "k", dedupe_for_seconds=3600.0)])[0]
         assert newest.deduplicated and newest.task.id == outside.task.id
 
-    def test_replace_stores_the_new_payload_on_a_pending_match_only(self, storage: Storage) -> None:
-        first = storage.enqueue([keyed("dd-replace", "k", {"v": 1})])[0].task
-        replaced = storage.enqueue([keyed("dd-replace", "k", {"v": 2}, dedupe_mode=DedupeMode.REPLACE)])[0]
+    def test_replace_stores_the_new_payload_and_headers_on_a_pending_match_only(self, storage: Storage) -> None:
+        first = storage.enqueue([keyed("dd-replace", "k", {"v": 1}, headers={"old": "1"})])[0].task
+        replaced = storage.enqueue([keyed("dd-replace", "k", {"v": 2}, headers={"new": "2"},
+                                          dedupe_mode=DedupeMode.REPLACE)])[0]
         assert replaced.deduplicated and replaced.task.id == first.id and replaced.task.payload == {"v": 2}
-        assert must_get(storage, first.id).payload == {"v": 2}
+        stored = must_get(storage, first.id)
+        assert (stored.payload, dict(stored.headers)) == ({"v": 2}, {"new": "2"}), "a payload-store reference is a header"
         storage.claim("dd-replace", 1, 30)
         held = storage.enqueue([keyed("dd-replace", "k", {"v": 3}, dedupe_mode=DedupeMode.REPLACE)])[0]
         assert held.deduplicated and must_get(storage, first.id).payload == {"v": 2}, "in flight: not replaced"

@@ -224,8 +224,9 @@ class StorageCore(Storage, abc.ABC):
           whose status is in ``dedupe_states_of(task)`` or that was created within
           ``task.dedupe_for_seconds`` of the store's now: its record after the mode is applied,
           ``deduplicated=True``. Only a PENDING match changes: ``replace`` stores the request's
-          payload; ``debounce`` moves ``next_attempt_at`` to the request's due time (now + delay,
-          or run_at), but never past the match's ``created_at + dedupe_max_wait_seconds``;
+          payload and headers (a payload-store reference is a header); ``debounce`` moves
+          ``next_attempt_at`` to the request's due time (now + delay, or run_at), but never past
+          the match's ``created_at + dedupe_max_wait_seconds``;
         * else the task inserted as ``_insert`` would, with its ``dedupe_key`` stored.
         """
 

@@ -796,7 +796,8 @@ def _new_task_doc(new: NewTask, now_ms: int) -> dict[str, Any]:
 def _dedupe_change(task: NewTask, match: Mapping[str, Any], now_ms: int) -> dict[str, Any]:
     """The fields a dedupe mode sets on a PENDING match (none for skip)."""
     if task.dedupe_mode is DedupeMode.REPLACE:
-        return {"payload_json": storable_json(task.payload), "updated_at_ms": now_ms}
+        return {"payload_json": storable_json(task.payload), "headers_json": storable_json(dict(task.headers or {})),
+                "updated_at_ms": now_ms}
     if task.dedupe_mode is DedupeMode.DEBOUNCE:
         due = _new_task_doc(task, now_ms)["next_attempt_at_ms"]
         if task.dedupe_max_wait_seconds is not None:

@@ -163,7 +163,8 @@ class PostgresStorage(StorageCore):
             found = self._execute(conn, QUERIES["dedupe_match"], {
                 "id": task.id, "queue": task.queue, "key": task.dedupe_key, "states": list(dedupe_states_of(task)),
                 "window_seconds": task.dedupe_for_seconds, "mode": task.dedupe_mode.value,
-                "payload": storable_json(task.payload), "run_at": run_at, "delay_seconds": float(task.delay_seconds),
+                "payload": storable_json(task.payload), "headers": storable_json(dict(task.headers)),
+                "run_at": run_at, "delay_seconds": float(task.delay_seconds),
                 "max_wait_seconds": task.dedupe_max_wait_seconds,
             }).fetchall()
         except pg_errors.UntranslatableCharacter as exc:

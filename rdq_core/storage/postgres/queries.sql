@@ -106,7 +106,7 @@ SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(queue)s || ' ' || %(key)s
 -- name: dedupe_match
 -- Under dedupe_lock: the task holding the id (an idempotent repeat), else the newest task of the
 -- queue and key in one of the states or created within the window, with the mode applied to it
--- when it is PENDING (replace: the payload; debounce: the run time, capped at created_at + the
+-- when it is PENDING (replace: the payload and headers; debounce: the run time, capped at created_at + the
 -- max wait). No row: nothing matches, insert. rdq_tasks_dedupe_idx serves the match.
 WITH holder AS (
     SELECT t.id FROM rdq_tasks AS t WHERE t.id = %(id)s
@@ -124,6 +124,7 @@ match AS (
 applied AS (
     UPDATE rdq_tasks AS t
     SET payload = CASE WHEN %(mode)s = 'replace' THEN %(payload)s::jsonb ELSE t.payload END,
+        headers = CASE WHEN %(mode)s = 'replace' THEN %(headers)s::jsonb ELSE t.headers END,
         next_attempt_at = CASE WHEN %(mode)s = 'debounce'
                                THEN least(coalesce(%(run_at)s::timestamptz, now() + %(delay_seconds)s::float8 * interval '1 second'),
                                           t.created_at + %(max_wait_seconds)s::float8 * interval '1 second')

@@ -222,6 +222,7 @@ class SQLiteStorage(StorageCore):
             max_wait = task.dedupe_max_wait_seconds
             changed = _records(self._execute(conn, _Q["dedupe_apply"], {
                 "id": match[0]["id"], "mode": task.dedupe_mode.value, "payload": storable_json(task.payload),
+                "headers": storable_json(dict(task.headers)),
                 "due": _due_micros(task, now), "now": now,
                 "max_wait_us": None if max_wait is None else int(max_wait * 1_000_000)}))
             return InsertedRecord((changed or match)[0], False, deduplicated=True)

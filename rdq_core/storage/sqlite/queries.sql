@@ -36,10 +36,12 @@ SELECT {task_columns} FROM rdq_tasks
  ORDER BY created_at DESC, id DESC LIMIT 1
 
 -- name: dedupe_apply
--- The mode, on a PENDING match only: replace stores the new payload; debounce moves the run time
+-- The mode, on a PENDING match only: replace stores the new payload and headers (a payload kept in
+-- the payload store travels as a header); debounce moves the run time
 -- to the request's, capped at first enqueue + max wait. skip changes nothing (no row returned).
 UPDATE rdq_tasks
    SET payload = CASE WHEN :mode = 'replace' THEN :payload ELSE payload END,
+       headers = CASE WHEN :mode = 'replace' THEN :headers ELSE headers END,
        next_attempt_at = CASE WHEN :mode = 'debounce'
                               THEN MIN(:due, COALESCE(created_at + :max_wait_us, :due))
                               ELSE next_attempt_at END,

@@ -4,7 +4,8 @@
 -- fields of one task exactly as enqueue.lua takes them.
 -- Returns {created 0|1, task reply, deduplicated 0|1}: the task holding the id (an idempotent
 -- repeat); else the newest task of the key in one of the states or created within the window,
--- with the mode applied if it is PENDING; else the task, inserted.
+-- with the mode applied if it is PENDING (replace: payload and headers; debounce: the run time);
+-- else the task, inserted.
 -- BASE..'dedupe:'..key is a zset of the key's tasks by created_at; entries of tasks that no
 -- longer exist (purged) are dropped when a match walks past them.
 
@@ -45,7 +46,7 @@ for _, other in ipairs(redis.call('ZREVRANGE', index, 0, -1)) do
     redis.call('ZREM', index, other)
   elseif matching[held[1]] or (window and tonumber(held[2]) >= now - window) then
     if held[1] == 'PENDING' and mode == 'replace' then
-      redis.call('HSET', task_key(other), 'payload', ARGV[T + 2], 'updated_at', us(now))
+      redis.call('HSET', task_key(other), 'payload', ARGV[T + 2], 'headers', ARGV[T + 3], 'updated_at', us(now))
     elseif held[1] == 'PENDING' and mode == 'debounce' then
       local next_at = due
       if max_wait then next_at = math.min(next_at, tonumber(held[2]) + max_wait) end
