@@ -28,8 +28,10 @@ from .support import FAST_BACKOFF, must_get, present, wait_until
 
 #: Claimer processes of the multi-process tests (the issue asks for at least 8).
 FLOW_WORKERS = 8
-#: How long a multi-process run may take before it fails.
+#: How long a multi-process run may take before it fails, once every process is connected.
 RUN_DEADLINE = 25.0
+#: How long the claimer processes may take to start and connect.
+STARTUP_DEADLINE = 60.0
 
 
 def flow_task(task_id: str, queue: str, **fields: Any) -> NewTask:
@@ -73,13 +75,18 @@ def most_in_any_window(instants: Sequence[datetime], period: float) -> int:
 
 
 def claimer(url: str, queue: str, flow: FlowPolicy, batch: int, hold: float, lease: float, total: int,
-            start_at: float, deadline: float) -> None:
-    """One claimer process: from ``start_at`` (wall clock), claim under ``flow``, hold each batch
-    ``hold`` seconds, settle it, until the queue has ``total`` SUCCEEDED tasks or ``deadline``."""
+            ready: Any, go: Any) -> None:
+    """One claimer process: says it is ready, waits for ``go``, then claims under ``flow``, holds
+    each batch ``hold`` seconds and settles it, until the queue has ``total`` SUCCEEDED tasks or
+    ``RUN_DEADLINE`` passes."""
     storage = open_storage(url)
     try:
-        time.sleep(max(0.0, start_at - time.time()))
-        while time.time() < deadline:
+        storage.now()  # connected before the start
+        ready.put(os.getpid())
+        if not go.wait(STARTUP_DEADLINE):
+            return
+        deadline = time.monotonic() + RUN_DEADLINE
+        while time.monotonic() < deadline:
             claimed = storage.claim(queue, batch, lease, flow)
             if claimed:
                 time.sleep(hold)
@@ -101,18 +108,23 @@ def holder(url: str, queue: str, flow: FlowPolicy, lease: float, ready: Any) -> 
 
 
 def run_claimers(url: str, queue: str, flow: FlowPolicy, total: int, *, batch: int, hold: float) -> None:
+    """``FLOW_WORKERS`` claimer processes, started together once every one is connected."""
     context = multiprocessing.get_context("spawn")  # never fork a process holding store connections
-    start_at = time.time() + 1.5  # after every interpreter has started
-    deadline = start_at + RUN_DEADLINE
-    processes = [context.Process(target=claimer, args=(url, queue, flow, batch, hold, 30.0, total, start_at, deadline))
+    ready, go = context.Queue(), context.Event()
+    processes = [context.Process(target=claimer, args=(url, queue, flow, batch, hold, 30.0, total, ready, go))
                  for _ in range(FLOW_WORKERS)]
     for process in processes:
         process.start()
     try:
+        for _ in processes:
+            ready.get(timeout=STARTUP_DEADLINE)  # interpreters start slowly on a loaded machine
+        go.set()
+        deadline = time.monotonic() + RUN_DEADLINE + 10
         for process in processes:
-            process.join(max(1.0, deadline + 5 - time.time()))
+            process.join(max(1.0, deadline - time.monotonic()))
             assert process.exitcode == 0, f"a claimer process ended with {process.exitcode}"
     finally:
+        go.set()
         for process in processes:
             if process.is_alive():
                 process.kill()

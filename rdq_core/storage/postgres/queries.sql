@@ -274,8 +274,10 @@ SELECT * FROM (
 
 -- name: flow_claim
 -- The decision applied, in the same transaction: the chosen tasks flip to IN_FLIGHT (each
--- re-checked PENDING), stamped with the clock flow_state read; rate-keyed claims go in the rate
--- log and its rows older than the period go out; the fairness cursor moves.
+-- re-checked PENDING, locked in id order first like every multi-row write, so a concurrent
+-- batch write queues instead of deadlocking), stamped with the clock flow_state read;
+-- rate-keyed claims go in the rate log and its rows older than the period go out; the fairness
+-- cursor moves.
 WITH claimed AS (
     UPDATE rdq_tasks
     SET status = 'IN_FLIGHT',
@@ -283,7 +285,12 @@ WITH claimed AS (
         claimed_at = %(now)s,
         lease_expires_at = %(now)s + %(lease_seconds)s * interval '1 second',
         updated_at = %(now)s
-    WHERE id = ANY (%(ids)s::text[]) AND status = 'PENDING'
+    WHERE id = ANY (ARRAY(
+        SELECT id FROM rdq_tasks
+        WHERE id = ANY (%(ids)s::text[]) AND status = 'PENDING'
+        ORDER BY id
+        FOR UPDATE
+    )) AND status = 'PENDING'
     RETURNING *
 ),
 logged AS (
