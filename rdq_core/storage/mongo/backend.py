@@ -34,6 +34,7 @@ from ..codec import RecordCodec, epoch_millis
 from ..core import ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore, dedupe_states_of
 from ..querytext import migrations
 from ..spi import from_micros, storable_json, to_micros
+from .flow_claim import FlowClaim
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ class MongoStorage(StorageCore):
         self._queue_flags = self._db["queues"]
         self._audit = self._db["audit"]
         self._documents = self._db["documents"]
+        self._flow_slots = self._db["flow_slots"]
         self._dedupe_locks = self._db["dedupe_locks"]
 
     def _count_round_trip(self) -> None:
@@ -281,10 +283,28 @@ class MongoStorage(StorageCore):
         # claim already past the read when the queue is paused finishes its batch, like a claim
         # that returned just before. (Reading it on a second thread while the clock is read
         # measured no faster on the test server, so it stays sequential.)
-        if self._queue_flags.find_one({"_id": queue, "paused": True}, {"_id": 1}) is not None:
+        # One probe reads the flag and the fair claim's cursor. Truthiness, not `is True`:
+        # nx-27017 stores a boolean set again as 1.
+        flags = self._queue_flags.find_one({"_id": queue}, {"paused": 1, "fair_last": 1})
+        if flags is not None and flags.get("paused"):
             return []
         now_ms = _epoch_ms(self._server_now())
-        lease_expires_at_ms = now_ms + _duration_ms(lease_seconds)
+        if flow.plain:
+            return self._claim_in_order(queue, limit, now_ms, _duration_ms(lease_seconds))
+        claim = FlowClaim(self._tasks, self._flow_slots, queue, limit, now_ms, _duration_ms(lease_seconds), flow,
+                          None if flags is None else flags.get("fair_last"))
+        try:
+            claimed = claim.run()
+        except BaseException:
+            self._hand_back_on_error(claim.claimed)
+            raise
+        if claim.served_group is not None:
+            self._queue_flags.update_one({"_id": queue}, {"$set": {"fair_last": claim.served_group}}, upsert=True)
+        return claimed
+
+    def _claim_in_order(self, queue: str, limit: int, now_ms: int, lease_ms: int) -> list[Mapping[str, Any]]:
+        """The plain claim: due tasks by priority, due time and id, one findAndModify each."""
+        lease_expires_at_ms = now_ms + lease_ms
         due = {"queue": queue, "status": TaskStatus.PENDING.value, "next_attempt_at_ms": {"$lte": now_ms}}
         claimed_docs: list[Mapping[str, Any]] = []
         try:
@@ -302,22 +322,25 @@ class MongoStorage(StorageCore):
                             "updated_at_ms": now_ms,
                         }
                     },
-                    sort=[("next_attempt_at_ms", ASCENDING), ("task_id", ASCENDING)],
+                    sort=[("priority", ASCENDING), ("next_attempt_at_ms", ASCENDING), ("task_id", ASCENDING)],
                     return_document=ReturnDocument.AFTER,
                 )
                 if doc is None:
                     break
                 claimed_docs.append(doc)
         except BaseException:
-            # Hand back what this call already took rather than let it wait out a lease it never
-            # used (which would cost the tasks a LEASE_EXPIRED attempt). Best effort.
-            if claimed_docs:
-                try:
-                    self._release([ClaimRef(d["_id"], d["claim_token"]) for d in claimed_docs])
-                except Exception:  # noqa: BLE001 - best effort; the claim's own error is re-raised below
-                    pass
+            self._hand_back_on_error(claimed_docs)
             raise
         return claimed_docs
+
+    def _hand_back_on_error(self, claimed_docs: Sequence[Mapping[str, Any]]) -> None:
+        """Hand back what a failing claim already took rather than let it wait out a lease it
+        never used (which would cost the tasks a LEASE_EXPIRED attempt). Best effort."""
+        if claimed_docs:
+            try:
+                self._release([ClaimRef(d["_id"], d["claim_token"]) for d in claimed_docs])
+            except Exception:  # noqa: BLE001 - best effort; the claim's own error is re-raised by the caller
+                pass
 
     def _extend(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, int]:
         now_ms = _epoch_ms(self._server_now())
@@ -785,6 +808,12 @@ def _new_task_doc(new: NewTask, now_ms: int) -> dict[str, Any]:
         # behind never count as the history of a later task with the same id.
         "incarnation": uuid.uuid4().hex,
         "max_attempts": new.max_attempts,
+        # Flow control: always present, so the claim's sort and the fair claim's groups see every
+        # task ('' = no group: the server's distinct leaves nulls out).
+        "priority": int(new.priority or 0),
+        "concurrency_key": new.concurrency_key,
+        "rate_key": new.rate_key,
+        "group": new.group or "",
         "dedupe_key": new.dedupe_key,
         "backoff": new.backoff.to_dict() if new.backoff else None,
         "next_attempt_at_ms": next_attempt_ms,
