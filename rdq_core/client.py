@@ -328,12 +328,13 @@ class Client:
 
     def _forget_uploads(self, refs: Sequence[payload_objects.PayloadRef | None],
                         results: Sequence[EnqueueResult] | None = None) -> None:
-        """Delete the objects no new task points at: all of them when the write failed, else those
-        of ids that already existed (an idempotent repeat keeps the first task's object)."""
+        """Delete the objects no task points at: all of them when the write failed, else those of
+        ids that already existed (an idempotent repeat keeps the first task's object) -- except one
+        a deduplicated request's ``replace`` put on the task it matched."""
         if not refs:
             return
         unused = [ref for index, ref in enumerate(refs)
-                  if ref is not None and (results is None or not results[index].created)]
+                  if ref is not None and (results is None or not _points_at(results[index], ref))]
         try:
             payload_objects.delete_objects(self.payload_store, unused)
         except Exception:  # noqa: BLE001 - an orphan object costs storage, never the enqueue's answer
@@ -457,6 +458,11 @@ FLOW_FIELDS = ("priority", "concurrency_key", "rate_key", "group", "dedupe_key",
                "dedupe_states", "dedupe_mode", "dedupe_max_wait_seconds")
 _TASK_FIELDS = {"handler", "payload", "id", "delay_seconds", "run_at", "max_attempts", "backoff", "headers",
                 *FLOW_FIELDS}
+
+
+def _points_at(result: EnqueueResult, ref: payload_objects.PayloadRef) -> bool:
+    """Whether the task an enqueue answered with refers to the uploaded object ``ref``."""
+    return result.created or result.task.headers.get(payload_objects.REF_HEADER) == ref.to_header()
 
 
 def build_new_task(queue: str, item: Mapping[str, Any]) -> NewTask:
