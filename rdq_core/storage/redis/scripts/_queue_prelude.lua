@@ -16,6 +16,15 @@ end
 
 local function task_key(id) return BASE .. 'task:' .. id end
 local function attempts_key(id) return BASE .. 'attempts:' .. id end
+-- The ids of one dedupe_key's tasks by created_at (enqueue_dedupe.lua).
+local function dedupe_index(dedupe_key) return BASE .. 'dedupe:' .. dedupe_key end
+
+-- A purge: the task's hash, its history and its entry in its dedupe key's index.
+local function delete_task(id)
+  local dedupe_key = redis.call('HGET', task_key(id), 'dedupe_key')
+  if dedupe_key then redis.call('ZREM', dedupe_index(dedupe_key), id) end
+  redis.call('DEL', task_key(id), attempts_key(id))
+end
 
 local function task_reply(id)
   return {redis.call('HGETALL', task_key(id)), redis.call('HGETALL', attempts_key(id))}

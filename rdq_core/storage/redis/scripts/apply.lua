@@ -36,7 +36,7 @@ for _, m in ipairs(matches) do
     affected[#affected + 1] = id
   else
     redis.call('ZREM', DEAD, id)
-    redis.call('DEL', key, attempts_key(id))
+    delete_task(id)
     affected[#affected + 1] = id
   end
 end

@@ -6,8 +6,8 @@
 -- repeat); else the newest task of the key in one of the states or created within the window,
 -- with the mode applied if it is PENDING (replace: payload and headers; debounce: the run time);
 -- else the task, inserted.
--- BASE..'dedupe:'..key is a zset of the key's tasks by created_at; entries of tasks that no
--- longer exist (purged) are dropped when a match walks past them.
+-- dedupe_index(key) is a zset of the key's tasks by created_at; purges remove their entries
+-- (delete_task), and an entry whose task is gone anyway is dropped when a match walks past it.
 
 local MODES = {skip = true, replace = true, debounce = true}
 local T = 8  -- the task's fields start here
@@ -39,7 +39,7 @@ if redis.call('EXISTS', key) == 1 then return {0, task_reply(id), 0} end
 
 local due = now + delay
 if ARGV[T + 7] ~= '' then due = tonumber(ARGV[T + 7]) end
-local index = BASE .. 'dedupe:' .. dedupe_key
+local index = dedupe_index(dedupe_key)
 for _, other in ipairs(redis.call('ZREVRANGE', index, 0, -1)) do
   local held = redis.call('HMGET', task_key(other), 'status', 'created_at')
   if not held[1] then
