@@ -215,6 +215,15 @@ SELECT clock.now,
        (SELECT c.last_group FROM rdq_fair_cursor AS c WHERE c.queue = %(queue)s AND %(fair)s) AS last_group
 FROM clock
 
+-- name: flow_candidate_columns
+-- Fragment: a candidate of a flow-controlled claim, as rdq_core.flow.Candidate takes it.
+id, priority, next_attempt_at AS due, concurrency_key, rate_key, task_group AS "group"
+
+-- name: flow_keys_not_full
+-- Fragment: the task's keys are not among those flow_state found full.
+(concurrency_key IS NULL OR concurrency_key <> ALL (%(full_keys)s::text[]))
+AND (rate_key IS NULL OR rate_key <> ALL (%(full_rates)s::text[]))
+
 -- name: flow_candidates
 -- Due tasks whose keys are not known to be full, by priority then due time: up to %(limit)s of
 -- each priority, walked in priority order; %(total)s caps them all (without aging, the first
@@ -222,12 +231,11 @@ FROM clock
 SELECT due.*
 FROM generate_series(0, 9) AS p(priority)
 CROSS JOIN LATERAL (
-    SELECT id, priority, next_attempt_at AS due, concurrency_key, rate_key, task_group AS "group"
+    SELECT {{flow_candidate_columns}}
     FROM rdq_tasks
     WHERE queue = %(queue)s AND status = 'PENDING' AND priority = p.priority
       AND next_attempt_at <= %(now)s
-      AND (concurrency_key IS NULL OR concurrency_key <> ALL (%(full_keys)s::text[]))
-      AND (rate_key IS NULL OR rate_key <> ALL (%(full_rates)s::text[]))
+      AND {{flow_keys_not_full}}
     ORDER BY next_attempt_at, id
     LIMIT %(limit)s
 ) AS due
@@ -250,24 +258,22 @@ WITH RECURSIVE grp AS (
 SELECT due.*
 FROM grp
 CROSS JOIN LATERAL (
-    SELECT id, priority, next_attempt_at AS due, concurrency_key, rate_key, task_group AS "group"
+    SELECT {{flow_candidate_columns}}
     FROM rdq_tasks
     WHERE queue = %(queue)s AND status = 'PENDING' AND task_group = grp.name
       AND next_attempt_at <= %(now)s
-      AND (concurrency_key IS NULL OR concurrency_key <> ALL (%(full_keys)s::text[]))
-      AND (rate_key IS NULL OR rate_key <> ALL (%(full_rates)s::text[]))
+      AND {{flow_keys_not_full}}
     ORDER BY priority, next_attempt_at, id
     LIMIT %(limit)s
 ) AS due
 WHERE grp.name IS NOT NULL AND (%(until)s::text IS NULL OR grp.name <= %(until)s)
 UNION ALL
 SELECT * FROM (
-    SELECT id, priority, next_attempt_at AS due, concurrency_key, rate_key, task_group AS "group"
+    SELECT {{flow_candidate_columns}}
     FROM rdq_tasks
     WHERE %(ungrouped)s AND queue = %(queue)s AND status = 'PENDING' AND task_group IS NULL
       AND next_attempt_at <= %(now)s
-      AND (concurrency_key IS NULL OR concurrency_key <> ALL (%(full_keys)s::text[]))
-      AND (rate_key IS NULL OR rate_key <> ALL (%(full_rates)s::text[]))
+      AND {{flow_keys_not_full}}
     ORDER BY priority, next_attempt_at, id
     LIMIT %(limit)s
 ) AS ungrouped

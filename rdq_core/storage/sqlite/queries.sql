@@ -89,12 +89,20 @@ SELECT last_group FROM rdq_fair_cursor WHERE queue = :queue
 INSERT INTO rdq_fair_cursor (queue, last_group) VALUES (:queue, :group)
 ON CONFLICT (queue) DO UPDATE SET last_group = excluded.last_group
 
+-- name: flow_candidate_columns
+-- Fragment: a candidate of a flow-controlled claim, as rdq_core.flow.Candidate takes it.
+id, priority, next_attempt_at AS due, concurrency_key, rate_key, task_group AS "group"
+
+-- name: flow_keys_not_full
+-- Fragment: the task's keys are not among those the claim found full (:full_keys, :full_rates: JSON arrays).
+(concurrency_key IS NULL OR concurrency_key NOT IN (SELECT value FROM json_each(:full_keys)))
+AND (rate_key IS NULL OR rate_key NOT IN (SELECT value FROM json_each(:full_rates)))
+
 -- name: flow_candidates
--- Due tasks of one priority whose keys are not known to be full (:full_keys, :full_rates: JSON arrays).
-SELECT id, priority, next_attempt_at AS due, concurrency_key, rate_key, task_group AS "group" FROM rdq_tasks
+-- Due tasks of one priority whose keys are not known to be full.
+SELECT {{flow_candidate_columns}} FROM rdq_tasks
  WHERE queue = :queue AND status = 'PENDING' AND priority = :priority AND next_attempt_at <= :now
-   AND (concurrency_key IS NULL OR concurrency_key NOT IN (SELECT value FROM json_each(:full_keys)))
-   AND (rate_key IS NULL OR rate_key NOT IN (SELECT value FROM json_each(:full_rates)))
+   AND {{flow_keys_not_full}}
  ORDER BY next_attempt_at, id LIMIT :limit
 
 -- name: flow_next_group
@@ -103,17 +111,15 @@ SELECT min(task_group) AS grp FROM rdq_tasks
  WHERE queue = :queue AND status = 'PENDING' AND task_group IS NOT NULL AND task_group > :after
 
 -- name: flow_group_candidates
-SELECT id, priority, next_attempt_at AS due, concurrency_key, rate_key, task_group AS "group" FROM rdq_tasks
+SELECT {{flow_candidate_columns}} FROM rdq_tasks
  WHERE queue = :queue AND status = 'PENDING' AND task_group = :group AND next_attempt_at <= :now
-   AND (concurrency_key IS NULL OR concurrency_key NOT IN (SELECT value FROM json_each(:full_keys)))
-   AND (rate_key IS NULL OR rate_key NOT IN (SELECT value FROM json_each(:full_rates)))
+   AND {{flow_keys_not_full}}
  ORDER BY priority, next_attempt_at, id LIMIT :limit
 
 -- name: flow_ungrouped_candidates
-SELECT id, priority, next_attempt_at AS due, concurrency_key, rate_key, task_group AS "group" FROM rdq_tasks
+SELECT {{flow_candidate_columns}} FROM rdq_tasks
  WHERE queue = :queue AND status = 'PENDING' AND task_group IS NULL AND next_attempt_at <= :now
-   AND (concurrency_key IS NULL OR concurrency_key NOT IN (SELECT value FROM json_each(:full_keys)))
-   AND (rate_key IS NULL OR rate_key NOT IN (SELECT value FROM json_each(:full_rates)))
+   AND {{flow_keys_not_full}}
  ORDER BY priority, next_attempt_at, id LIMIT :limit
 
 -- name: flow_claim_ids
