@@ -14,6 +14,7 @@ one promise of the storage SPI (see ``spi.py``); a backend's test class subclass
 | ``operator.py``       | get, cancel, stats, queues, retention                               |
 | ``browsing.py``       | listings by status, counts, cancel by filter, pause, the audit trail |
 | ``documents.py``      | engine documents: compare-and-set, delete, paging               |
+| ``flow_control.py``  | priority, aging, concurrency and rate limits, fair groups           |
 | ``dedupe_snooze.py``  | snooze without spending budget, retry_on / dead_on              |
 | ``bounds.py``         | round-trip budgets, an unreachable server                           |
 | ``engine.py``         | the runner on this backend                                          |
@@ -39,6 +40,7 @@ from .chaos_compliance import ChaosCompliance
 from .claim import ClaimCompliance
 from .dlq import DeadLetterCompliance
 from .engine import EngineCompliance
+from .flow_control import FlowControlCompliance
 from .enqueue import EnqueueCompliance
 from .fencing import FencingCompliance
 from .history import HistoryCompliance
@@ -61,6 +63,7 @@ class StorageCompliance(
     OperatorCompliance,
     BrowsingCompliance,
     DocumentCompliance,
+    FlowControlCompliance,
     DedupeSnoozeCompliance,
     BoundsCompliance,
     EngineCompliance,
