@@ -526,3 +526,12 @@ def test_a_slot_freed_after_the_claim_read_the_clock_moves_its_start_past_the_pr
     (doc,) = claim.run()
     assert doc["_id"] == "b"
     assert doc["claimed_at_ms"] > int(finished.timestamp() * 1000)
+
+
+def test_tasks_stored_before_schema_5_are_claimed_under_aging_and_fair_groups(storage):
+    from rdq_core.flow import FlowPolicy
+
+    storage.enqueue([_task(id="old0"), _task(id="old1"), _task(id="new", priority=5, group="g")])
+    storage._tasks.update_many({"_id": {"$in": ["old0", "old1"]}}, {"$unset": {"priority": "", "group": ""}})
+    assert [c.task.id for c in storage.claim("q", 1, 60, FlowPolicy(priority_aging_seconds=60))] == ["old0"]
+    assert sorted(c.task.id for c in storage.claim("q", 5, 60, FlowPolicy(fair_groups=True))) == ["new", "old1"]

@@ -116,9 +116,12 @@ class FlowClaim:
                                               ("task_id", ASCENDING)]))
         # Aged order (next_attempt_at + priority x aging) is not an index order: the first
         # `batch` of each priority present hold the first `batch` of the aged order.
+        # Priority 0 also reads tasks stored before schema 5 (no field; the server's distinct
+        # leaves them out).
         merged: list[Mapping[str, Any]] = []
-        for priority in self.tasks.distinct("priority", query):
-            merged += self.tasks.find({**query, "priority": priority}, _CANDIDATE_FIELDS, limit=batch,
+        for priority in sorted({p for p in self.tasks.distinct("priority", query) if isinstance(p, int)} | {0}):
+            matching = priority if priority else {"$in": [0, None]}
+            merged += self.tasks.find({**query, "priority": matching}, _CANDIDATE_FIELDS, limit=batch,
                                       batch_size=batch, sort=[("next_attempt_at_ms", ASCENDING), ("task_id", ASCENDING)])
         merged.sort(key=lambda d: rank(self.flow, Candidate(d["_id"], int(d.get("priority") or 0),
                                                             d["next_attempt_at_ms"] * 1000)))
