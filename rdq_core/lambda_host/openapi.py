@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from zoneinfo import available_timezones
 
 from .. import payloads, validation
-from ..model import Outcome  # snooze: the attempt outcomes
+from ..model import Outcome
 from ..validation import Limits
 from ..schedules import EXPRESSION_PATTERN, SCHEDULE_NAME
 
@@ -188,7 +188,7 @@ def _schemas() -> dict[str, Any]:
             "type": "object", "required": ["attempt_no", "outcome"],
             "properties": {
                 "attempt_no": {"type": "integer", "minimum": 1},
-                "outcome": {"type": "string", "enum": [o.value for o in Outcome]},  # SNOOZED included
+                "outcome": {"type": "string", "enum": [o.value for o in Outcome]},
                 "started_at": timestamp, "finished_at": timestamp, "error": error,
             },
         },
