@@ -50,17 +50,19 @@ local skipped_total = 0
 local in_flight = 0
 if max_in_flight then in_flight = redis.call('ZCARD', INFLIGHT) end
 
--- A cursor over one lane's due entries in score order. Taken entries leave the lane, skipped ones
--- stay: the next read starts at the number skipped so far.
+-- A cursor over one lane's due entries in score order. The lane is left as it is until the end
+-- of the script (taken entries are removed then, in one command per lane), so the next read
+-- starts after every entry read so far.
 local function cursor(lane)
   return {lane = lane, key = lane_key(lane), priority = tonumber(string.sub(lane, 1, 1)),
-    group = string.sub(lane, 3), buf = {}, pos = 1, skipped = 0, done = false, took = false}
+    group = string.sub(lane, 3), buf = {}, pos = 1, read = 0, done = false, taken = {}}
 end
 
 local function head(c)
   if c.pos > #c.buf then
     if c.done then return nil end
-    local got = redis.call('ZRANGEBYSCORE', c.key, '-inf', now_text, 'WITHSCORES', 'LIMIT', c.skipped, chunk)
+    local got = redis.call('ZRANGEBYSCORE', c.key, '-inf', now_text, 'WITHSCORES', 'LIMIT', c.read, chunk)
+    c.read = c.read + #got / 2
     c.buf, c.pos = {}, 1
     for j = 1, #got, 2 do c.buf[#c.buf + 1] = {got[j], tonumber(got[j + 1])} end
     if #c.buf < chunk then c.done = true end
@@ -120,14 +122,14 @@ local function admits(held)
   return true
 end
 
+local taken_ids = {}
+
 local function take(c, id, held)
   local token = token_prefix .. (#out + 1)
-  redis.call('ZREM', DUE, id)
-  redis.call('ZREM', c.key, id)
-  c.took = true
+  taken_ids[#taken_ids + 1] = id
+  c.taken[#c.taken + 1] = id
   redis.call('HSET', task_key(id), 'status', 'IN_FLIGHT', 'claim_token', token, 'claimed_at', now_text,
     'lease_expires_at', lease_until, 'updated_at', now_text)
-  redis.call('ZADD', INFLIGHT, lease_until, id)
   if held[2] then redis.call('ZADD', key_in_flight(held[2]), lease_until, id) end
   if held[3] and rate_count then
     local log = rate_log(held[3])
@@ -151,12 +153,11 @@ local function take_next(cursors)
     c.pos = c.pos + 1
     local held = redis.call('HMGET', task_key(id), 'status', 'concurrency_key', 'rate_key')
     if held[1] ~= 'PENDING' then
-      redis.call('ZREM', c.key, id)  -- a stale entry (cannot happen when every write goes through the prelude)
+      c.taken[#c.taken + 1] = id  -- a stale entry, dropped (cannot happen when every write goes through the prelude)
     elseif admits(held) then
       take(c, id, held)
       return true
     else
-      c.skipped = c.skipped + 1
       skipped_total = skipped_total + 1
     end
   end
@@ -200,7 +201,20 @@ else
   if served then redis.call('SET', pointer_key, served) end
 end
 
+-- The index moves, one command per index (chunks of 500 members keep Lua's stack small).
+local function each_chunk(ids, apply)
+  for first = 1, #ids, 500 do apply({unpack(ids, first, math.min(first + 499, #ids))}) end
+end
+each_chunk(taken_ids, function(chunk)
+  redis.call('ZREM', DUE, unpack(chunk))
+  local scored = {}
+  for _, id in ipairs(chunk) do scored[#scored + 1] = lease_until; scored[#scored + 1] = id end
+  redis.call('ZADD', INFLIGHT, unpack(scored))
+end)
 for _, c in ipairs(cursors) do
-  if c.took then forget_lane_if_empty(c.lane) end
+  if #c.taken > 0 then
+    each_chunk(c.taken, function(chunk) redis.call('ZREM', c.key, unpack(chunk)) end)
+    forget_lane_if_empty(c.lane)
+  end
 end
 return out
