@@ -17,8 +17,11 @@ from rdq_core.flow import (
     full_keys,
     parse_rate,
 )
-from rdq_core.model import DedupeMode, TaskStatus
+from rdq_core.handlers import HandlerRegistry
+from rdq_core.model import DedupeMode, NewTask, TaskStatus
 from rdq_core.retry import policy_book_from_config
+from rdq_core.storage import open_storage
+from rdq_core.worker import Worker, WorkerConfig
 
 
 def test_queue_policies_carry_flow_control_beside_the_retry_policy():
@@ -139,3 +142,22 @@ def test_choose_takes_groups_in_turn_from_the_one_after_the_last_served():
     assert first.ids == ("n0", "big0", "m0", "s0", "big1") and first.served_group == "big"
     after_mid = choose(flow, FlowState(last_group="mid"), candidates, 4)
     assert after_mid.ids == ("s0", "n0", "big0", "m0") and after_mid.served_group == "mid"
+
+
+def test_a_worker_claims_under_its_queue_policy(tmp_path):
+    storage = open_storage(f"sqlite:///{tmp_path}/w.db")
+    running: list[str] = []
+    registry = HandlerRegistry()
+    registry.register("record", lambda payload, ctx: running.append(payload["key"]))
+    storage.enqueue([NewTask(id=f"t{n}", queue="q", handler="record", payload={"key": "k" if n < 3 else f"o{n}"},
+                             concurrency_key="k" if n < 3 else None) for n in range(5)])
+    policies = policy_book_from_config({"q": {"concurrency_limit": 1, "max_attempts": 2}})
+    worker = Worker(storage, WorkerConfig(queues=["q"], batch_size=10, lease_seconds=30), policies=policies,
+                    registry=registry)
+    try:
+        assert worker.run_once() == 3, "one task of key k and the two without a key"
+        assert sorted(running) == ["k", "o3", "o4"]
+        assert worker.run_once() == 1 and worker.run_once() == 1 and worker.run_once() == 0
+    finally:
+        worker.stop()
+        storage.close()
