@@ -2,7 +2,8 @@
 
 The engine (this package) knows nothing of Lambda. Public surface:
 
-* ``handler`` / ``PermanentError`` -- register user code and dead-letter on purpose;
+* ``handler`` / ``PermanentError`` / ``Snooze`` -- register user code, dead-letter on purpose,
+  run again later without spending a retry;
 * ``Client`` -- enqueue, inspect and operate from Python, on a store;
 * ``HttpClient`` -- the same interface over a deployed rdq API (SigV4, API key or bearer token);
 * ``open_storage`` -- the storage SPI (``rdq_core.storage.spi``) behind every host;
@@ -24,7 +25,7 @@ from .errors import (
     TaskNotFound,
     UnsupportedOperation,
 )
-from .handlers import TaskContext, handler, registry
+from .handlers import Snooze, TaskContext, handler, registry
 from .http_client import HttpClient
 from .model import Attempt, Backoff, ErrorInfo, Outcome, QueueStats, Task, TaskStatus
 from .retry import PolicyBook, RetryPolicy
@@ -33,6 +34,6 @@ from .storage import open_storage
 __all__ = [
     "ApiUnavailable", "Attempt", "Backoff", "Client", "ConfigurationError", "ErrorInfo", "HttpClient",
     "InvalidCursor", "InvalidInput", "NotAuthorized", "Outcome", "PermanentError", "PolicyBook", "QueueStats",
-    "RdqError", "RetryPolicy", "StaleClaim", "StorageUnavailable", "Task", "TaskConflict", "TaskContext",
+    "RdqError", "RetryPolicy", "Snooze", "StaleClaim", "StorageUnavailable", "Task", "TaskConflict", "TaskContext",
     "TaskNotFound", "TaskStatus", "UnsupportedOperation", "handler", "open_storage", "registry",
 ]

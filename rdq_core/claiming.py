@@ -142,7 +142,7 @@ class ClaimLoop:
             lease = self.lease_seconds()
             self.runner.lease_seconds = lease
             began = self.clock()
-            claimed = self.storage.claim(queue, self.batch_size, lease)
+            claimed = self.storage.claim(queue, self.batch_size, lease, self.runner.policies.flow_for(queue))
             if self.health is not None:
                 # Only a call that reached the store ends an outage (a round also returns
                 # normally when the runner gave up on a settle, which proves nothing).

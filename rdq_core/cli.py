@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence, TextIO
 from urllib.parse import urlsplit
 
 from . import tracecontext
-from .client import Client
+from .client import FLOW_FIELDS, Client
 from .console import server as console_server
 from .http_client import ApiKey, Auth, BearerToken, HttpClient, SigV4
 from .errors import (
@@ -136,6 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.add_argument("--id")
     enqueue.add_argument("--delay", type=float, help="seconds before the task is due")
     enqueue.add_argument("--max-attempts", type=int)
+    # Flow control (docs/flow-control.md); the engine validates the values like the API does.
+    enqueue.add_argument("--priority", type=int, help="0..9, lower runs first (default 0)")
+    enqueue.add_argument("--concurrency-key", help="tasks sharing it count against the queue's concurrency_limit")
+    enqueue.add_argument("--rate-key", help="tasks sharing it count against the queue's rate_limit")
+    enqueue.add_argument("--group", help="tenant for a queue with fair_groups")
+    enqueue.add_argument("--dedupe-key", help="no second task while one with this key matches")
+    enqueue.add_argument("--dedupe-for-seconds", type=float)
+    enqueue.add_argument("--dedupe-states", type=lambda text: text.split(","),
+                         help="comma-separated statuses a matching task may be in (default PENDING,IN_FLIGHT)")
+    enqueue.add_argument("--dedupe-mode", choices=["skip", "replace", "debounce"])
+    enqueue.add_argument("--dedupe-max-wait-seconds", type=float)
     enqueue.add_argument("--json", action="store_true")
     enqueue.add_argument("--traceparent", help="W3C trace context the task continues (default: $TRACEPARENT)")
     enqueue.add_argument("--tracestate", help="W3C tracestate with it (default: $TRACESTATE)")
@@ -406,12 +417,14 @@ def cmd_reaper(args: argparse.Namespace, url: str) -> int:
 def cmd_enqueue(args: argparse.Namespace, url: str) -> int:
     payload = _read_payload(args.payload)
     item = {"handler": args.handler, "payload": payload, "id": args.id, "delay_seconds": args.delay,
-            "max_attempts": args.max_attempts}
+            "max_attempts": args.max_attempts, **{name: getattr(args, name) for name in FLOW_FIELDS}}
     with _client(args, url) as client, _trace_context(args):
         result = client.enqueue_item(args.queue, item)  # a payload over the threshold goes to the payload store
     task = result.task
     if args.json:
-        _print_json({**task.to_dict(), "created": result.created})
+        _print_json({**task.to_dict(), "created": result.created, "deduplicated": result.deduplicated})
+    elif result.deduplicated:
+        _say(f"{task.id} matched dedupe key {task.dedupe_key} ({task.status.value}); nothing was enqueued")
     elif result.created:
         _say(f"{task.id} {task.status.value} queue={task.queue} handler={task.handler}")
     else:

@@ -82,9 +82,19 @@ class Client:
         connection: Any = None,
         traceparent: str | None = None,
         tracestate: str | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
+        rate_key: str | None = None,
+        group: str | None = None,
+        dedupe_key: str | None = None,
+        dedupe_for_seconds: float | None = None,
+        dedupe_states: Sequence[str] | None = None,
+        dedupe_mode: str | None = None,
+        dedupe_max_wait_seconds: float | None = None,
     ) -> Task:
         """Enqueue one task; an existing id on the same queue returns the existing task.
 
+        ``priority`` .. ``dedupe_max_wait_seconds``: flow control (docs/flow-control.md).
         Raises ``TaskConflict`` if ``id`` is taken on another queue. ``connection`` (PostgreSQL)
         writes inside the caller's open transaction. ``traceparent``/``tracestate`` (W3C) are the
         trace the task continues; by default the current OpenTelemetry span's (docs/handlers.md,
@@ -93,6 +103,9 @@ class Client:
         fields = {
             "handler": handler, "payload": payload, "id": id, "delay_seconds": delay_seconds,
             "run_at": run_at, "max_attempts": max_attempts, "backoff": backoff, "headers": headers,
+            "priority": priority, "concurrency_key": concurrency_key, "rate_key": rate_key, "group": group,
+            "dedupe_key": dedupe_key, "dedupe_for_seconds": dedupe_for_seconds, "dedupe_states": dedupe_states,
+            "dedupe_mode": dedupe_mode, "dedupe_max_wait_seconds": dedupe_max_wait_seconds,
         }
         (item,), uploaded = self._offloaded(queue, [fields], single=True)
         (item,) = tracecontext.stamped([item], tracecontext.enqueue_headers(traceparent, tracestate))
@@ -315,12 +328,13 @@ class Client:
 
     def _forget_uploads(self, refs: Sequence[payload_objects.PayloadRef | None],
                         results: Sequence[EnqueueResult] | None = None) -> None:
-        """Delete the objects no new task points at: all of them when the write failed, else those
-        of ids that already existed (an idempotent repeat keeps the first task's object)."""
+        """Delete the objects no task points at: all of them when the write failed, else those of
+        ids that already existed (an idempotent repeat keeps the first task's object) -- except one
+        a deduplicated request's ``replace`` put on the task it matched."""
         if not refs:
             return
         unused = [ref for index, ref in enumerate(refs)
-                  if ref is not None and (results is None or not results[index].created)]
+                  if ref is not None and (results is None or not _points_at(results[index], ref))]
         try:
             payload_objects.delete_objects(self.payload_store, unused)
         except Exception:  # noqa: BLE001 - an orphan object costs storage, never the enqueue's answer
@@ -439,7 +453,16 @@ def build_new_tasks(queue: str, items: Sequence[Mapping[str, Any]]) -> list[NewT
     return new_tasks
 
 
-_TASK_FIELDS = {"handler", "payload", "id", "delay_seconds", "run_at", "max_attempts", "backoff", "headers"}
+#: The enqueue fields of flow control (docs/flow-control.md), besides the classic ones.
+FLOW_FIELDS = ("priority", "concurrency_key", "rate_key", "group", "dedupe_key", "dedupe_for_seconds",
+               "dedupe_states", "dedupe_mode", "dedupe_max_wait_seconds")
+_TASK_FIELDS = {"handler", "payload", "id", "delay_seconds", "run_at", "max_attempts", "backoff", "headers",
+                *FLOW_FIELDS}
+
+
+def _points_at(result: EnqueueResult, ref: payload_objects.PayloadRef) -> bool:
+    """Whether the task an enqueue answered with refers to the uploaded object ``ref``."""
+    return result.created or result.task.headers.get(payload_objects.REF_HEADER) == ref.to_header()
 
 
 def build_new_task(queue: str, item: Mapping[str, Any]) -> NewTask:
@@ -460,6 +483,16 @@ def build_new_task(queue: str, item: Mapping[str, Any]) -> NewTask:
         backoff=validation.backoff(item.get("backoff")),
         delay_seconds=validation.delay_seconds(item.get("delay_seconds")),
         run_at=validation.run_at(item.get("run_at")),
+        priority=validation.priority(item.get("priority")),
+        concurrency_key=validation.flow_key(item.get("concurrency_key"), "concurrency_key"),
+        rate_key=validation.flow_key(item.get("rate_key"), "rate_key"),
+        group=validation.flow_key(item.get("group"), "group"),
+        dedupe_key=validation.flow_key(item.get("dedupe_key"), "dedupe_key"),
+        dedupe_for_seconds=validation.optional_seconds(item.get("dedupe_for_seconds"), "dedupe_for_seconds"),
+        dedupe_states=validation.dedupe_states(item.get("dedupe_states")),
+        dedupe_mode=validation.dedupe_mode(item.get("dedupe_mode")),
+        dedupe_max_wait_seconds=validation.optional_seconds(item.get("dedupe_max_wait_seconds"),
+                                                            "dedupe_max_wait_seconds"),
     )
 
 

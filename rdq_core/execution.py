@@ -20,7 +20,7 @@ from typing import Callable
 
 from . import payloads
 from . import outcomes, tracecontext
-from .handlers import HandlerSpec, TaskContext
+from .handlers import HandlerSpec, Snooze, TaskContext
 from .logs import task_log_keys
 from .model import ClaimedTask, Settlement
 from .retry import PolicyBook
@@ -58,6 +58,8 @@ def run_handler(item: ClaimedTask, spec: HandlerSpec, ctx: TaskContext, policies
         raise
     except BaseException as exc:  # noqa: BLE001 - a crashing handler is a failed attempt, never a dead loop
         return outcomes.from_exception(item, exc, policies)
+    if isinstance(result, Snooze):  # returned rather than raised: the same request
+        return outcomes.snoozed(item, result)
     return payloads.handler_outcome(item, result, policies)  # a large result goes to the payload store
 
 

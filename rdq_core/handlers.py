@@ -6,6 +6,7 @@ from rdq_core import handler, PermanentError
 @handler("send_email", timeout_seconds=20)
 def send_email(payload, ctx):
     ...  # raise PermanentError to dead-letter at once; any other exception is retried
+    # raise Snooze(60) (or return Snooze(60)) to run again in a minute without spending a retry
 ```
 
 ``timeout_seconds`` is the longest one run may take. A worker starts a task only if that much
@@ -17,13 +18,14 @@ handler ends as LEASE_EXPIRED instead of holding its task forever.
 from __future__ import annotations
 
 import importlib
+import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from .errors import ConfigurationError
-from .validation import TRACEPARENT_HEADER, TRACESTATE_HEADER, handler_name
+from .validation import TRACEPARENT_HEADER, TRACESTATE_HEADER, Limits, handler_name
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 
@@ -65,6 +67,22 @@ class HandlerRegistry:
         for module in modules:
             if module:
                 importlib.import_module(module)
+
+
+class Snooze(Exception):
+    """Raised (or returned) by a handler: run this task again in ``seconds``, spending no retry.
+
+    The task goes back to PENDING at the store's now + ``seconds``, its ``attempt_count`` (the
+    retry budget) unchanged, with one SNOOZED entry in its history. ``seconds`` is a number in
+    0..366 days, as an enqueue's ``delay_seconds``; anything else raises ``ValueError`` right
+    here, in the handler, which makes the run an ordinary failed attempt.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        if type(seconds) not in (int, float) or not math.isfinite(seconds) or not 0 <= seconds <= Limits.delay_seconds:
+            raise ValueError(f"Snooze seconds must be a number in 0..{Limits.delay_seconds}, got {seconds!r}")
+        super().__init__(f"snoozed for {seconds:g}s")
+        self.seconds = float(seconds)
 
 
 #: The process-wide registry the ``@handler`` decorator writes to.

@@ -41,6 +41,7 @@ connect timeout and a read timeout. botocore is needed only for ``SigV4`` and im
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import http.client
 import json
@@ -236,6 +237,15 @@ class HttpClient:
         connection: Any = None,
         traceparent: str | None = None,
         tracestate: str | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
+        rate_key: str | None = None,
+        group: str | None = None,
+        dedupe_key: str | None = None,
+        dedupe_for_seconds: float | None = None,
+        dedupe_states: Sequence[str] | None = None,
+        dedupe_mode: str | None = None,
+        dedupe_max_wait_seconds: float | None = None,
     ) -> Task:
         """Enqueue one task; an existing id on the same queue returns the existing task.
 
@@ -244,7 +254,11 @@ class HttpClient:
         """
         _no_connection(connection)
         item = _task_body({"handler": handler, "payload": payload, "id": id, "delay_seconds": delay_seconds,
-                           "run_at": run_at, "max_attempts": max_attempts, "backoff": backoff, "headers": headers})
+                           "run_at": run_at, "max_attempts": max_attempts, "backoff": backoff, "headers": headers,
+                           "priority": priority, "concurrency_key": concurrency_key, "rate_key": rate_key,
+                           "group": group, "dedupe_key": dedupe_key, "dedupe_for_seconds": dedupe_for_seconds,
+                           "dedupe_states": dedupe_states, "dedupe_mode": dedupe_mode,
+                           "dedupe_max_wait_seconds": dedupe_max_wait_seconds})
         item = self._offloaded(queue, item)  # a payload over the threshold is uploaded first
         trace = tracecontext.http_headers(tracecontext.enqueue_headers(traceparent, tracestate))
         response = self._call("POST", f"/v1/queues/{_segment(queue)}/tasks", IDEMPOTENT, body=item, headers=trace)
@@ -261,10 +275,11 @@ class HttpClient:
                            "headers": tracecontext.with_trace(new_task.headers, {}) or None,
                            "max_attempts": new_task.max_attempts,
                            "backoff": new_task.backoff, "run_at": new_task.run_at,
-                           "delay_seconds": new_task.delay_seconds or None})
+                           "delay_seconds": new_task.delay_seconds or None, **new_task.flow_fields()})
         response = self._call("POST", f"/v1/queues/{_segment(new_task.queue)}/tasks", IDEMPOTENT, body=item, headers=trace)
         body = response.json()
-        return EnqueueResult(task=Task.from_dict(body), created=bool(body.get("created", response.status == 201)))
+        return EnqueueResult(task=Task.from_dict(body), created=bool(body.get("created", response.status == 201)),
+                             deduplicated=bool(body.get("deduplicated", False)))
 
     def enqueue_many(
         self, queue: str, items: Sequence[Mapping[str, Any]], *, connection: Any = None,
@@ -287,10 +302,13 @@ class HttpClient:
                 id=answer["id"], queue=answer.get("queue", queue), handler=sent.get("handler", ""),
                 payload=sent.get("payload"), status=TaskStatus(answer.get("status", TaskStatus.PENDING.value)),
                 headers=dict(sent.get("headers") or {}), max_attempts=sent.get("max_attempts"),
-                backoff=Backoff.from_dict(sent.get("backoff")),
+                backoff=Backoff.from_dict(sent.get("backoff")), priority=int(sent.get("priority") or 0),
+                concurrency_key=sent.get("concurrency_key"), rate_key=sent.get("rate_key"), group=sent.get("group"),
+                dedupe_key=sent.get("dedupe_key"),
             )
             results.append(EnqueueResult(task=task, created=answer["result"] == "created",
-                                         conflict=answer["result"] == "conflict"))
+                                         conflict=answer["result"] == "conflict",
+                                         deduplicated=bool(answer.get("deduplicated", False))))
         return results
 
     # -- reading and operating -------------------------------------------------------------
@@ -450,7 +468,8 @@ class HttpClient:
         trace = tracecontext.http_headers(tracecontext.enqueue_headers())  # as enqueue chooses it
         response = self._call("POST", f"/v1/queues/{_segment(queue)}/tasks", IDEMPOTENT, body=body, headers=trace)
         answer = response.json()
-        return EnqueueResult(task=Task.from_dict(answer), created=bool(answer.get("created", response.status == 201)))
+        return EnqueueResult(task=Task.from_dict(answer), created=bool(answer.get("created", response.status == 201)),
+                             deduplicated=bool(answer.get("deduplicated", False)))
 
     def _offloaded(self, queue: str, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` with a payload over the threshold uploaded through a presigned URL and replaced
@@ -628,6 +647,10 @@ def _task_body(item: Mapping[str, Any]) -> dict[str, Any]:
             value = value.to_dict()
         elif name == "headers" and isinstance(value, Mapping):
             value = dict(value)
+        elif isinstance(value, enum.Enum):
+            value = value.value
+        elif name == "dedupe_states" and isinstance(value, (list, tuple)):
+            value = [getattr(state, "value", state) for state in value]
         body[name] = value
     if body.get("id") is None:
         body["id"] = new_task_id()

@@ -9,6 +9,7 @@ Task states and their transitions (drawn in docs/state-machine.md)::
     IN_FLIGHT --lease expired, budget left-> PENDING   (reaper; one LEASE_EXPIRED row)
     IN_FLIGHT --failure/expiry, budget spent, or PermanentError--> DEAD
     IN_FLIGHT --release (never started)-->  PENDING    (no attempt row, budget unchanged)
+    IN_FLIGHT --Snooze(seconds)-->          PENDING    (one SNOOZED row, budget unchanged)
     DEAD      --redrive-->                  PENDING    (budget reset, history kept)
 """
 
@@ -33,6 +34,16 @@ class Outcome(str, enum.Enum):
     RETRYABLE_FAILURE = "RETRYABLE_FAILURE"
     PERMANENT_FAILURE = "PERMANENT_FAILURE"
     LEASE_EXPIRED = "LEASE_EXPIRED"
+    #: The handler asked to run again later (``rdq_core.Snooze``): no retry budget spent.
+    SNOOZED = "SNOOZED"
+
+
+class DedupeMode(str, enum.Enum):
+    """What an enqueue that matches an existing task by ``dedupe_key`` does (docs/flow-control.md)."""
+
+    SKIP = "skip"
+    REPLACE = "replace"
+    DEBOUNCE = "debounce"
 
 
 @dataclass(frozen=True)
@@ -131,6 +142,12 @@ class Task:
     result: Any = None
     last_error: ErrorInfo | None = None
     attempts: tuple[Attempt, ...] = ()
+    # Flow control (docs/flow-control.md): claim order and the limits a claim honours.
+    priority: int = 0
+    concurrency_key: str | None = None
+    rate_key: str | None = None
+    group: str | None = None
+    dedupe_key: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -152,6 +169,11 @@ class Task:
             "result": self.result,
             "last_error": self.last_error.to_dict() if self.last_error else None,
             "attempts": [a.to_dict() for a in self.attempts],
+            "priority": self.priority,
+            "concurrency_key": self.concurrency_key,
+            "rate_key": self.rate_key,
+            "group": self.group,
+            "dedupe_key": self.dedupe_key,
         }
 
     @classmethod
@@ -176,6 +198,11 @@ class Task:
             result=data.get("result"),
             last_error=ErrorInfo.from_dict(data.get("last_error")),
             attempts=tuple(Attempt.from_dict(a) for a in data.get("attempts") or ()),
+            priority=int(data.get("priority") or 0),
+            concurrency_key=data.get("concurrency_key"),
+            rate_key=data.get("rate_key"),
+            group=data.get("group"),
+            dedupe_key=data.get("dedupe_key"),
         )
 
 
@@ -196,6 +223,28 @@ class NewTask:
     backoff: Backoff | None = None
     delay_seconds: float = 0.0
     run_at: datetime | None = None
+    priority: int = 0
+    concurrency_key: str | None = None
+    rate_key: str | None = None
+    group: str | None = None
+    #: Enqueue-time dedupe: a task of the same queue and key in ``dedupe_states`` (None: PENDING
+    #: or IN_FLIGHT), or created within ``dedupe_for_seconds``, is returned instead of inserting.
+    dedupe_key: str | None = None
+    dedupe_for_seconds: float | None = None
+    dedupe_states: tuple[TaskStatus, ...] | None = None
+    dedupe_mode: DedupeMode = DedupeMode.SKIP
+    dedupe_max_wait_seconds: float | None = None
+
+    def flow_fields(self) -> dict[str, Any]:
+        """The flow-control fields that differ from their defaults, JSON-shaped (as enqueue takes them)."""
+        fields: dict[str, Any] = {
+            "priority": self.priority or None, "concurrency_key": self.concurrency_key, "rate_key": self.rate_key,
+            "group": self.group, "dedupe_key": self.dedupe_key, "dedupe_for_seconds": self.dedupe_for_seconds,
+            "dedupe_states": [s.value for s in self.dedupe_states] if self.dedupe_states else None,
+            "dedupe_mode": self.dedupe_mode.value if self.dedupe_key else None,
+            "dedupe_max_wait_seconds": self.dedupe_max_wait_seconds,
+        }
+        return {name: value for name, value in fields.items() if value is not None}
 
 
 @dataclass(frozen=True)
@@ -209,6 +258,7 @@ class EnqueueResult:
     task: Task
     created: bool
     conflict: bool = False
+    deduplicated: bool = False
 
 
 @dataclass(frozen=True)
@@ -240,7 +290,8 @@ class Settlement:
     The backend, in one atomic step per task and only if ``claim_token`` still matches an
     IN_FLIGHT task (and, for LEASE_EXPIRED, only if its lease has expired by the backend clock):
     appends an attempt ``MAX(attempt_no)+1`` with ``outcome``/``error``, adds 1 to
-    ``attempt_count``, sets ``status`` (SUCCEEDED, PENDING or DEAD), clears the claim, sets
+    ``attempt_count`` (0 for SNOOZED, which is always PENDING: a snooze spends no budget), sets
+    ``status`` (SUCCEEDED, PENDING or DEAD), clears the claim, sets
     ``next_attempt_at = now() + retry_delay_seconds`` for PENDING, ``dead_at = now()`` for DEAD,
     stores ``result`` for SUCCEEDED and ``last_error`` for failures.
     """

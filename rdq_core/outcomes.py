@@ -4,7 +4,10 @@ Every ``Settlement`` the engine writes is decided here, by the worker hosts and 
 
 * a handler's return value: ``SUCCESS`` if it can be stored, else a retryable
   ``rdq.InvalidResult`` failure (the same rules as a payload, with the 64 KiB result limit);
-* ``PermanentError`` and an unknown handler dead-letter at once; any other exception, including
+* ``Snooze(seconds)``, raised or returned: back to PENDING in ``seconds``, a SNOOZED attempt
+  that spends no retry budget;
+* ``PermanentError``, an exception the queue's ``dead_on`` names (or, with ``retry_on``, one it
+  does not name) and an unknown handler dead-letter at once; any other exception, including
   panic-like ``BaseException`` s such as ``SystemExit`` or ``RecursionError``, is a retryable
   failure recorded with its type and a truncated stack; error text is made valid Unicode first;
 * a handler whose timeout can never fit the host dead-letters with ``rdq.TimeoutExceedsWorker``;
@@ -22,6 +25,7 @@ import traceback
 from typing import TYPE_CHECKING
 
 from .errors import InvalidInput, PermanentError
+from .handlers import Snooze
 from .model import ClaimedTask, ErrorInfo, Outcome, Settlement, Task, TaskStatus
 from .validation import Limits, json_value, repaired_text
 
@@ -50,8 +54,17 @@ def from_result(item: ClaimedTask, result: object, policies: PolicyBook) -> Sett
 
 def from_exception(item: ClaimedTask, exc: BaseException, policies: PolicyBook) -> Settlement:
     """A handler raised ``exc`` (call it from the ``except`` block: the stack is read here)."""
-    outcome = Outcome.PERMANENT_FAILURE if isinstance(exc, PermanentError) else Outcome.RETRYABLE_FAILURE
+    if isinstance(exc, Snooze):
+        return snoozed(item, exc)
+    permanent = isinstance(exc, PermanentError) or policies.gives_up_on(item.task, exc)
+    outcome = Outcome.PERMANENT_FAILURE if permanent else Outcome.RETRYABLE_FAILURE
     return failed_attempt(policies, item.task, item.claim_token, outcome, error_from_exception(exc))
+
+
+def snoozed(item: ClaimedTask, snooze: Snooze) -> Settlement:
+    """The handler asked to run again in ``snooze.seconds``: PENDING then, budget unspent."""
+    return Settlement(item.task.id, item.claim_token, Outcome.SNOOZED, TaskStatus.PENDING,
+                      retry_delay_seconds=snooze.seconds)
 
 
 def unknown_handler(item: ClaimedTask) -> Settlement:
@@ -170,6 +183,8 @@ def log_outcome(task: Task, settlement: Settlement, policies: PolicyBook, second
     took = "" if seconds is None else f" in {_human_duration(seconds)}"
     what = {TaskStatus.SUCCEEDED: "", TaskStatus.DEAD: "; dead-lettered"}.get(
         settlement.status, f"; retry in {_human_duration(settlement.retry_delay_seconds)}")
+    if settlement.outcome is Outcome.SNOOZED:
+        what = f"; runs again in {_human_duration(settlement.retry_delay_seconds)}, no retry spent"
     because = f": {error.type}: {error.message[:200]}" if error else ""
     task_log.log(
         level, "%s %s/%s try %d/%d %s%s%s%s", task.id, task.queue, task.handler, fields["try"], fields["max_tries"],

@@ -4,15 +4,20 @@ Numbers only; ``rdq_core.outcomes`` turns them into a task's settlement.
 
 Resolution order for every field: the task's own value, then its queue's policy, then the
 defaults (5 attempts; backoff 1 s initial, x2, capped at 10 min, ±20 % jitter).
+
+A queue's policy may also name exception types: ``dead_on`` (dead-letter at once) and
+``retry_on`` (when given, only these are retried; any other exception dead-letters). See
+``RetryPolicy.gives_up_on`` for the precedence.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from .errors import ConfigurationError
+from .flow import FlowBook, FlowPolicy, flow_book_from_config
 from .model import Backoff, Task
 
 DEFAULT_MAX_ATTEMPTS = 5
@@ -23,6 +28,22 @@ DEFAULT_BACKOFF = Backoff()
 class RetryPolicy:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     backoff: Backoff = field(default_factory=Backoff)
+    #: Exception type names that are retried; None retries every exception.
+    retry_on: frozenset[str] | None = None
+    #: Exception type names that dead-letter at once.
+    dead_on: frozenset[str] = frozenset()
+
+    def gives_up_on(self, exc: BaseException) -> bool:
+        """True when a raised ``exc`` dead-letters at once under this policy: its type, or any of
+        its base types, is named in ``dead_on``; or ``retry_on`` is given and names none of them.
+        ``dead_on`` wins when both name it. A name is a class's bare name (``TimeoutError``) or
+        its module-qualified one (``myapp.errors.Throttled``)."""
+        if not self.dead_on and self.retry_on is None:
+            return False
+        names = exception_type_names(type(exc))
+        if names & self.dead_on:
+            return True
+        return self.retry_on is not None and not names & self.retry_on
 
     def delay_after(self, attempts_used: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after the ``attempts_used``-th failed attempt (1-based)."""
@@ -50,13 +71,25 @@ class PolicyBook:
 
     default: RetryPolicy = field(default_factory=RetryPolicy)
     queues: Mapping[str, RetryPolicy] = field(default_factory=dict)
+    #: Each queue's flow control (rdq_core/flow.py), from the same configuration.
+    flows: FlowBook = field(default_factory=FlowBook)
+
+    def flow_for(self, queue: str) -> FlowPolicy:
+        return self.flows.for_queue(queue)
 
     def for_task(self, task: Task) -> RetryPolicy:
         queue_policy = self.queues.get(task.queue, self.default)
         return RetryPolicy(
             max_attempts=task.max_attempts or queue_policy.max_attempts,
             backoff=task.backoff or queue_policy.backoff,
+            retry_on=queue_policy.retry_on,
+            dead_on=queue_policy.dead_on,
         )
+
+    def gives_up_on(self, task: Task, exc: BaseException) -> bool:
+        """Whether ``exc`` raised by ``task``'s handler dead-letters at once (its queue's
+        ``dead_on`` / ``retry_on``)."""
+        return self.queues.get(task.queue, self.default).gives_up_on(exc)
 
     def retry_delay(self, task: Task, rng: random.Random | None = None) -> float | None:
         """Seconds before the next try after a failed attempt of ``task``, or None when that
@@ -68,10 +101,28 @@ class PolicyBook:
         return policy.delay_after(used, rng)
 
 
+def exception_type_names(kind: type) -> frozenset[str]:
+    """Every name ``retry_on`` / ``dead_on`` may use for ``kind``: bare and module-qualified, of
+    the class and each of its bases."""
+    names: set[str] = set()
+    for base in kind.__mro__:
+        names.add(base.__qualname__)
+        names.add(f"{base.__module__}.{base.__qualname__}")
+    return frozenset(names)
+
+
+def _exception_names(queue: str, key: str, raw: object) -> frozenset[str]:
+    if not isinstance(raw, Sequence) or isinstance(raw, str) or not all(
+            isinstance(name, str) and name.strip() == name and name for name in raw):
+        raise ConfigurationError(f"policy for queue {queue!r}: {key} must be a list of exception type names")
+    return frozenset(raw)
+
+
 def policy_book_from_config(config: Mapping[str, object] | None) -> PolicyBook:
     """Build a PolicyBook from JSON-shaped config, e.g. ``RDQ_QUEUE_POLICIES``::
 
-        {"emails": {"max_attempts": 8, "backoff": {"initial_seconds": 5}}}
+        {"emails": {"max_attempts": 8, "backoff": {"initial_seconds": 5},
+                    "dead_on": ["ValueError"], "retry_on": ["TimeoutError", "myapp.Throttled"]}}
     """
     if not config:
         return PolicyBook()
@@ -82,7 +133,10 @@ def policy_book_from_config(config: Mapping[str, object] | None) -> PolicyBook:
         backoff = DEFAULT_BACKOFF
         if raw.get("backoff") is not None:
             backoff = Backoff(**{**DEFAULT_BACKOFF.to_dict(), **dict(raw["backoff"])})
+        retry_on = raw.get("retry_on")
         queues[str(queue)] = RetryPolicy(
-            max_attempts=int(raw.get("max_attempts", DEFAULT_MAX_ATTEMPTS)), backoff=backoff
+            max_attempts=int(raw.get("max_attempts", DEFAULT_MAX_ATTEMPTS)), backoff=backoff,
+            retry_on=None if retry_on is None else _exception_names(str(queue), "retry_on", retry_on),
+            dead_on=_exception_names(str(queue), "dead_on", raw.get("dead_on") or []),
         )
-    return PolicyBook(queues=queues)
+    return PolicyBook(queues=queues, flows=flow_book_from_config(config))

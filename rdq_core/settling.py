@@ -148,7 +148,7 @@ class Settler:
         report.failed_writes += len(failed)
         for s in settlements:
             if s.task_id not in refused and s.task_id not in failed:
-                self.telemetry.count(_SETTLED_METRIC[s.status])
+                self.telemetry.count("snoozed" if s.outcome is Outcome.SNOOZED else _SETTLED_METRIC[s.status])
 
     def release(
         self, items: Sequence[ClaimedTask], report: BatchReport, ledger: ClaimLedger, deadline: float = math.inf

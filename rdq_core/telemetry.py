@@ -1,7 +1,7 @@
 """Counters and timings the engine reports; hosts map them to their metrics system.
 
 The Lambda host maps these to CloudWatch EMF via Powertools; the local host keeps the counts
-in memory and logs. Metric names: claimed, succeeded, retried, dead_lettered, lease_expired,
+in memory and logs. Metric names: claimed, succeeded, retried, snoozed, dead_lettered, lease_expired,
 released, stale_settlements, claim_latency_ms.
 """
 

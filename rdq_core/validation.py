@@ -13,11 +13,13 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from .errors import InvalidInput
-from .model import Backoff
+from .model import Backoff, DedupeMode, TaskStatus
 
 QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,119}")
 HANDLER_NAME = QUEUE_NAME
 TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]{0,127}")
+#: concurrency_key, rate_key, group and dedupe_key: plain ASCII, at most 128 bytes, never query syntax.
+FLOW_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~:-]{0,127}")
 
 #: The task headers that carry the W3C trace context (``rdq_core.tracecontext``). They are set by
 #: the engine only (every ``rdq.`` name is refused from callers) and do not count toward
@@ -37,6 +39,7 @@ class Limits:
     header_key_chars = 128
     header_value_chars = 1024
     max_attempts = 100
+    max_priority = 9
     delay_seconds = 366 * 86_400
     json_depth = 64
     error_message_chars = 2_000
@@ -176,6 +179,57 @@ def max_attempts(value: Any) -> int | None:
     if type(value) is not int or not 1 <= value <= Limits.max_attempts:
         raise InvalidInput(f"max_attempts must be an integer in 1..{Limits.max_attempts}", "max_attempts")
     return value
+
+
+def priority(value: Any) -> int:
+    """0 (the default, runs first) .. 9."""
+    if value is None:
+        return 0
+    if type(value) is float and value.is_integer():
+        value = int(value)
+    if type(value) is not int or not 0 <= value <= Limits.max_priority:
+        raise InvalidInput(f"priority must be an integer in 0..{Limits.max_priority} (lower runs first)", "priority")
+    return value
+
+
+def flow_key(value: Any, field: str) -> str | None:
+    """A concurrency_key, rate_key, group or dedupe_key: absent, or matching ``FLOW_KEY``."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not FLOW_KEY.fullmatch(value):
+        raise InvalidInput(f"{field} must match ^[A-Za-z0-9][A-Za-z0-9._~:-]{{0,127}}$", field)
+    return value
+
+
+def optional_seconds(value: Any, field: str) -> float | None:
+    """A duration in 0..``Limits.delay_seconds``, or None."""
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= Limits.delay_seconds:
+        raise InvalidInput(f"{field} must be a number in 0..{Limits.delay_seconds}", field)
+    return float(value)
+
+
+def dedupe_states(value: Any) -> tuple[TaskStatus, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
+        raise InvalidInput("dedupe_states must be a non-empty list of task statuses", "dedupe_states")
+    try:
+        states = tuple(TaskStatus(item) for item in value)
+    except ValueError:
+        raise InvalidInput(f"dedupe_states holds statuses among {', '.join(s.value for s in TaskStatus)}",
+                           "dedupe_states") from None
+    return tuple(dict.fromkeys(states))
+
+
+def dedupe_mode(value: Any) -> DedupeMode:
+    if value is None:
+        return DedupeMode.SKIP
+    try:
+        return DedupeMode(value)
+    except ValueError:
+        raise InvalidInput(f"dedupe_mode must be one of {', '.join(m.value for m in DedupeMode)}", "dedupe_mode") from None
 
 
 def delay_seconds(value: Any) -> float:

@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Callable, Iterator, Sequence, cast
 
+from ..flow import NO_FLOW, FlowPolicy
 from ..errors import StaleClaim
 from ..handlers import HandlerRegistry
 from ..model import Backoff, ClaimedTask, ClaimRef, Outcome, Settlement
@@ -162,12 +163,12 @@ class JournalingStorage:
         return result
 
     # -- the journaled SPI calls -------------------------------------------------------------
-    def claim(self, queue: str, limit: int, lease_seconds: float) -> list[ClaimedTask]:
+    def claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy = NO_FLOW) -> list[ClaimedTask]:
         def describe(seq: int, claimed: list[ClaimedTask]) -> str:
             return "".join(f"c {seq} {c.task.id} {c.claim_token} {to_micros(c.claimed_at)}\n" for c in claimed)
 
         claimed: list[ClaimedTask] = self._journaled(
-            "claim", f"limit={limit}", (), lambda: self._inner.claim(queue, limit, lease_seconds), describe
+            "claim", f"limit={limit}", (), lambda: self._inner.claim(queue, limit, lease_seconds, flow), describe
         )
         return claimed
 

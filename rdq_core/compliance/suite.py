@@ -15,6 +15,8 @@ one promise of the storage SPI (see ``spi.py``); a backend's test class subclass
 | ``browsing.py``       | listings by status, counts, cancel by filter, pause, the audit trail |
 | ``documents.py``      | engine documents: compare-and-set, delete, paging               |
 | ``outbox.py``         | lifecycle events: written with the change, leased, acked, ordered   |
+| ``flow_control.py``  | priority, aging, concurrency and rate limits, fair groups           |
+| ``dedupe_snooze.py``  | snooze without spending budget, retry_on / dead_on              |
 | ``bounds.py``         | round-trip budgets, an unreachable server                           |
 | ``engine.py``         | the runner on this backend                                          |
 | ``runner_paths.py``   | the runner's own paths (buffers, heartbeats, deadlines)             |
@@ -32,12 +34,14 @@ from ..storage import open_storage
 from ..storage.spi import Storage
 from .bounds import BoundsCompliance
 from .browsing import BrowsingCompliance
+from .dedupe_snooze import DedupeSnoozeCompliance
 from .documents import DocumentCompliance
 from .capabilities import Capabilities
 from .chaos_compliance import ChaosCompliance
 from .claim import ClaimCompliance
 from .dlq import DeadLetterCompliance
 from .engine import EngineCompliance
+from .flow_control import FlowControlCompliance
 from .enqueue import EnqueueCompliance
 from .fencing import FencingCompliance
 from .history import HistoryCompliance
@@ -62,6 +66,8 @@ class StorageCompliance(
     BrowsingCompliance,
     DocumentCompliance,
     OutboxCompliance,
+    FlowControlCompliance,
+    DedupeSnoozeCompliance,
     BoundsCompliance,
     EngineCompliance,
     StatefulCompliance,

@@ -112,6 +112,7 @@ _METRIC_NAMES = {
     "claimed": ("Claimed", MetricUnit.Count),
     "succeeded": ("Succeeded", MetricUnit.Count),
     "retried": ("Retried", MetricUnit.Count),
+    "snoozed": ("Snoozed", MetricUnit.Count),
     "dead_lettered": ("DeadLettered", MetricUnit.Count),
     "lease_expired": ("LeaseExpired", MetricUnit.Count),
     "released": ("Released", MetricUnit.Count),

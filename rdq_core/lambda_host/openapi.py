@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from zoneinfo import available_timezones
 
 from .. import payloads, validation
+from ..model import Outcome
 from ..validation import Limits
 from ..schedules import EXPRESSION_PATTERN, SCHEDULE_NAME
 
@@ -99,6 +100,17 @@ def _bulk_result(done: str) -> dict[str, Any]:
 def _schemas() -> dict[str, Any]:
     name = {"type": "string", "pattern": f"^{validation.HANDLER_NAME.pattern}$"}
     task_id = {"type": "string", "pattern": f"^{validation.TASK_ID.pattern}$"}
+    flow_key = {"type": "string", "pattern": f"^{validation.FLOW_KEY.pattern}$"}
+    seconds = {"type": ["number", "null"], "minimum": 0, "maximum": Limits.delay_seconds}
+    flow_fields = {  # docs/flow-control.md
+        "priority": {"type": ["integer", "null"], "minimum": 0, "maximum": Limits.max_priority,
+                     "description": "claim order: lower runs first (default 0)"},
+        "concurrency_key": _nullable(flow_key), "rate_key": _nullable(flow_key), "group": _nullable(flow_key),
+        "dedupe_key": _nullable(flow_key), "dedupe_for_seconds": seconds, "dedupe_max_wait_seconds": seconds,
+        "dedupe_states": {"type": ["array", "null"], "minItems": 1,
+                          "items": {"type": "string", "enum": ["PENDING", "IN_FLIGHT", "SUCCEEDED", "DEAD", "CANCELLED"]}},
+        "dedupe_mode": {"type": ["string", "null"], "enum": ["skip", "replace", "debounce", None]},
+    }
     backoff = {
         "type": "object", "additionalProperties": False,
         "properties": {
@@ -147,6 +159,7 @@ def _schemas() -> dict[str, Any]:
                                               "not": {"pattern": "^rdq\\."}, "description": "the rdq. prefix is reserved"},
                             "additionalProperties": {"type": "string", "maxLength": Limits.header_value_chars,
                                                      "pattern": _NO_NUL}},
+                **flow_fields,
             },
         },
         "BatchRequest": {
@@ -163,12 +176,15 @@ def _schemas() -> dict[str, Any]:
                      "properties": {
                         "id": {"type": "string"}, "queue": {"type": "string"},
                         "result": {"type": "string", "enum": ["created", "existing"]},
+                        "deduplicated": {"type": "boolean", "description": "existing because its dedupe_key matched "
+                                                                           "this task (id is the matched task's)"},
                         "status": {"$ref": "#/components/schemas/Status"}}},
                     {"type": "object", "required": ["id", "result"], "additionalProperties": False,
                      "description": "the id is taken on another queue; nothing was written",
                      "properties": {"id": {"type": "string"}, "result": {"const": "conflict"}}},
                 ]}},
                 "created": {"type": "integer"}, "existing": {"type": "integer"}, "conflict": {"type": "integer"},
+                "deduplicated": {"type": "integer", "description": "of the existing ones, matched by dedupe_key"},
             },
         },
         "Status": {"type": "string", "enum": ["PENDING", "IN_FLIGHT", "SUCCEEDED", "DEAD", "CANCELLED"]},
@@ -176,7 +192,7 @@ def _schemas() -> dict[str, Any]:
             "type": "object", "required": ["attempt_no", "outcome"],
             "properties": {
                 "attempt_no": {"type": "integer", "minimum": 1},
-                "outcome": {"type": "string", "enum": ["SUCCESS", "RETRYABLE_FAILURE", "PERMANENT_FAILURE", "LEASE_EXPIRED"]},
+                "outcome": {"type": "string", "enum": [o.value for o in Outcome]},
                 "started_at": timestamp, "finished_at": timestamp, "error": error,
             },
         },
@@ -196,6 +212,11 @@ def _schemas() -> dict[str, Any]:
                 "updated_at": timestamp, "dead_at": timestamp,
                 "result": {}, "last_error": error,
                 "attempts": {"type": "array", "items": {"$ref": "#/components/schemas/Attempt"}},
+                "priority": {"type": "integer", "minimum": 0, "maximum": Limits.max_priority},
+                "concurrency_key": _nullable(flow_key), "rate_key": _nullable(flow_key), "group": _nullable(flow_key),
+                "dedupe_key": _nullable(flow_key),
+                "deduplicated": {"type": "boolean", "description": "enqueue only: true when a task with the same "
+                                                                   "dedupe_key was found and is returned instead"},
             },
         },
         "QueueStats": {

@@ -154,7 +154,8 @@ def enqueue_task(request: ApiRequest, queue: str) -> Reply:
     logger.info("enqueued", extra=extra)
     # 200 with created=false: the id already existed on this queue and nothing was enqueued.
     status = 201 if result.created else 200
-    return Reply(status, {**result.task.to_dict(), "created": result.created}, {"Location": f"/v1/tasks/{result.task.id}"})
+    answer = {**result.task.to_dict(), "created": result.created, "deduplicated": result.deduplicated}
+    return Reply(status, answer, {"Location": f"/v1/tasks/{result.task.id}"})
 
 
 def enqueue_batch(request: ApiRequest, queue: str) -> Reply:
@@ -184,10 +185,12 @@ def enqueue_batch(request: ApiRequest, queue: str) -> Reply:
     # in what state (the caller asked about this queue; the single enqueue's 409 says as much).
     per_item = [
         {"id": r.task.id, "result": "conflict"} if r.conflict else
-        {"id": r.task.id, "queue": r.task.queue, "result": "created" if r.created else "existing", "status": r.task.status.value}
+        {"id": r.task.id, "queue": r.task.queue, "result": "created" if r.created else "existing",
+         "deduplicated": r.deduplicated, "status": r.task.status.value}
         for r in results
     ]
     counts = {kind: sum(1 for item in per_item if item["result"] == kind) for kind in ("created", "existing", "conflict")}
+    counts["deduplicated"] = sum(1 for r in results if r.deduplicated)
     logger.info("enqueued batch", extra={"queue": queue, "counts": counts})
     return Reply(200, {"results": per_item, **counts})
 

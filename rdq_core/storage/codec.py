@@ -70,6 +70,7 @@ _FIELDS = (
     "max_attempts", "backoff", "next_attempt_at", "lease_expires_at", "created_at", "updated_at",
     "dead_at", "result", "last_error", "attempts", "claim_token", "claimed_at",
     "attempt_no", "outcome", "started_at", "finished_at", "error",
+    "priority", "concurrency_key", "rate_key", "group", "dedupe_key",
 )
 
 
@@ -132,6 +133,11 @@ class RecordCodec:
             result=None if result is None else document(result),
             last_error=None if last_error is None else ErrorInfo.from_dict(document(last_error)),
             attempts=self.attempts(get(key["attempts"]) if attempts is None else attempts),
+            priority=int(get(key["priority"]) or 0),
+            concurrency_key=get(key["concurrency_key"]) or None,
+            rate_key=get(key["rate_key"]) or None,
+            group=get(key["group"]) or None,
+            dedupe_key=get(key["dedupe_key"]) or None,
         )
 
     def claimed(self, record: Record) -> ClaimedTask:

@@ -17,7 +17,8 @@ What the core owns, so no backend writes it again:
   with ``limit <= 0`` return nothing without touching the store; ``list_dead`` with
   ``limit < 1`` is ``InvalidInput``; ids, claim tokens, queue names and filter values that are
   not strings are ``InvalidInput`` (a store must never see a request value that could read as a
-  query operator); a settlement to any status but SUCCEEDED, PENDING or DEAD is ``InvalidInput``.
+  query operator); a settlement to any status but SUCCEEDED, PENDING or DEAD (PENDING only, for
+  a SNOOZED one) is ``InvalidInput``.
 * **Errors**: the backend declares ``transient_errors`` (and may refine ``is_transient``); any
   of them escaping a primitive becomes ``StorageUnavailable``. ``connection=`` on a store that
   cannot join a caller's transaction is ``UnsupportedOperation``.
@@ -53,6 +54,7 @@ from ..errors import (
     UnsupportedOperation,
 )
 from ..events import EventSettings, OutboxEvent
+from ..flow import NO_FLOW, FlowPolicy
 from ..ids import new_sequential_id
 from ..model import (
     AuditEntry,
@@ -64,6 +66,7 @@ from ..model import (
     DeadPage,
     EnqueueResult,
     NewTask,
+    Outcome,
     QueueStats,
     Settlement,
     Task,
@@ -151,6 +154,17 @@ class InsertedRecord:
 
     record: Record
     inserted: bool
+    #: The record is an existing task the request matched by its dedupe_key (``_insert_deduplicated``).
+    deduplicated: bool = False
+
+
+#: The statuses a dedupe_key matches when the request names none.
+DEFAULT_DEDUPE_STATES = (TaskStatus.PENDING, TaskStatus.IN_FLIGHT)
+
+
+def dedupe_states_of(task: NewTask) -> tuple[str, ...]:
+    """The status values ``task``'s dedupe_key matches (its own, or PENDING and IN_FLIGHT)."""
+    return tuple(s.value for s in (task.dedupe_states or DEFAULT_DEDUPE_STATES))
 
 
 @dataclass(frozen=True)
@@ -204,8 +218,25 @@ class StorageCore(Storage, abc.ABC):
         """Insert each task as PENDING unless its id exists; one result per input, in order."""
 
     @abc.abstractmethod
-    def _claim(self, queue: str, limit: int, lease_seconds: float) -> Sequence[Record]:
-        """Flip up to ``limit`` due PENDING tasks to IN_FLIGHT atomically; claimed records."""
+    def _insert_deduplicated(self, task: NewTask, connection: Any) -> InsertedRecord:
+        """Enqueue one task that has a ``dedupe_key``, atomically against concurrent enqueues of the
+        same queue and key (never a check and an insert another enqueue can slip between):
+
+        * a task already holding ``task.id``: its record, not inserted (idempotency comes first);
+        * else the newest task (by ``created_at``, then id) of the same queue and ``dedupe_key``
+          whose status is in ``dedupe_states_of(task)`` or that was created within
+          ``task.dedupe_for_seconds`` of the store's now: its record after the mode is applied,
+          ``deduplicated=True``. Only a PENDING match changes: ``replace`` stores the request's
+          payload and headers (a payload-store reference is a header); ``debounce`` moves
+          ``next_attempt_at`` to the request's due time (now + delay, or run_at), but never past
+          the match's ``created_at + dedupe_max_wait_seconds``;
+        * else the task inserted as ``_insert`` would, with its ``dedupe_key`` stored.
+        """
+
+    @abc.abstractmethod
+    def _claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy) -> Sequence[Record]:
+        """Flip up to ``limit`` due PENDING tasks to IN_FLIGHT atomically, in claim order and
+        within ``flow`` (docs/flow-control.md); claimed records."""
 
     @abc.abstractmethod
     def _extend(self, refs: Sequence[ClaimRef], lease_seconds: float) -> Mapping[str, Any]:
@@ -387,7 +418,7 @@ class StorageCore(Storage, abc.ABC):
             for field in ("id", "queue", "handler"):
                 _require_text(getattr(request, field), field)
         with self.translated_errors():
-            inserted = self._insert(requests, connection)
+            inserted = self._insert_all(requests, connection)
         results: list[EnqueueResult] = []
         seen: set[str] = set()
         for request, row in zip(requests, inserted, strict=True):
@@ -395,15 +426,25 @@ class StorageCore(Storage, abc.ABC):
             created = row.inserted and request.id not in seen
             seen.add(request.id)
             task = self.codec.task(row.record)  # an existing task keeps its history, if the record carries it
-            results.append(EnqueueResult(task=task, created=created, conflict=not created and task.queue != request.queue))
+            results.append(EnqueueResult(task=task, created=created, deduplicated=row.deduplicated,
+                                         conflict=not created and task.queue != request.queue))
         return results
 
-    def claim(self, queue: str, limit: int, lease_seconds: float) -> list[ClaimedTask]:
+    def _insert_all(self, requests: list[NewTask], connection: Any) -> list[InsertedRecord]:
+        """Tasks without a dedupe_key go in one batch, exactly as before; each task with one is
+        enqueued by ``_insert_deduplicated``, after the batch, in request order."""
+        plain = [r for r in requests if r.dedupe_key is None]
+        rows = iter(self._insert(plain, connection) if plain else ())
+        batch = [None if r.dedupe_key is not None else next(rows) for r in requests]
+        return [row if row is not None else self._insert_deduplicated(request, connection)
+                for request, row in zip(requests, batch, strict=True)]
+
+    def claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy = NO_FLOW) -> list[ClaimedTask]:
         _require_text(queue, "queue")
         if limit <= 0:
             return []
         with self.translated_errors():
-            records = self._claim(queue, int(limit), float(lease_seconds))
+            records = self._claim(queue, int(limit), float(lease_seconds), flow)
         return [self.codec.claimed(r) for r in records]
 
     def extend_leases(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, datetime]:
@@ -430,6 +471,8 @@ class StorageCore(Storage, abc.ABC):
         for item in items:
             if item.status not in _SETTLED_STATUSES:
                 raise InvalidInput(f"cannot settle task {item.task_id} as {item.status}", field="status")
+            if item.outcome is Outcome.SNOOZED and item.status is not TaskStatus.PENDING:
+                raise InvalidInput(f"a snoozed task {item.task_id} goes back to PENDING", field="status")
         # One settle per claim: the first decision for a task id is applied, a repeat refused.
         first: dict[str, Settlement] = {}
         for item in items:

@@ -54,6 +54,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 from ..errors import InvalidCursor
 from ..events import EventSettings, OutboxEvent
+from ..flow import NO_FLOW, FlowPolicy
 from ..model import (
     AuditEntry,
     Document,
@@ -108,8 +109,10 @@ class Storage(abc.ABC):
 
     # -- worker side -----------------------------------------------------------------------
     @abc.abstractmethod
-    def claim(self, queue: str, limit: int, lease_seconds: float) -> list[ClaimedTask]:
-        """Atomically claim up to ``limit`` due PENDING tasks of ``queue`` (see module doc)."""
+    def claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy = NO_FLOW) -> list[ClaimedTask]:
+        """Atomically claim up to ``limit`` due PENDING tasks of ``queue`` (see module doc),
+        lowest priority first, then by due time, within the queue's ``flow`` policy
+        (docs/flow-control.md)."""
 
     @abc.abstractmethod
     def extend_leases(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, datetime]:

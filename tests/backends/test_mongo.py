@@ -529,3 +529,47 @@ def test_documents_are_one_per_kind_and_key_with_the_body_as_stored_text(storage
     assert storage.get_document("op", "a").body == {"$where": "x", "a.b": [1, 2]}
     with pytest.raises(pymongo.errors.DuplicateKeyError):  # the unique (kind, key) index
         storage._documents.insert_one({"_id": "another id", "kind": "op", "key": "a", "version": 1, "body": "{}"})
+
+
+# -- flow control: slot documents -------------------------------------------------------------
+
+def test_an_over_limit_task_is_handed_back_at_once_without_an_attempt(storage):
+    from rdq_core.flow import FlowPolicy
+
+    storage.enqueue([_task(id=f"k{i}", concurrency_key="serial") for i in range(3)] + [_task(id="free")])
+    flow = FlowPolicy(concurrency_limit=1)
+    claimed = storage.claim("q", 10, 60, flow)
+    assert sorted(c.task.id for c in claimed) == ["free", "k0"]
+    for task_id in ("k1", "k2"):
+        task = storage.get(task_id)
+        assert (task.status, task.attempt_count, task.attempts) == (TaskStatus.PENDING, 0, ())
+    start = storage.round_trips
+    assert storage.claim("q", 10, 60, flow) == []  # the key is full: one hand-back, then left out
+    assert storage.round_trips - start <= 8
+
+
+def test_a_slot_freed_after_the_claim_read_the_clock_moves_its_start_past_the_predecessor(storage):
+    from rdq_core.flow import FlowPolicy
+    from rdq_core.storage.mongo.flow_claim import FlowClaim
+
+    storage.enqueue([_task(id="a", concurrency_key="k"), _task(id="b", concurrency_key="k")])
+    flow = FlowPolicy(concurrency_limit=1)
+    (first,) = storage.claim("q", 1, 60, flow)
+    # A claim that read the clock before the first one settled.
+    stale_now = int(first.claimed_at.timestamp() * 1000)
+    time.sleep(0.02)
+    storage.settle([Settlement(first.task.id, first.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED)])
+    finished = storage.get("a").attempts[-1].finished_at
+    claim = FlowClaim(storage._tasks, storage._flow_slots, "q", 1, stale_now, 60_000, flow, None)
+    (doc,) = claim.run()
+    assert doc["_id"] == "b"
+    assert doc["claimed_at_ms"] > int(finished.timestamp() * 1000)
+
+
+def test_tasks_stored_before_schema_5_are_claimed_under_aging_and_fair_groups(storage):
+    from rdq_core.flow import FlowPolicy
+
+    storage.enqueue([_task(id="old0"), _task(id="old1"), _task(id="new", priority=5, group="g")])
+    storage._tasks.update_many({"_id": {"$in": ["old0", "old1"]}}, {"$unset": {"priority": "", "group": ""}})
+    assert [c.task.id for c in storage.claim("q", 1, 60, FlowPolicy(priority_aging_seconds=60))] == ["old0"]
+    assert sorted(c.task.id for c in storage.claim("q", 5, 60, FlowPolicy(fair_groups=True))) == ["new", "old1"]

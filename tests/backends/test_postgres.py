@@ -26,6 +26,7 @@ from rdq_core.errors import StorageUnavailable  # noqa: E402 - after importorski
 from rdq_core.model import NewTask, Outcome, Settlement, TaskFilter, TaskStatus  # noqa: E402 - after importorskip
 from rdq_core.storage import open_storage  # noqa: E402 - after importorskip
 from rdq_core.storage.core import Selection  # noqa: E402 - after importorskip
+from rdq_core.storage.querytext import migrations  # noqa: E402 - after importorskip
 from rdq_core.storage.postgres import (  # noqa: E402 - after importorskip
     CLAIM_SQL,
     FIND_EXPIRED_LEASES_SQL,
@@ -97,7 +98,7 @@ def test_migrate_twice_is_a_no_op(storage_url, sql_conn):
         store.enqueue(new_tasks(1))
         store.migrate()
         versions = sql_conn.execute("SELECT version FROM rdq_schema_version ORDER BY version").fetchall()
-        assert versions == [(1,), (2,), (3,), (4,)]
+        assert versions == [(m.version,) for m in migrations("rdq_core.storage.postgres")]
         assert store.get("t00000") is not None
     finally:
         store.close()
@@ -160,7 +161,7 @@ def test_claim_plan_uses_the_pending_index_over_a_backlog(storage, sql_conn):
             "EXPLAIN " + CLAIM_SQL, {"queue": "hot", "limit": 100, "lease_seconds": 30.0}
         )
     )
-    assert "rdq_tasks_pending_due_idx" in claim_plan, claim_plan
+    assert "rdq_tasks_pending_claim_idx" in claim_plan, claim_plan
     # The paused check is uncorrelated: evaluated once per statement, above the index scan, never
     # per task.
     assert "rdq_paused_queues" in claim_plan and "One-Time Filter" in claim_plan, claim_plan

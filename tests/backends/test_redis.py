@@ -101,6 +101,8 @@ def test_all_keys_of_a_queue_share_its_hash_tag(storage, redis_client, redis_pre
     assert sorted(queue_keys) == sorted(
         [
             f"{redis_prefix}:{{emails}}:due",
+            f"{redis_prefix}:{{emails}}:lane:0:",  # the claim lane of priority 0, no group
+            f"{redis_prefix}:{{emails}}:lanes",
             f"{redis_prefix}:{{emails}}:dead",
             f"{redis_prefix}:{{emails}}:task:t00000",
             f"{redis_prefix}:{{emails}}:task:t00001",
@@ -513,3 +515,30 @@ def test_a_server_that_never_answers_is_storage_unavailable_and_defaults_are_bou
         assert kwargs["retry"].get_retries() == 0  # a script whose reply was lost is never resent
     finally:
         store.close()
+
+
+# -- flow control: claim lanes and limits in the claim script ----------------------------------
+
+def test_migrate_puts_pending_tasks_from_before_the_lanes_into_their_lanes(storage, redis_client, redis_prefix):
+    storage.enqueue(new_tasks(3) + new_tasks(2, prefix="p", priority=4))
+    # What a store written by an rdq without lanes holds: the tasks in `due` only.
+    redis_client.delete(*[k for k in keys_under(redis_client, redis_prefix) if ":lane" in k])
+    assert storage.claim("q", 10, 60) == []
+    storage.migrate()
+    storage.migrate()  # idempotent
+    assert [c.task.id for c in storage.claim("q", 10, 60)] == ["t00000", "t00001", "t00002", "p00000", "p00001"]
+
+
+def test_a_claim_lane_empties_with_its_tasks_and_limits_leave_no_stray_keys(storage, redis_client, redis_prefix):
+    from rdq_core.flow import FlowPolicy, RateLimit
+
+    storage.enqueue(new_tasks(2, priority=3, group="tenant-a", concurrency_key="k"))
+    flow = FlowPolicy(concurrency_limit=1, rate_limit=RateLimit(5, 60))
+    (first,) = storage.claim("q", 10, 60, flow)  # the key's limit holds the second back
+    assert redis_client.zcard(f"{redis_prefix}:{{q}}:lane:3:tenant-a") == 1
+    settle_one(storage, first, Outcome.SUCCESS, TaskStatus.SUCCEEDED)
+    (second,) = storage.claim("q", 10, 60, flow)
+    settle_one(storage, second, Outcome.SUCCESS, TaskStatus.SUCCEEDED)
+    leftover = [k for k in keys_under(redis_client, redis_prefix) if ":lane" in k or ":conc:" in k]
+    assert leftover == []
+    assert redis_client.pttl(f"{redis_prefix}:{{q}}:rate:k") == -2  # no rate key: the tasks had none

@@ -123,6 +123,11 @@ def test_other_documented_limits(api_call):
 
     assert enqueue(max_attempts=Limits.max_attempts)[0] == 201
     _refused(enqueue(max_attempts=Limits.max_attempts + 1), 422, UNPROCESSABLE, "max_attempts")
+    assert enqueue(priority=Limits.max_priority)[0] == 201
+    _refused(enqueue(priority=Limits.max_priority + 1), 422, UNPROCESSABLE, "priority")
+    for field in ("concurrency_key", "rate_key", "group", "dedupe_key"):
+        assert enqueue(**{field: "K" * 128})[0] == 201
+        _refused(enqueue(**{field: "K" * 129}), 422, UNPROCESSABLE, field)
     assert enqueue(delay_seconds=Limits.delay_seconds)[0] == 201
     _refused(enqueue(delay_seconds=Limits.delay_seconds + 1), 422, UNPROCESSABLE, "delay_seconds")
     nested = []

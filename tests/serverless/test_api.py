@@ -65,6 +65,17 @@ def test_enqueue_event_creates_then_repeats_idempotently_then_conflicts_on_anoth
     assert problem["status"] == 409 and "order-42" in problem["detail"]
 
 
+def test_flow_fields_are_taken_returned_and_kept(store_url, lambda_context):
+    fields = {"priority": 7, "concurrency_key": "tenant:9", "rate_key": "smtp", "group": "tenant:9"}
+    status, _, task = call(request("POST", "/v1/queues/emails/tasks", {"handler": "greet", "id": "flow-1", **fields}),
+                           lambda_context)
+    assert status == 201 and {k: task[k] for k in fields} == fields
+    status, _, stored = call(request("GET", "/v1/tasks/flow-1"), lambda_context)
+    assert status == 200 and {k: stored[k] for k in fields} == fields
+    status, _, plain = call(request("POST", "/v1/queues/emails/tasks", {"handler": "greet"}), lambda_context)
+    assert (plain["priority"], plain["concurrency_key"], plain["rate_key"], plain["group"]) == (0, None, None, None)
+
+
 def test_batch_event_is_one_storage_round_trip_with_per_item_results(store_url, lambda_context):
     storage = connection.shared_storage()
     before = storage.round_trips
@@ -181,7 +192,7 @@ _BAD_REQUESTS = [
      request("POST", "/v1/queues/emails/dlq:redrive", {"all": True}, content_type="application/x-www-form-urlencoded"), 415),
     ("JSON array body", request("POST", "/v1/queues/emails/tasks", [1, 2]), 422),
     ("missing handler", request("POST", "/v1/queues/emails/tasks", {"payload": 1}), 422),
-    ("unknown field", request("POST", "/v1/queues/emails/tasks", {"handler": "quick", "priority": 1}), 422),
+    ("unknown field", request("POST", "/v1/queues/emails/tasks", {"handler": "quick", "urgency": 1}), 422),
     ("bad queue name", request("POST", "/v1/queues/Not_OK!/tasks", {"handler": "quick"}), 422),
     ("bad task id", request("POST", "/v1/queues/emails/tasks", {"handler": "quick", "id": "../x"}), 422),
     ("negative delay", request("POST", "/v1/queues/emails/tasks", {"handler": "quick", "delay_seconds": -1}), 422),

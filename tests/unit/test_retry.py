@@ -66,3 +66,19 @@ def test_policy_config_from_json():
     assert policy.max_attempts == 8 and policy.backoff.initial_seconds == 5 and policy.backoff.factor == 2
     with pytest.raises(ValueError):
         policy_book_from_config({"emails": 3})
+
+
+def test_retry_on_and_dead_on_are_lists_of_exception_type_names():
+    book = policy_book_from_config({"q": {"retry_on": ["TimeoutError"], "dead_on": ["builtins.KeyError"]}})
+    policy = book.queues["q"]
+    assert policy.retry_on == frozenset({"TimeoutError"}) and policy.dead_on == frozenset({"builtins.KeyError"})
+    assert policy.gives_up_on(KeyError("k")) and policy.gives_up_on(ValueError("v"))
+    assert not policy.gives_up_on(TimeoutError()), "named in retry_on"
+    assert policy.gives_up_on(ConnectionRefusedError()), "retry_on given and names none of its types"
+    # No lists: nothing is given up on by type.
+    assert not policy_book_from_config({"q": {"max_attempts": 2}}).queues["q"].gives_up_on(KeyError())
+    for bad in ("TimeoutError", [1], [""], [" Padded"], {"TimeoutError": 1}):
+        with pytest.raises(ValueError, match="list of exception type names"):
+            policy_book_from_config({"q": {"dead_on": bad}})
+        with pytest.raises(ValueError, match="list of exception type names"):
+            policy_book_from_config({"q": {"retry_on": bad}})

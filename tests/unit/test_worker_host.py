@@ -10,6 +10,7 @@ import pytest
 
 from rdq_core.claiming import ClaimLoop
 from rdq_core.compliance.support import wait_until
+from rdq_core.flow import NO_FLOW
 from rdq_core.errors import StorageUnavailable
 from rdq_core.handlers import HandlerRegistry
 from rdq_core.model import Backoff, Outcome, TaskStatus
@@ -146,12 +147,12 @@ class SlowClaims:
     def __init__(self, storage, clock: FakeClock, seconds: float, failures: int = 0) -> None:
         self._storage, self._clock, self._seconds, self._failures = storage, clock, seconds, failures
 
-    def claim(self, queue, limit, lease_seconds):
+    def claim(self, queue, limit, lease_seconds, flow=NO_FLOW):
         self._clock.now += self._seconds
         if self._failures:
             self._failures -= 1
             raise StorageUnavailable("connection refused")
-        return self._storage.claim(queue, limit, lease_seconds)
+        return self._storage.claim(queue, limit, lease_seconds, flow)
 
     def __getattr__(self, name):
         return getattr(self._storage, name)

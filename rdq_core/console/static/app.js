@@ -774,7 +774,12 @@
     const delay = el('input', { id: 'enqueue-delay', name: 'delay_seconds', type: 'number', min: '0', step: 'any', inputmode: 'decimal' });
     const attempts = el('input', { id: 'enqueue-max-attempts', name: 'max_attempts', type: 'number', min: '1', step: '1', inputmode: 'numeric' });
     const taskId = el('input', { id: 'enqueue-id', name: 'id', autocomplete: 'off' });
-    const controls = { queue, handler: handlerInput, payload, delay_seconds: delay, max_attempts: attempts, id: taskId };
+    const priority = el('input', { id: 'enqueue-priority', name: 'priority', type: 'number', min: '0', max: '9', step: '1', inputmode: 'numeric' });
+    const concurrencyKey = el('input', { id: 'enqueue-concurrency-key', name: 'concurrency_key', autocomplete: 'off' });
+    const rateKey = el('input', { id: 'enqueue-rate-key', name: 'rate_key', autocomplete: 'off' });
+    const group = el('input', { id: 'enqueue-group', name: 'group', autocomplete: 'off' });
+    const controls = { queue, handler: handlerInput, payload, delay_seconds: delay, max_attempts: attempts, id: taskId,
+      priority, concurrency_key: concurrencyKey, rate_key: rateKey, group };
 
     function checkPayload() {
       try {
@@ -802,6 +807,10 @@
       field('Delay in seconds (optional)', delay),
       field('Max attempts (optional)', attempts, 'Empty: the queue\'s policy.'),
       field('Task id (optional)', taskId, 'Empty: one is generated. An existing id on this queue returns that task.'),
+      field('Priority (optional)', priority, '0 to 9, lower runs first. Empty: 0.'),
+      field('Concurrency key (optional)', concurrencyKey, 'Counts against the queue\'s concurrency limit.'),
+      field('Rate key (optional)', rateKey, 'Counts against the queue\'s rate limit.'),
+      field('Group (optional)', group, 'The tenant, for a queue that claims fairly across groups.'),
       el('div', { class: 'buttons' }, el('button', { type: 'submit' }, 'Enqueue')));
     payload.setAttribute('aria-describedby', 'enqueue-payload-hint');
 
@@ -821,6 +830,10 @@
       if (delay.value !== '') body.delay_seconds = Number(delay.value);
       if (attempts.value !== '') body.max_attempts = Number(attempts.value);
       if (taskId.value.trim()) body.id = taskId.value.trim();
+      if (priority.value !== '') body.priority = Number(priority.value);
+      for (const [name, control] of [['concurrency_key', concurrencyKey], ['rate_key', rateKey], ['group', group]]) {
+        if (control.value.trim()) body[name] = control.value.trim();
+      }
       const button = form.querySelector('button[type=submit]');
       button.disabled = true;
       try {

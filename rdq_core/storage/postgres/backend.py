@@ -14,6 +14,7 @@ puts rdq's tables in a schema of their own (migrations create objects in the cur
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from ...errors import (
@@ -29,17 +31,24 @@ from ...errors import (
     StorageUnavailable,
     UnsupportedOperation,
 )
+from ...flow import PRIORITIES, Candidate, FlowPolicy, FlowState, candidate_count, choose
+from ...flow import full_keys as flow_full_keys
 from ...model import ClaimRef, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, decoded, instant
-from ..core import ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore
+from ..core import ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore, dedupe_states_of
 from ..querytext import migrations, named_queries
-from ..spi import from_micros, storable_json
+from ..spi import from_micros, storable_json, to_micros
 from .pool import MAX_IDLE_CONNECTIONS, WATCHDOG, ConnectionPool
 
 QUERIES = named_queries(__package__, "queries.sql")
 
 #: First key of the two-key advisory lock that serialises migrations (second: the schema).
 MIGRATION_LOCK_NAMESPACE = 0x72647100  # "rdq\0"
+#: First key of the transaction-scoped advisory lock of a queue's flow-controlled claims
+#: (second: a hash of the queue name; a collision only makes two queues take turns).
+FLOW_LOCK_NAMESPACE = 0x72647101
+#: First key of the two-key advisory lock that serialises enqueues of one queue and dedupe_key.
+DEDUPE_LOCK_NAMESPACE = 0x72647164  # "rdqd"
 
 
 class PostgresStorage(StorageCore):
@@ -116,6 +125,11 @@ class PostgresStorage(StorageCore):
             # A naive run_at is taken as UTC rather than as the session's time zone.
             "run_ats": [t.run_at.replace(tzinfo=UTC) if t.run_at and t.run_at.tzinfo is None else t.run_at
                         for t in tasks],
+            "priorities": [t.priority for t in tasks],
+            "concurrency_keys": [t.concurrency_key for t in tasks],
+            "rate_keys": [t.rate_key for t in tasks],
+            "groups": [t.group for t in tasks],
+            "dedupe_keys": [t.dedupe_key for t in tasks],
         }
         try:
             if connection is not None:
@@ -130,6 +144,35 @@ class PostgresStorage(StorageCore):
             raise InvalidInput(f"value not storable in PostgreSQL jsonb: {exc}", field="payload") from exc
         by_ord = {row["ord"]: row for row in rows}
         return [InsertedRecord(by_ord[ord_], by_ord[ord_]["inserted"]) for ord_ in range(1, len(tasks) + 1)]
+
+    def _insert_deduplicated(self, task: NewTask, connection: Any) -> InsertedRecord:
+        if connection is not None and not isinstance(connection, psycopg.Connection):
+            raise UnsupportedOperation("connection must be a psycopg (3) Connection")
+        if connection is not None:
+            with _schema_required(), connection.transaction():  # a savepoint in the caller's transaction
+                return self._dedupe_on(connection, task)
+        with self._connection() as conn, conn.transaction():
+            return self._dedupe_on(conn, task)
+
+    def _dedupe_on(self, conn: psycopg.Connection[Any], task: NewTask) -> InsertedRecord:
+        """Lock the key, then match (and apply the mode) or insert: three round trips at most."""
+        self._execute(conn, QUERIES["dedupe_lock"], {
+            "namespace": DEDUPE_LOCK_NAMESPACE, "queue": task.queue, "key": task.dedupe_key})
+        run_at = task.run_at.replace(tzinfo=UTC) if task.run_at and task.run_at.tzinfo is None else task.run_at
+        try:
+            found = self._execute(conn, QUERIES["dedupe_match"], {
+                "id": task.id, "queue": task.queue, "key": task.dedupe_key, "states": list(dedupe_states_of(task)),
+                "window_seconds": task.dedupe_for_seconds, "mode": task.dedupe_mode.value,
+                "payload": storable_json(task.payload), "headers": storable_json(dict(task.headers)),
+                "run_at": run_at, "delay_seconds": float(task.delay_seconds),
+                "max_wait_seconds": task.dedupe_max_wait_seconds,
+            }).fetchall()
+        except pg_errors.UntranslatableCharacter as exc:
+            raise InvalidInput(f"value not storable in PostgreSQL jsonb: {exc}", field="payload") from exc
+        if found:
+            row = found[0]
+            return InsertedRecord(row, False, deduplicated=bool(row["deduplicated"]))
+        return self._insert([task], conn)[0]
 
     def _insert_on(
         self, conn: psycopg.Connection[Any], tasks: Sequence[NewTask], params: dict[str, Any]
@@ -150,8 +193,73 @@ class PostgresStorage(StorageCore):
             rows.append({**found[request.id], "ord": ord_, "inserted": False})
         return rows
 
-    def _claim(self, queue: str, limit: int, lease_seconds: float) -> list[dict[str, Any]]:
-        return self._fetch_all(QUERIES["claim"], {"queue": queue, "limit": limit, "lease_seconds": lease_seconds})
+    def _claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy) -> list[dict[str, Any]]:
+        if flow.plain:
+            return self._fetch_all(QUERIES["claim"], {"queue": queue, "limit": limit, "lease_seconds": lease_seconds})
+        with self._connection() as conn:
+            try:
+                return self._flow_claim(conn, queue, limit, lease_seconds, flow)
+            finally:
+                if conn.info.transaction_status != TransactionStatus.IDLE:
+                    conn.rollback()  # an error left the transaction open: end it (and its lock)
+
+    def _flow_claim(self, conn: psycopg.Connection[Any], queue: str, limit: int, lease_seconds: float,
+                    flow: FlowPolicy) -> list[dict[str, Any]]:
+        """The claim under a flow policy, one transaction in three round trips: (BEGIN, the
+        queue's advisory lock, the state) pipelined; the candidates; (the claim, COMMIT)
+        pipelined. The lock serialises the flow-controlled claims of the queue, so what the state
+        says (in-flight counts, the rate log, the fairness cursor) stays true until COMMIT, and
+        each statement's snapshot is taken after the lock is held; ``rdq_core.flow.choose``
+        decides."""
+        period = flow.rate_limit.period_seconds if flow.rate_limit is not None else None
+        with conn.pipeline():
+            self._execute(conn, "BEGIN")
+            self._execute(conn, QUERIES["flow_lock"], {"namespace": FLOW_LOCK_NAMESPACE, "queue": queue})
+            row = self._execute(conn, QUERIES["flow_state"], {
+                "queue": queue, "read_in_flight": flow.limits_concurrency or flow.max_in_flight is not None,
+                "rate_period": period, "fair": flow.fair_groups}).fetchone()
+        self.round_trips -= 2  # the three statements went in one round trip
+        assert row is not None
+        now = row["now"]
+        if row["paused"]:
+            self._execute(conn, "COMMIT")
+            return []
+        in_flight: dict[str, int] = row["in_flight"]
+        state = FlowState(
+            in_flight=sum(in_flight.values()),
+            in_flight_by_key={key: n for key, n in in_flight.items() if key},
+            recent_claims=row["recent"], last_group=row["last_group"])
+        full_keys, full_rates = flow_full_keys(flow, state)
+        params = {"queue": queue, "now": now, "full_keys": full_keys, "full_rates": full_rates}
+        if flow.fair_groups:
+            candidates = self._fair_candidates(conn, params, limit, state.last_group)
+        else:
+            wanted = candidate_count(limit)
+            total = wanted * len(PRIORITIES) if flow.priority_aging_seconds is not None else wanted
+            candidates = [Candidate(**r) for r in self._execute(
+                conn, QUERIES["flow_candidates"], {**params, "limit": wanted, "total": total}).fetchall()]
+        choice = choose(flow, state, [_micros_due(c) for c in candidates], limit)
+        with conn.pipeline():
+            rows = self._execute(conn, QUERIES["flow_claim"], {
+                "queue": queue, "now": now, "lease_seconds": lease_seconds, "ids": list(choice.ids),
+                "rate_period": period, "served_group": choice.served_group}).fetchall() if choice.ids else []
+            self._execute(conn, "COMMIT")
+        if choice.ids:
+            self.round_trips -= 1
+        return rows
+
+    def _fair_candidates(self, conn: psycopg.Connection[Any], params: dict[str, Any], limit: int,
+                         last_group: str | None) -> list[Candidate]:
+        """Up to ``limit`` due tasks of each of up to ``limit`` groups after ``last_group`` and of
+        the tasks without a group; then, wrapping round, of the groups up to ``last_group``."""
+        found = [Candidate(**r) for r in self._execute(conn, QUERIES["flow_group_candidates"], {
+            **params, "after": last_group or "", "until": None, "groups": limit, "limit": limit,
+            "ungrouped": True}).fetchall()]
+        if last_group is not None and len({c.group for c in found}) < limit:
+            found += [Candidate(**r) for r in self._execute(conn, QUERIES["flow_group_candidates"], {
+                **params, "after": "", "until": last_group, "groups": limit, "limit": limit,
+                "ungrouped": False}).fetchall()]
+        return found
 
     def _extend(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, datetime]:
         rows = self._fetch_all(QUERIES["extend_leases"], {**_fence_params(refs), "lease_seconds": lease_seconds})
@@ -352,3 +460,9 @@ def _error_json(error: ErrorInfo | None) -> str | None:
 
 def _fence_params(refs: Sequence[ClaimRef]) -> dict[str, list[str]]:
     return {"task_ids": [ref.task_id for ref in refs], "claim_tokens": [ref.claim_token for ref in refs]}
+
+
+def _micros_due(candidate: Candidate) -> Candidate:
+    """A candidate as ``choose`` ranks it: its due instant in epoch microseconds."""
+    due: Any = candidate.due
+    return replace(candidate, due=to_micros(due)) if isinstance(due, datetime) else candidate

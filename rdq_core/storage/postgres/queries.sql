@@ -26,7 +26,8 @@
 -- Fragment: a task row as every statement returns it, from a relation aliased t.
 t.id, t.queue, t.handler, t.payload, t.headers, t.status, t.attempt_count, t.redrive_count,
 t.max_attempts, t.backoff, t.next_attempt_at, t.lease_expires_at, t.created_at, t.updated_at,
-t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at
+t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at, t.priority, t.concurrency_key, t.rate_key,
+t.task_group AS "group", t.dedupe_key
 
 -- name: task_history
 -- Fragment: the history of task t as a jsonb array, in attempt order.
@@ -73,17 +74,19 @@ WITH request AS (
     FROM unnest(
         %(ids)s::text[], %(queues)s::text[], %(handlers)s::text[], %(payloads)s::text[],
         %(headers)s::text[], %(max_attempts)s::int[], %(backoffs)s::text[],
-        %(delays)s::float8[], %(run_ats)s::timestamptz[]
+        %(delays)s::float8[], %(run_ats)s::timestamptz[], %(priorities)s::smallint[],
+        %(concurrency_keys)s::text[], %(rate_keys)s::text[], %(groups)s::text[], %(dedupe_keys)s::text[]
     ) WITH ORDINALITY AS r(id, queue, handler, payload, headers, max_attempts, backoff,
-                           delay_seconds, run_at, ord)
+                           delay_seconds, run_at, priority, concurrency_key, rate_key, task_group, dedupe_key, ord)
 ),
 inserted AS (
     INSERT INTO rdq_tasks (id, queue, handler, payload, headers, status, max_attempts,
-                           backoff, next_attempt_at)
+                           backoff, next_attempt_at, priority, concurrency_key, rate_key, task_group, dedupe_key)
     SELECT DISTINCT ON (r.id)
            r.id, r.queue, r.handler, r.payload::jsonb, r.headers::jsonb, 'PENDING',
            r.max_attempts, r.backoff::jsonb,
-           coalesce(r.run_at, now() + r.delay_seconds * interval '1 second')
+           coalesce(r.run_at, now() + r.delay_seconds * interval '1 second'),
+           r.priority, r.concurrency_key, r.rate_key, r.task_group, r.dedupe_key
     FROM request AS r
     ORDER BY r.id, r.ord
     ON CONFLICT (id) DO NOTHING
@@ -101,6 +104,52 @@ FROM request AS r JOIN rdq_tasks AS t ON t.id = r.id
 WHERE t.id = ANY(%(ids)s::text[])
 ORDER BY ord
 
+-- name: dedupe_lock
+-- Serialises enqueues of one queue and dedupe_key until the transaction ends (a hash collision
+-- only serialises two keys more than needed). The next statement runs after it with a snapshot
+-- that sees every task an earlier holder committed: the match below can never miss one.
+SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(queue)s || ' ' || %(key)s))
+
+-- name: dedupe_match
+-- Under dedupe_lock: the task holding the id (an idempotent repeat), else the newest task of the
+-- queue and key in one of the states or created within the window, with the mode applied to it
+-- when it is PENDING (replace: the payload and headers; debounce: the run time, capped at created_at + the
+-- max wait). No row: nothing matches, insert. rdq_tasks_dedupe_idx serves the match.
+WITH holder AS (
+    SELECT t.id FROM rdq_tasks AS t WHERE t.id = %(id)s
+),
+match AS (
+    SELECT t.id FROM rdq_tasks AS t
+    WHERE NOT EXISTS (SELECT 1 FROM holder)
+      AND t.queue = %(queue)s AND t.dedupe_key = %(key)s
+      AND (t.status = ANY(%(states)s::text[])
+           OR t.created_at >= now() - %(window_seconds)s::float8 * interval '1 second')
+    ORDER BY t.created_at DESC, t.id DESC
+    LIMIT 1
+    FOR UPDATE
+),
+applied AS (
+    UPDATE rdq_tasks AS t
+    SET payload = CASE WHEN %(mode)s = 'replace' THEN %(payload)s::jsonb ELSE t.payload END,
+        headers = CASE WHEN %(mode)s = 'replace' THEN %(headers)s::jsonb ELSE t.headers END,
+        next_attempt_at = CASE WHEN %(mode)s = 'debounce'
+                               THEN least(coalesce(%(run_at)s::timestamptz, now() + %(delay_seconds)s::float8 * interval '1 second'),
+                                          t.created_at + %(max_wait_seconds)s::float8 * interval '1 second')
+                               ELSE t.next_attempt_at END,
+        updated_at = now()
+    FROM match AS m
+    WHERE t.id = m.id AND t.status = 'PENDING' AND %(mode)s <> 'skip'
+    RETURNING t.*
+)
+SELECT false AS deduplicated, {{task_columns}}, {{task_history}}
+FROM rdq_tasks AS t JOIN holder AS h ON h.id = t.id
+UNION ALL
+SELECT true, {{task_columns}}, {{task_history}} FROM applied AS t
+UNION ALL
+SELECT true, {{task_columns}}, {{task_history}}
+FROM rdq_tasks AS t JOIN match AS m ON m.id = t.id
+WHERE NOT EXISTS (SELECT 1 FROM applied)
+
 -- name: tasks_by_ids
 -- enqueue's rare second trip: ids a concurrent transaction inserted while the enqueue ran.
 SELECT {{task_columns}},
@@ -112,8 +161,12 @@ FROM rdq_tasks AS t WHERE t.id = ANY(%(ids)s::text[])
 -- locking subquery as an uncorrelated ARRAY(...): it runs exactly once (an IN subquery may be
 -- re-scanned by some plans, and SKIP LOCKED is not repeatable), and "id = ANY(array)" makes the
 -- update probe the primary key per claimed row instead of joining against the whole table.
+-- Claim order is priority, then due time, then id: the lateral walks the claim index once per
+-- priority, in priority order (each walk a range scan that stops at the first task not yet due),
+-- and the outer LIMIT stops the walk as soon as the batch is full -- with every task at
+-- priority 0, exactly one walk, as before priorities.
 -- A paused queue claims nothing: the NOT EXISTS is uncorrelated, so it runs once per statement
--- (one primary-key probe of rdq_paused_queues, a one-time filter above the index scan), in the
+-- (one primary-key probe of rdq_paused_queues, a one-time filter above the scans), in the
 -- claim's own snapshot -- a claim that starts after set_paused committed sees the row.
 WITH claimed AS (
     UPDATE rdq_tasks
@@ -123,19 +176,154 @@ WITH claimed AS (
         lease_expires_at = now() + %(lease_seconds)s * interval '1 second',
         updated_at = now()
     WHERE id = ANY (ARRAY(
-        SELECT id
-        FROM rdq_tasks
-        WHERE queue = %(queue)s AND status = 'PENDING' AND next_attempt_at <= now()
-          AND NOT EXISTS (SELECT FROM rdq_paused_queues AS p WHERE p.queue = %(queue)s)
-        ORDER BY next_attempt_at, id
+        SELECT due.id
+        FROM generate_series(0, 9) AS p(priority)
+        CROSS JOIN LATERAL (
+            SELECT id
+            FROM rdq_tasks
+            WHERE queue = %(queue)s AND status = 'PENDING' AND priority = p.priority
+              AND next_attempt_at <= now()
+            ORDER BY next_attempt_at, id
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED
+        ) AS due
+        WHERE NOT EXISTS (SELECT FROM rdq_paused_queues AS q WHERE q.queue = %(queue)s)
         LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
     ))
     RETURNING *
 )
 SELECT {{task_columns}}
 FROM claimed AS t
-ORDER BY t.next_attempt_at, t.id
+ORDER BY t.priority, t.next_attempt_at, t.id
+
+-- name: flow_lock
+-- A flow-controlled claim serialises with the other flow-controlled claims of its queue: a
+-- transaction-scoped advisory lock (released by COMMIT, no session state, so it holds behind a
+-- transaction-mode pooler too). The statements after it take their snapshots once it is held.
+SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(queue)s))
+
+-- name: flow_state
+-- What the claim's decision reads, in one row: the clock (read after the lock, so claim times
+-- follow the order claims commit in), whether the queue is paused, IN_FLIGHT tasks per
+-- concurrency key ('' for none), rate-log claims within the period per rate key, and the group
+-- the last fair claim served.
+WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now)
+SELECT clock.now,
+       EXISTS (SELECT FROM rdq_paused_queues AS q WHERE q.queue = %(queue)s) AS paused,
+       (SELECT coalesce(jsonb_object_agg(f.key, f.n), '{}'::jsonb)
+          FROM (SELECT coalesce(concurrency_key, '') AS key, count(*) AS n FROM rdq_tasks
+                 WHERE queue = %(queue)s AND status = 'IN_FLIGHT' AND %(read_in_flight)s
+                 GROUP BY concurrency_key) AS f) AS in_flight,
+       (SELECT coalesce(jsonb_object_agg(r.key, r.n), '{}'::jsonb)
+          FROM (SELECT rate_key AS key, count(*) AS n FROM rdq_rate_log
+                 WHERE queue = %(queue)s AND %(rate_period)s::float8 IS NOT NULL
+                   AND claimed_at > clock.now - %(rate_period)s::float8 * interval '1 second'
+                 GROUP BY rate_key) AS r) AS recent,
+       (SELECT c.last_group FROM rdq_fair_cursor AS c WHERE c.queue = %(queue)s AND %(fair)s) AS last_group
+FROM clock
+
+-- name: flow_candidate_columns
+-- Fragment: a candidate of a flow-controlled claim, as rdq_core.flow.Candidate takes it.
+id, priority, next_attempt_at AS due, concurrency_key, rate_key, task_group AS "group"
+
+-- name: flow_keys_not_full
+-- Fragment: the task's keys are not among those flow_state found full.
+(concurrency_key IS NULL OR concurrency_key <> ALL (%(full_keys)s::text[]))
+AND (rate_key IS NULL OR rate_key <> ALL (%(full_rates)s::text[]))
+
+-- name: flow_candidates
+-- Due tasks whose keys are not known to be full, by priority then due time: up to %(limit)s of
+-- each priority, walked in priority order; %(total)s caps them all (without aging, the first
+-- priorities fill the claim; with aging every priority's oldest may rank first).
+SELECT due.*
+FROM generate_series(0, 9) AS p(priority)
+CROSS JOIN LATERAL (
+    SELECT {{flow_candidate_columns}}
+    FROM rdq_tasks
+    WHERE queue = %(queue)s AND status = 'PENDING' AND priority = p.priority
+      AND next_attempt_at <= %(now)s
+      AND {{flow_keys_not_full}}
+    ORDER BY next_attempt_at, id
+    LIMIT %(limit)s
+) AS due
+LIMIT %(total)s
+
+-- name: flow_group_candidates
+-- fair_groups: the groups with PENDING tasks after %(after)s and up to %(until)s (by name; a
+-- skip scan of the group index, one probe per group, at most %(groups)s), then up to %(limit)s
+-- due tasks of each whose keys are not known to be full. Tasks without a group: %(ungrouped)s.
+WITH RECURSIVE grp AS (
+    (SELECT task_group AS name, 1 AS n FROM rdq_tasks
+      WHERE queue = %(queue)s AND status = 'PENDING' AND task_group > %(after)s
+      ORDER BY task_group LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.task_group FROM rdq_tasks AS t
+             WHERE t.queue = %(queue)s AND t.status = 'PENDING' AND t.task_group > grp.name
+             ORDER BY t.task_group LIMIT 1), grp.n + 1
+    FROM grp WHERE grp.name IS NOT NULL AND grp.n < %(groups)s
+)
+SELECT due.*
+FROM grp
+CROSS JOIN LATERAL (
+    SELECT {{flow_candidate_columns}}
+    FROM rdq_tasks
+    WHERE queue = %(queue)s AND status = 'PENDING' AND task_group = grp.name
+      AND next_attempt_at <= %(now)s
+      AND {{flow_keys_not_full}}
+    ORDER BY priority, next_attempt_at, id
+    LIMIT %(limit)s
+) AS due
+WHERE grp.name IS NOT NULL AND (%(until)s::text IS NULL OR grp.name <= %(until)s)
+UNION ALL
+SELECT * FROM (
+    SELECT {{flow_candidate_columns}}
+    FROM rdq_tasks
+    WHERE %(ungrouped)s AND queue = %(queue)s AND status = 'PENDING' AND task_group IS NULL
+      AND next_attempt_at <= %(now)s
+      AND {{flow_keys_not_full}}
+    ORDER BY priority, next_attempt_at, id
+    LIMIT %(limit)s
+) AS ungrouped
+
+-- name: flow_claim
+-- The decision applied, in the same transaction: the chosen tasks flip to IN_FLIGHT (each
+-- re-checked PENDING, locked in id order first like every multi-row write, so a concurrent
+-- batch write queues instead of deadlocking), stamped with the clock flow_state read;
+-- rate-keyed claims go in the rate log and its rows older than the period go out; the fairness
+-- cursor moves.
+WITH claimed AS (
+    UPDATE rdq_tasks
+    SET status = 'IN_FLIGHT',
+        claim_token = gen_random_uuid()::text,
+        claimed_at = %(now)s,
+        lease_expires_at = %(now)s + %(lease_seconds)s * interval '1 second',
+        updated_at = %(now)s
+    WHERE id = ANY (ARRAY(
+        SELECT id FROM rdq_tasks
+        WHERE id = ANY (%(ids)s::text[]) AND status = 'PENDING'
+        ORDER BY id
+        FOR UPDATE
+    )) AND status = 'PENDING'
+    RETURNING *
+),
+logged AS (
+    INSERT INTO rdq_rate_log (queue, rate_key, claimed_at, task_id)
+    SELECT c.queue, c.rate_key, %(now)s, c.id FROM claimed AS c
+    WHERE c.rate_key IS NOT NULL AND %(rate_period)s::float8 IS NOT NULL
+),
+trimmed AS (
+    DELETE FROM rdq_rate_log
+    WHERE queue = %(queue)s AND %(rate_period)s::float8 IS NOT NULL
+      AND claimed_at <= %(now)s - %(rate_period)s::float8 * interval '1 second'
+),
+cursor_moved AS (
+    INSERT INTO rdq_fair_cursor (queue, last_group)
+    SELECT %(queue)s, %(served_group)s::text WHERE %(served_group)s::text IS NOT NULL
+    ON CONFLICT (queue) DO UPDATE SET last_group = excluded.last_group
+)
+SELECT {{task_columns}}
+FROM claimed AS t
+ORDER BY t.priority, t.next_attempt_at, t.id
 
 -- name: extend_leases
 -- A ref is honoured only while its token still owns an IN_FLIGHT task (fencing). GREATEST: an
@@ -178,7 +366,7 @@ RETURNING ref.ord
 -- nothing. The attempt number is read from the history (MAX + 1) in the same statement --
 -- never from attempt_count, which redrive resets. claimed_at is kept on the task so it can
 -- become the attempt's started_at. dead_at uses clock_timestamp() so tasks dead-lettered by one
--- statement still get distinct, ordered DLQ positions.
+-- statement still get distinct, ordered DLQ positions. A SNOOZED attempt spends no budget.
 WITH decision AS (
     SELECT *
     FROM unnest(
@@ -191,7 +379,7 @@ WITH decision AS (
 settled AS (
     UPDATE rdq_tasks AS t
     SET status = d.status,
-        attempt_count = t.attempt_count + 1,
+        attempt_count = t.attempt_count + CASE WHEN d.outcome = 'SNOOZED' THEN 0 ELSE 1 END,
         next_attempt_at = CASE WHEN d.status = 'PENDING'
                                THEN now() + d.retry_delay_seconds * interval '1 second'
                                ELSE t.next_attempt_at END,

@@ -29,6 +29,13 @@ CREATE TABLE rdq_tasks (
     dead_at          timestamptz,
     result           jsonb,
     last_error       jsonb,
+    -- flow control (docs/flow-control.md)
+    priority         smallint NOT NULL DEFAULT 0,   -- lower runs first
+    concurrency_key  text COLLATE "C",
+    rate_key         text COLLATE "C",
+    task_group       text COLLATE "C",
+    -- enqueue-time dedupe (docs/flow-control.md)
+    dedupe_key       text COLLATE "C",
 
     CONSTRAINT rdq_tasks_pkey PRIMARY KEY (id),
     CONSTRAINT rdq_tasks_status_check
@@ -42,7 +49,8 @@ CREATE TABLE rdq_tasks (
         (status = 'IN_FLIGHT' AND claim_token IS NOT NULL AND lease_expires_at IS NOT NULL)
         OR (status <> 'IN_FLIGHT' AND claim_token IS NULL AND lease_expires_at IS NULL)
     ),
-    CONSTRAINT rdq_tasks_dead_at_check CHECK ((status = 'DEAD') = (dead_at IS NOT NULL))
+    CONSTRAINT rdq_tasks_dead_at_check CHECK ((status = 'DEAD') = (dead_at IS NOT NULL)),
+    CONSTRAINT rdq_tasks_priority_check CHECK (priority BETWEEN 0 AND 9)
 );
 
 CREATE TABLE rdq_attempts (
@@ -59,7 +67,7 @@ CREATE TABLE rdq_attempts (
         FOREIGN KEY (task_id) REFERENCES rdq_tasks (id) ON DELETE CASCADE,
     CONSTRAINT rdq_attempts_attempt_no_check CHECK (attempt_no >= 1),
     CONSTRAINT rdq_attempts_outcome_check
-        CHECK (outcome IN ('SUCCESS', 'RETRYABLE_FAILURE', 'PERMANENT_FAILURE', 'LEASE_EXPIRED'))
+        CHECK (outcome IN ('SUCCESS', 'RETRYABLE_FAILURE', 'PERMANENT_FAILURE', 'LEASE_EXPIRED', 'SNOOZED'))
 );
 
 -- Partial indexes: each hot path scans only the rows in the state it looks for, so its cost
@@ -69,10 +77,27 @@ CREATE TABLE rdq_attempts (
 -- order: PENDING by next_attempt_at, IN_FLIGHT by lease_expires_at, DEAD by dead_at, SUCCEEDED and
 -- CANCELLED by updated_at.
 
--- claim: due PENDING tasks of one queue, oldest first, then by id; stats: oldest due age;
--- PENDING listings.
+-- stats: oldest due age; PENDING listings.
 CREATE INDEX rdq_tasks_pending_due_idx ON rdq_tasks (queue, next_attempt_at, id)
     WHERE status = 'PENDING';
+
+-- claim: due PENDING tasks of one queue by priority, then due time, then id; the claim walks it
+-- one priority at a time, each walk a range scan that stops at the first task not yet due.
+CREATE INDEX rdq_tasks_pending_claim_idx ON rdq_tasks (queue, priority, next_attempt_at, id)
+    WHERE status = 'PENDING';
+
+-- a flow-controlled claim's in-flight counts per concurrency key.
+CREATE INDEX rdq_tasks_in_flight_key_idx ON rdq_tasks (queue, concurrency_key)
+    WHERE status = 'IN_FLIGHT';
+
+-- fair_groups: the groups of a queue with PENDING tasks (a skip scan), then each group's next
+-- due tasks.
+CREATE INDEX rdq_tasks_pending_group_idx ON rdq_tasks (queue, task_group, priority, next_attempt_at, id)
+    WHERE status = 'PENDING' AND task_group IS NOT NULL;
+
+-- dedupe: an enqueue's match, newest first within one queue and dedupe_key (keyed tasks only).
+CREATE INDEX rdq_tasks_dedupe_idx ON rdq_tasks (queue, dedupe_key, created_at, id)
+    WHERE dedupe_key IS NOT NULL;
 
 -- reaper: IN_FLIGHT tasks whose lease expired, oldest expiry first, in one queue or queue by
 -- queue (a skip scan over this index); IN_FLIGHT listings.
@@ -150,4 +175,22 @@ CREATE TABLE rdq_outbox (
 
     CONSTRAINT rdq_outbox_pkey PRIMARY KEY (seq),
     CONSTRAINT rdq_outbox_id_key UNIQUE (id)
+);
+
+-- rate_limit: the claim times of one queue's rate keys within the period, a sliding log (rows
+-- older than the period are deleted by the claims that read them).
+CREATE TABLE rdq_rate_log (
+    queue      text COLLATE "C" NOT NULL,
+    rate_key   text COLLATE "C" NOT NULL,
+    claimed_at timestamptz NOT NULL,
+    task_id    text COLLATE "C" NOT NULL
+);
+CREATE INDEX rdq_rate_log_key_idx ON rdq_rate_log (queue, rate_key, claimed_at);
+
+-- fair_groups: the group a queue's last claim served last; the next one starts after it.
+CREATE TABLE rdq_fair_cursor (
+    queue      text COLLATE "C" NOT NULL,
+    last_group text COLLATE "C" NOT NULL,
+
+    CONSTRAINT rdq_fair_cursor_pkey PRIMARY KEY (queue)
 );

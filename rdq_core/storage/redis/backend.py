@@ -14,6 +14,13 @@ all keys of one queue live in one Redis Cluster slot and one script may touch th
 ``P:{q}:paused``               string, present while the queue is paused (read by ``claim.lua``)
 ``P:{q}:outbox``               zset of lifecycle-event ids scored by write order (``:outbox:seq``);
                                ``:outbox:events`` their JSON, ``:outbox:leases`` their leases (µs)
+``P:{q}:lane:<p>:<g>``         zset of the PENDING ids of priority ``p`` and group ``g`` (``''`` for
+                               none), scored like ``due``: the claim lanes (docs/flow-control.md)
+``P:{q}:lanes``                zset of the lanes that hold tasks (all at score 0)
+``P:{q}:conc:<key>``           zset of the IN_FLIGHT ids of a concurrency key (counted by claims)
+``P:{q}:rate:<key>``           zset of a rate key's recent claims (token -> claim time, µs),
+                               trimmed to the period by each claim, expiring when idle
+``P:{q}:fair_last``            string: the group the last fair claim served last
 ``P:{P:global}:ids``           hash: task id -> queue (the global id index)
 ``P:{P:global}:queues``        set: queues that hold tasks (the reaper's registry)
 ``P:{P:global}:paused``        set: queues that may be paused (the listing of ``P:{q}:paused``)
@@ -37,8 +44,8 @@ of their own too: one script per compare-and-set put or delete checks the stored
 writes the hash and the lex index together; a page is one script over the index and the hash.
 
 There is no schema to migrate: every key is created by the first write that needs it, and an
-absent key reads as empty (not paused, no audit entries); ``migrate`` checks the server and loads
-the scripts.
+absent key reads as empty (not paused, no audit entries); ``migrate`` checks the server, loads
+the scripts and puts PENDING tasks written by an rdq from before the claim lanes into theirs.
 
 Round trips (``round_trips`` counts one per command or per pipeline sent, however many commands
 the pipeline holds): claim 1 (the paused check is one EXISTS inside the claim script),
@@ -64,9 +71,10 @@ from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...errors import ConfigurationError, InvalidInput, RdqError, StorageUnavailable, TaskConflict
+from ...flow import FlowPolicy
 from ...model import ClaimRef, NewTask, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, epoch_micros
-from ..core import DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore
+from ..core import DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore, dedupe_states_of
 from ..spi import from_micros, storable_error, storable_json, to_micros
 from .client import open_client
 from .lua import QUEUE_ZSETS, SCRIPTS, Call, Script
@@ -200,6 +208,18 @@ class RedisStorage(StorageCore):
             if policy not in (None, "noeviction"):
                 log.warning("maxmemory-policy is %r: Redis may evict task keys; use noeviction", policy)
             self._load_scripts(list(SCRIPTS.values()))
+            for queue in sorted(self._queues()):
+                self._index_lanes(queue)
+
+    def _index_lanes(self, queue: str) -> int:
+        """Put the queue's PENDING tasks that have no claim lane (made PENDING by an rdq from
+        before lanes) into theirs, in bounded script calls; how many were indexed."""
+        start, indexed = 0, 0
+        while True:
+            start, exhausted, count = self._run(self._queue_call("index_lanes", queue, start, _SCAN_BUDGET))
+            indexed += int(count)
+            if exhausted:
+                return indexed
 
     def close(self) -> None:
         self._client.close()
@@ -253,6 +273,25 @@ class RedisStorage(StorageCore):
             self._take_over(tasks, dangling, results)
         return results  # type: ignore[return-value]  # every slot is filled above
 
+    def _insert_deduplicated(self, task: NewTask, connection: Any) -> InsertedRecord:
+        """As ``_insert`` (the id reserved first, re-asserted after creating), with the match and
+        the insert in one script, ``enqueue_dedupe.lua``: two round trips, three when the request
+        is deduplicated (its id reservation is dropped again)."""
+        args = _enqueue_args(task)
+        owner = self._run(self._global_call("reserve_ids", task.id, task.queue))[0]
+        if owner != task.queue:  # the id is another queue's: the ordinary conflict path
+            return self._insert([task], connection)[0]
+        window, max_wait = task.dedupe_for_seconds, task.dedupe_max_wait_seconds
+        created, reply, deduplicated = self._run_pipeline([
+            self._queue_call("enqueue_dedupe", task.queue, task.queue, task.dedupe_key,
+                             _json(list(dedupe_states_of(task))), "" if window is None else _micros(window),
+                             task.dedupe_mode.value, "" if max_wait is None else _micros(max_wait), *args),
+            self._global_call("reserve_ids", task.id, task.queue),
+        ])[0]
+        if deduplicated:
+            self._run(self._global_call("unindex", task.queue, "0", task.id))
+        return InsertedRecord(_record(reply), inserted=created == 1, deduplicated=deduplicated == 1)
+
     def _take_over(self, tasks: Sequence[NewTask], dangling: list[tuple[int, str]], results: list[Any]) -> None:
         """An index entry names a queue that has no such task (an enqueue died between its two
         steps, or a purge between its steps): move the entry to the new queue if it is still
@@ -267,11 +306,11 @@ class RedisStorage(StorageCore):
             results[i] = result
 
     # -- worker side ---------------------------------------------------------------------------
-    def _claim(self, queue: str, limit: int, lease_seconds: float) -> list[Record]:
+    def _claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy) -> list[Record]:
         # The token carries its queue so later fenced writes find the task's keys without a
         # lookup; the random part makes it unique even if Redis loses recent writes on restart.
         token_prefix = f"{queue}|{secrets.token_urlsafe(12)}."
-        replies = self._run(self._queue_call("claim", queue, limit, _micros(lease_seconds), token_prefix))
+        replies = self._run(self._queue_call("claim", queue, limit, _micros(lease_seconds), token_prefix, *_flow_args(flow)))
         return [_record(reply) for reply in replies]
 
     def _extend(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, str]:
@@ -569,6 +608,24 @@ def _enqueue_args(task: NewTask) -> tuple[Any, ...]:
         "" if task.backoff is None else _json(task.backoff.to_dict()),
         _micros(task.delay_seconds or 0.0),
         "" if task.run_at is None else to_micros(task.run_at),
+        int(task.priority or 0),
+        task.concurrency_key or "",
+        task.rate_key or "",
+        task.group or "",
+    )
+
+
+def _flow_args(flow: FlowPolicy) -> tuple[Any, ...]:
+    """The queue's flow policy as ``claim.lua`` takes it ('' for each limit not set)."""
+    rate = flow.rate_limit
+    return (
+        "" if flow.priority_aging_seconds is None else _micros(flow.priority_aging_seconds),
+        "" if flow.max_in_flight is None else flow.max_in_flight,
+        "1" if flow.fair_groups else "0",
+        "" if flow.concurrency_limit is None else flow.concurrency_limit,
+        _json(dict(flow.concurrency_overrides)) if flow.concurrency_overrides else "",
+        "" if rate is None else rate.count,
+        "" if rate is None else _micros(rate.period_seconds),
     )
 
 

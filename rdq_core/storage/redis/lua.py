@@ -17,6 +17,7 @@ from typing import Any
 QUEUE_SCRIPTS = (
     "enqueue", "claim", "settle", "extend", "release", "expired_leases", "read_tasks", "cancel", "stats",
     "page", "count", "apply", "purge_finished", "existing", "outbox_put", "outbox_take", "outbox_ack",
+    "index_lanes", "enqueue_dedupe",
 )
 #: Scripts that run on the global id index and queue registry.
 GLOBAL_SCRIPTS = ("reserve_ids", "unindex", "take_over_ids")

@@ -17,6 +17,7 @@ the number of the last one applied); the shared behaviour is ``StorageCore``'s.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sqlite3
@@ -29,9 +30,19 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ...errors import ConfigurationError, StorageUnavailable
+from ...flow import (
+    MAX_GROUP_PROBES,
+    PRIORITIES,
+    Candidate,
+    FlowPolicy,
+    FlowState,
+    candidate_count,
+    choose,
+)
+from ...flow import full_keys as flow_full_keys
 from ...model import ClaimRef, NewTask, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, epoch_micros
-from ..core import InsertedRecord, QueueCounts, Selection, StorageCore
+from ..core import InsertedRecord, QueueCounts, Selection, StorageCore, dedupe_states_of
 from ..querytext import migrations, named_queries
 from ..spi import from_micros, storable_json, to_micros
 
@@ -47,6 +58,8 @@ _UNAVAILABLE_CODES = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_CA
 _PACKAGE = __name__.rpartition(".")[0]
 _QUERIES = named_queries(_PACKAGE, "queries.sql")
 _Q = {name: text.replace("{task_columns}", _QUERIES["task_columns"].strip()) for name, text in _QUERIES.items()}
+_Q["claim"] = _Q["claim"].replace("{due_of_priority}", " UNION ALL ".join(
+    _Q["due_of_priority"].strip().replace("{priority}", str(p)) for p in PRIORITIES))
 MIGRATIONS = migrations(_PACKAGE)
 #: ``PRAGMA user_version`` of a database that has every migration.
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -163,39 +176,146 @@ class SQLiteStorage(StorageCore):
 
     def _insert(self, tasks: Sequence[NewTask], connection: Any) -> Sequence[InsertedRecord]:
         with self._write() as (conn, now):
-            # Inside the write lock nobody else can insert, so "exists" is decided once, here.
-            existing = {r["id"]: r for r in _tasks_by_id(conn, [t.id for t in tasks])}
+            return self._insert_locked(conn, now, tasks)
+
+    def _insert_locked(self, conn: sqlite3.Connection, now: int, tasks: Sequence[NewTask]) -> list[InsertedRecord]:
+        # Inside the write lock nobody else can insert, so "exists" is decided once, here.
+        existing = {r["id"]: r for r in _tasks_by_id(conn, [t.id for t in tasks])}
+        self.round_trips += 1
+        fresh: dict[str, dict[str, Any]] = {}
+        for t in tasks:
+            if t.id not in existing and t.id not in fresh:  # a repeat in the batch: its first
+                fresh[t.id] = {
+                    "id": t.id, "queue": t.queue, "handler": t.handler, "payload": storable_json(t.payload),
+                    "headers": storable_json(dict(t.headers)), "status": TaskStatus.PENDING.value,
+                    "max_attempts": t.max_attempts,
+                    "backoff": storable_json(t.backoff.to_dict()) if t.backoff else None,
+                    "next_attempt_at": _due_micros(t, now), "created_at": now, "updated_at": now,
+                    "priority": t.priority, "concurrency_key": t.concurrency_key, "rate_key": t.rate_key,
+                    "group": t.group, "dedupe_key": t.dedupe_key,
+                }
+        if fresh:
             self.round_trips += 1
-            fresh: dict[str, dict[str, Any]] = {}
-            for t in tasks:
-                if t.id not in existing and t.id not in fresh:  # a repeat in the batch: its first
-                    fresh[t.id] = {
-                        "id": t.id, "queue": t.queue, "handler": t.handler, "payload": storable_json(t.payload),
-                        "headers": storable_json(dict(t.headers)), "status": TaskStatus.PENDING.value,
-                        "max_attempts": t.max_attempts,
-                        "backoff": storable_json(t.backoff.to_dict()) if t.backoff else None,
-                        "next_attempt_at": _due_micros(t, now), "created_at": now, "updated_at": now,
-                    }
-            if fresh:
-                self.round_trips += 1
-                conn.executemany(_Q["insert"], [
-                    (r["id"], r["queue"], r["handler"], r["payload"], r["headers"], r["max_attempts"], r["backoff"],
-                     r["next_attempt_at"], r["created_at"], r["updated_at"])
-                    for r in fresh.values()
-                ])
+            conn.executemany(_Q["insert"], [
+                (r["id"], r["queue"], r["handler"], r["payload"], r["headers"], r["max_attempts"], r["backoff"],
+                 r["next_attempt_at"], r["created_at"], r["updated_at"], r["priority"], r["concurrency_key"],
+                 r["rate_key"], r["group"], r["dedupe_key"])
+                for r in fresh.values()
+            ])
         return [
             InsertedRecord(existing[t.id], False) if t.id in existing else InsertedRecord(fresh[t.id], True)
             for t in tasks
         ]
 
-    def _claim(self, queue: str, limit: int, lease_seconds: float) -> Sequence[Record]:
+    def _insert_deduplicated(self, task: NewTask, connection: Any) -> InsertedRecord:
+        # The write lock (BEGIN IMMEDIATE) serialises every enqueue: the match and the insert
+        # below are one step to any other writer.
         with self._write() as (conn, now):
-            records = _records(self._execute(
-                conn, _Q["claim"],
-                {"queue": queue, "now": now, "lease_until": now + int(lease_seconds * 1_000_000), "limit": limit},
-            ))
-        records.sort(key=lambda r: (r["next_attempt_at"], r["id"]))
+            if (holder := _tasks_by_id(conn, [task.id])):
+                return InsertedRecord(holder[0], False)
+            since = None if task.dedupe_for_seconds is None else now - int(task.dedupe_for_seconds * 1_000_000)
+            match = _records(self._execute(conn, _Q["dedupe_match"], {
+                "queue": task.queue, "key": task.dedupe_key, "states": json.dumps(dedupe_states_of(task)),
+                "since": since}))
+            if not match:
+                return self._insert_locked(conn, now, [task])[0]
+            max_wait = task.dedupe_max_wait_seconds
+            changed = _records(self._execute(conn, _Q["dedupe_apply"], {
+                "id": match[0]["id"], "mode": task.dedupe_mode.value, "payload": storable_json(task.payload),
+                "headers": storable_json(dict(task.headers)),
+                "due": _due_micros(task, now), "now": now,
+                "max_wait_us": None if max_wait is None else int(max_wait * 1_000_000)}))
+            return InsertedRecord((changed or match)[0], False, deduplicated=True)
+
+    def _claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy) -> Sequence[Record]:
+        with self._write() as (conn, now):
+            lease_until = now + int(lease_seconds * 1_000_000)
+            if flow.plain:
+                records = _records(self._execute(
+                    conn, _Q["claim"], {"queue": queue, "now": now, "lease_until": lease_until, "limit": limit}))
+            else:
+                records = self._flow_claim(conn, queue, limit, now, lease_until, flow)
+        records.sort(key=lambda r: (r["priority"], r["next_attempt_at"], r["id"]))
         return records
+
+    def _flow_claim(self, conn: sqlite3.Connection, queue: str, limit: int, now: int, lease_until: int,
+                    flow: FlowPolicy) -> list[dict[str, Any]]:
+        """The claim under a flow policy: the write lock serialises it with every other claim, so
+        what it reads (in-flight counts, the rate log, the fairness cursor) stays true until it
+        commits; ``rdq_core.flow.choose`` decides."""
+        if conn.execute(_Q["flow_paused"], {"queue": queue}).fetchone():
+            return []
+        state = self._flow_state(conn, queue, now, flow)
+        full_keys, full_rates = (json.dumps(keys) for keys in flow_full_keys(flow, state))
+        params = {"queue": queue, "now": now, "full_keys": full_keys, "full_rates": full_rates}
+        if flow.fair_groups:
+            candidates = self._fair_candidates(conn, params, limit, state.last_group)
+        else:
+            candidates = []
+            wanted = candidate_count(limit)
+            for priority in PRIORITIES:
+                # Without aging, the first priorities with due tasks fill the claim; with aging any
+                # priority's oldest may rank first.
+                if len(candidates) >= wanted and flow.priority_aging_seconds is None:
+                    break
+                candidates += _candidates(conn.execute(_Q["flow_candidates"], {**params, "priority": priority,
+                                                                               "limit": wanted}))
+        choice = choose(flow, state, candidates, limit)
+        if not choice.ids:
+            return []
+        records = _records(self._execute(conn, _Q["flow_claim_ids"].replace("{marks}", _marks(len(choice.ids))),
+                                         (now, lease_until, now, *choice.ids)))
+        if flow.rate_limit is not None:
+            conn.executemany(_Q["flow_rate_log"], [(queue, r["rate_key"], now, r["id"]) for r in records if r["rate_key"]])
+        if choice.served_group is not None:
+            conn.execute(_Q["flow_served_group"], {"queue": queue, "group": choice.served_group})
+        return records
+
+    def _flow_state(self, conn: sqlite3.Connection, queue: str, now: int, flow: FlowPolicy) -> FlowState:
+        in_flight_total, by_key = 0, {}
+        if flow.limits_concurrency or flow.max_in_flight is not None:
+            for row in conn.execute(_Q["flow_in_flight"], {"queue": queue}):
+                in_flight_total += row[1]
+                if row[0] is not None:
+                    by_key[row[0]] = row[1]
+        recent: dict[str, int] = {}
+        if flow.rate_limit is not None:
+            conn.execute(_Q["flow_rate_trim"], {"queue": queue, "since": now - int(flow.rate_limit.period_seconds * 1_000_000)})
+            recent = {row[0]: row[1] for row in conn.execute(_Q["flow_rate_counts"], {"queue": queue})}
+        last_group = None
+        if flow.fair_groups:
+            row = conn.execute(_Q["flow_last_group"], {"queue": queue}).fetchone()
+            last_group = None if row is None else row[0]
+        return FlowState(in_flight_total, by_key, recent, last_group)
+
+    def _fair_candidates(self, conn: sqlite3.Connection, params: dict[str, Any], limit: int,
+                         last_group: str | None) -> list[Candidate]:
+        """Up to ``limit`` due tasks of each group, groups in name order from the one after
+        ``last_group`` (wrapping round), until ``limit`` groups gave some; tasks without a group
+        are one more group ('')."""
+        found: list[Candidate] = []
+        groups = 0
+        ungrouped = _candidates(conn.execute(_Q["flow_ungrouped_candidates"], {**params, "limit": limit}))
+        if ungrouped:
+            found += ungrouped
+            groups += 1
+        start = last_group or ""
+        after, wrapped, probes = start, False, 0
+        while groups < limit and probes < MAX_GROUP_PROBES:
+            probes += 1
+            row = conn.execute(_Q["flow_next_group"], {"queue": params["queue"], "after": after}).fetchone()
+            group = row[0] if row else None
+            if group is None or (wrapped and group > start):
+                if wrapped or not start:
+                    break
+                after, wrapped = "", True  # wrap round to the first group
+                continue
+            after = group
+            batch = _candidates(conn.execute(_Q["flow_group_candidates"], {**params, "group": group, "limit": limit}))
+            if batch:
+                found += batch
+                groups += 1
+        return found
 
     def _extend(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, int]:
         extended: dict[str, int] = {}
@@ -393,6 +513,10 @@ def _fill(text: str, **parts: str) -> str:
 
 def _marks(n: int) -> str:
     return ",".join("?" * n)
+
+
+def _candidates(cursor: sqlite3.Cursor) -> list[Candidate]:
+    return [Candidate(**row) for row in _records(cursor)]
 
 
 def _records(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:

@@ -11,7 +11,8 @@
 
 -- name: task_columns
 id, queue, handler, payload, headers, status, attempt_count, redrive_count, max_attempts, backoff,
-next_attempt_at, lease_expires_at, created_at, updated_at, dead_at, result, last_error, claim_token, claimed_at
+next_attempt_at, lease_expires_at, created_at, updated_at, dead_at, result, last_error, claim_token, claimed_at,
+priority, concurrency_key, rate_key, task_group AS "group", dedupe_key
 
 -- name: tasks_by_id
 SELECT {task_columns} FROM rdq_tasks WHERE id IN ({marks})
@@ -22,17 +23,110 @@ SELECT task_id, attempt_no, outcome, started_at, finished_at, error FROM rdq_att
 
 -- name: insert
 INSERT INTO rdq_tasks (id, queue, handler, payload, headers, status, max_attempts, backoff,
-                       next_attempt_at, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, 'PENDING', ?, ?, ?, ?, ?)
+                       next_attempt_at, created_at, updated_at, priority, concurrency_key, rate_key, task_group,
+                       dedupe_key)
+VALUES (?, ?, ?, ?, ?, 'PENDING', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: dedupe_match
+-- The newest task of the queue with this dedupe_key in one of :states (a JSON array) or created
+-- at or after :since (NULL: no window). rdq_tasks_dedupe serves it.
+SELECT {task_columns} FROM rdq_tasks
+ WHERE queue = :queue AND dedupe_key = :key
+   AND (status IN (SELECT value FROM json_each(:states)) OR created_at >= :since)
+ ORDER BY created_at DESC, id DESC LIMIT 1
+
+-- name: dedupe_apply
+-- The mode, on a PENDING match only: replace stores the new payload and headers (a payload kept in
+-- the payload store travels as a header); debounce moves the run time
+-- to the request's, capped at first enqueue + max wait. skip changes nothing (no row returned).
+UPDATE rdq_tasks
+   SET payload = CASE WHEN :mode = 'replace' THEN :payload ELSE payload END,
+       headers = CASE WHEN :mode = 'replace' THEN :headers ELSE headers END,
+       next_attempt_at = CASE WHEN :mode = 'debounce'
+                              THEN MIN(:due, COALESCE(created_at + :max_wait_us, :due))
+                              ELSE next_attempt_at END,
+       updated_at = :now
+ WHERE id = :id AND status = 'PENDING' AND :mode <> 'skip'
+RETURNING {task_columns}
 
 -- name: claim
+-- Due tasks by priority, then due time, then id: one walk of the claim index per priority (each
+-- a range scan that stops at the first task not yet due), in priority order, until :limit.
+-- The placeholder in braces stands for one due_of_priority branch per priority, joined by UNION ALL.
 UPDATE rdq_tasks
    SET status = 'IN_FLIGHT', claim_token = lower(hex(randomblob(16))), claimed_at = :now,
        lease_expires_at = :lease_until, updated_at = :now
- WHERE id IN (SELECT id FROM rdq_tasks
-               WHERE queue = :queue AND status = 'PENDING' AND next_attempt_at <= :now
-                AND NOT EXISTS (SELECT 1 FROM rdq_paused_queues AS p WHERE p.queue = :queue)
-               ORDER BY next_attempt_at, id LIMIT :limit)
+ WHERE id IN (SELECT id FROM ({due_of_priority}) LIMIT :limit)
+   AND NOT EXISTS (SELECT 1 FROM rdq_paused_queues AS p WHERE p.queue = :queue)
+RETURNING {task_columns}
+
+-- name: due_of_priority
+SELECT id FROM (SELECT id FROM rdq_tasks
+                 WHERE queue = :queue AND status = 'PENDING' AND priority = {priority} AND next_attempt_at <= :now
+                 ORDER BY next_attempt_at, id LIMIT :limit)
+
+-- name: flow_paused
+SELECT 1 FROM rdq_paused_queues WHERE queue = :queue
+
+-- name: flow_in_flight
+-- A flow-controlled claim's view of what runs: IN_FLIGHT tasks per concurrency key (NULL: none).
+SELECT concurrency_key AS key, count(*) AS n FROM rdq_tasks
+ WHERE queue = :queue AND status = 'IN_FLIGHT' GROUP BY concurrency_key
+
+-- name: flow_rate_trim
+DELETE FROM rdq_rate_log WHERE queue = :queue AND claimed_at <= :since
+
+-- name: flow_rate_counts
+SELECT rate_key AS key, count(*) AS n FROM rdq_rate_log WHERE queue = :queue GROUP BY rate_key
+
+-- name: flow_rate_log
+INSERT INTO rdq_rate_log (queue, rate_key, claimed_at, task_id) VALUES (?, ?, ?, ?)
+
+-- name: flow_last_group
+SELECT last_group FROM rdq_fair_cursor WHERE queue = :queue
+
+-- name: flow_served_group
+INSERT INTO rdq_fair_cursor (queue, last_group) VALUES (:queue, :group)
+ON CONFLICT (queue) DO UPDATE SET last_group = excluded.last_group
+
+-- name: flow_candidate_columns
+-- Fragment: a candidate of a flow-controlled claim, as rdq_core.flow.Candidate takes it.
+id, priority, next_attempt_at AS due, concurrency_key, rate_key, task_group AS "group"
+
+-- name: flow_keys_not_full
+-- Fragment: the task's keys are not among those the claim found full (:full_keys, :full_rates: JSON arrays).
+(concurrency_key IS NULL OR concurrency_key NOT IN (SELECT value FROM json_each(:full_keys)))
+AND (rate_key IS NULL OR rate_key NOT IN (SELECT value FROM json_each(:full_rates)))
+
+-- name: flow_candidates
+-- Due tasks of one priority whose keys are not known to be full.
+SELECT {{flow_candidate_columns}} FROM rdq_tasks
+ WHERE queue = :queue AND status = 'PENDING' AND priority = :priority AND next_attempt_at <= :now
+   AND {{flow_keys_not_full}}
+ ORDER BY next_attempt_at, id LIMIT :limit
+
+-- name: flow_next_group
+-- fair_groups: the next group (by name) after :after with PENDING tasks, one probe of the group index.
+SELECT min(task_group) AS grp FROM rdq_tasks
+ WHERE queue = :queue AND status = 'PENDING' AND task_group IS NOT NULL AND task_group > :after
+
+-- name: flow_group_candidates
+SELECT {{flow_candidate_columns}} FROM rdq_tasks
+ WHERE queue = :queue AND status = 'PENDING' AND task_group = :group AND next_attempt_at <= :now
+   AND {{flow_keys_not_full}}
+ ORDER BY priority, next_attempt_at, id LIMIT :limit
+
+-- name: flow_ungrouped_candidates
+SELECT {{flow_candidate_columns}} FROM rdq_tasks
+ WHERE queue = :queue AND status = 'PENDING' AND task_group IS NULL AND next_attempt_at <= :now
+   AND {{flow_keys_not_full}}
+ ORDER BY priority, next_attempt_at, id LIMIT :limit
+
+-- name: flow_claim_ids
+UPDATE rdq_tasks
+   SET status = 'IN_FLIGHT', claim_token = lower(hex(randomblob(16))), claimed_at = ?,
+       lease_expires_at = ?, updated_at = ?
+ WHERE id IN ({marks}) AND status = 'PENDING'
 RETURNING {task_columns}
 
 -- name: extend_lease
@@ -44,8 +138,9 @@ UPDATE rdq_tasks SET lease_expires_at = MAX(lease_expires_at, ?), updated_at = ?
 -- name: settle
 -- A whole batch of settlements travels as one JSON array (json_each), so a settle costs two
 -- statements however many tasks it carries: this fenced UPDATE … FROM, then append_attempts.
+-- A SNOOZED attempt spends no budget.
 UPDATE rdq_tasks AS t
-   SET status = s.status, attempt_count = t.attempt_count + 1, claim_token = NULL,
+   SET status = s.status, attempt_count = t.attempt_count + (s.outcome <> 'SNOOZED'), claim_token = NULL,
        lease_expires_at = NULL, updated_at = :now,
        next_attempt_at = CASE WHEN s.status = 'PENDING' THEN :now + s.delay_us ELSE t.next_attempt_at END,
        dead_at = CASE WHEN s.status = 'DEAD' THEN :now ELSE NULL END,

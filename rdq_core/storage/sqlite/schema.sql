@@ -22,13 +22,19 @@ CREATE TABLE rdq_tasks (
     result           TEXT,
     last_error_type  TEXT,
     last_error       TEXT,
+    priority         INTEGER NOT NULL DEFAULT 0 CHECK (priority BETWEEN 0 AND 9),
+    concurrency_key  TEXT,
+    rate_key         TEXT,
+    task_group       TEXT,
+    dedupe_key       TEXT,
     CHECK ((status = 'IN_FLIGHT') = (claim_token IS NOT NULL AND lease_expires_at IS NOT NULL)),
     CHECK ((status = 'DEAD') = (dead_at IS NOT NULL))
 );
-CREATE TABLE rdq_attempts (
+-- (quoted: migration 0006 rebuilt it under another name and renamed it, which quotes the name)
+CREATE TABLE "rdq_attempts" (
     task_id     TEXT NOT NULL REFERENCES rdq_tasks(id) ON DELETE CASCADE,
     attempt_no  INTEGER NOT NULL CHECK (attempt_no >= 1),
-    outcome     TEXT NOT NULL CHECK (outcome IN ('SUCCESS','RETRYABLE_FAILURE','PERMANENT_FAILURE','LEASE_EXPIRED')),
+    outcome     TEXT NOT NULL CHECK (outcome IN ('SUCCESS','RETRYABLE_FAILURE','PERMANENT_FAILURE','LEASE_EXPIRED','SNOOZED')),
     started_at  INTEGER,
     finished_at INTEGER,
     error       TEXT,
@@ -73,4 +79,20 @@ CREATE TABLE rdq_outbox (
     detail       TEXT NOT NULL,
     leased_until INTEGER NOT NULL DEFAULT 0
 );
-PRAGMA user_version = 4;
+CREATE INDEX rdq_tasks_claim ON rdq_tasks (queue, priority, next_attempt_at, id) WHERE status = 'PENDING';
+CREATE INDEX rdq_tasks_in_flight_key ON rdq_tasks (queue, concurrency_key) WHERE status = 'IN_FLIGHT';
+CREATE INDEX rdq_tasks_pending_group ON rdq_tasks (queue, task_group, priority, next_attempt_at, id)
+    WHERE status = 'PENDING' AND task_group IS NOT NULL;
+CREATE TABLE rdq_rate_log (
+    queue      TEXT NOT NULL,
+    rate_key   TEXT NOT NULL,
+    claimed_at INTEGER NOT NULL,
+    task_id    TEXT NOT NULL
+);
+CREATE INDEX rdq_rate_log_key ON rdq_rate_log (queue, rate_key, claimed_at);
+CREATE TABLE rdq_fair_cursor (
+    queue      TEXT PRIMARY KEY,
+    last_group TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX rdq_tasks_dedupe ON rdq_tasks (queue, dedupe_key, created_at, id) WHERE dedupe_key IS NOT NULL;
+PRAGMA user_version = 6;

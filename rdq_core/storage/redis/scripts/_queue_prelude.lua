@@ -16,6 +16,15 @@ end
 
 local function task_key(id) return BASE .. 'task:' .. id end
 local function attempts_key(id) return BASE .. 'attempts:' .. id end
+-- The ids of one dedupe_key's tasks by created_at (enqueue_dedupe.lua).
+local function dedupe_index(dedupe_key) return BASE .. 'dedupe:' .. dedupe_key end
+
+-- A purge: the task's hash, its history and its entry in its dedupe key's index.
+local function delete_task(id)
+  local dedupe_key = redis.call('HGET', task_key(id), 'dedupe_key')
+  if dedupe_key then redis.call('ZREM', dedupe_index(dedupe_key), id) end
+  redis.call('DEL', task_key(id), attempts_key(id))
+end
 
 local function task_reply(id)
   return {redis.call('HGETALL', task_key(id)), redis.call('HGETALL', attempts_key(id))}
@@ -154,3 +163,67 @@ local function scan(zset, after_score, after_id, want, budget, ids_json, error_t
   end
   return matches, last_score, last_id, false
 end
+
+-- Flow control (docs/flow-control.md). Every PENDING task is in DUE (the listing index, by
+-- next_attempt_at) and also in the claim lane of its priority and group, `BASE..'lane:<p>:<group>'`
+-- (scored the same; <group> is '' for none), so a claim reads tasks in priority order without
+-- walking past others. LANES lists the lanes that hold tasks (a zset at score 0: byte order).
+-- Every write that puts a task into PENDING or takes it out goes through index_pending /
+-- unindex_pending, which keep both together (index_pending also re-scores a task already there).
+local LANES = BASE .. 'lanes'
+local FLOW_FIELDS = {'priority', 'concurrency_key', 'rate_key', 'group'}
+
+local function need_priority(value)
+  if value ~= '' and not string.match(value, '^%d$') then invalid('priority must be 0..9') end
+end
+
+-- Appends a new task's flow-control fields, ARGV[first..first + 3] in FLOW_FIELDS order, to its
+-- HSET field list; only those set: a default task's hash is what it always was.
+local function add_flow_fields(fields, first)
+  for j, name in ipairs(FLOW_FIELDS) do
+    local value = ARGV[first + j - 1]
+    if value ~= '' and not (name == 'priority' and value == '0') then
+      fields[#fields + 1] = name; fields[#fields + 1] = value
+    end
+  end
+end
+
+-- A lane's name: the priority's one digit, ':', the group ('' for none). Groups may hold ':' but
+-- the digit never does, so the name splits unambiguously.
+local function lane_of(priority, group)
+  if not priority or priority == '' then priority = '0' end
+  return priority .. ':' .. (group or '')
+end
+
+local function lane_key(lane) return BASE .. 'lane:' .. lane end
+
+local function task_lane(id)
+  local held = redis.call('HMGET', task_key(id), 'priority', 'group')
+  return lane_of(held[1], held[2])
+end
+
+local function index_pending(id, score, lane)
+  lane = lane or task_lane(id)
+  redis.call('ZADD', DUE, score, id)
+  redis.call('ZADD', lane_key(lane), score, id)
+  redis.call('ZADD', LANES, 0, lane)
+end
+
+local function forget_lane_if_empty(lane)
+  if redis.call('EXISTS', lane_key(lane)) == 0 then redis.call('ZREM', LANES, lane) end
+end
+
+local function unindex_pending(id, lane)
+  lane = lane or task_lane(id)
+  redis.call('ZREM', DUE, id)
+  redis.call('ZREM', lane_key(lane), id)
+  forget_lane_if_empty(lane)
+end
+
+-- The IN_FLIGHT tasks of one concurrency key (scored by the lease expiry they were claimed with):
+-- a claim counts them all, so a killed holder keeps its slot until the reaper settles its expired
+-- lease, never less. Claims add, settles (the reaper's too) and releases remove, whatever the
+-- policy, so a limit set later counts every holder.
+local function key_in_flight(concurrency_key) return BASE .. 'conc:' .. concurrency_key end
+-- The claim times (µs) of one rate key within the last period (members: claim tokens).
+local function rate_log(rate_key) return BASE .. 'rate:' .. rate_key end

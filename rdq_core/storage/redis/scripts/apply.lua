@@ -22,7 +22,7 @@ for _, m in ipairs(matches) do
     -- What cancel.lua does for one task. Being in the due zset means PENDING; the status is read
     -- again here, in the same script as the write, so a task a claim took is never cancelled.
     if redis.call('HGET', key, 'status') == 'PENDING' then
-      redis.call('ZREM', DUE, id)
+      unindex_pending(id)
       redis.call('HSET', key, 'status', 'CANCELLED', 'updated_at', now)
       redis.call('ZADD', CANCELLED, now, id)
       affected[#affected + 1] = id
@@ -33,14 +33,14 @@ for _, m in ipairs(matches) do
     redis.call('HDEL', key, 'dead_at')
     redis.call('HINCRBY', key, 'redrive_count', 1)
     redis.call('HSET', key, 'status', 'PENDING', 'attempt_count', '0', 'next_attempt_at', now, 'updated_at', now)
-    redis.call('ZADD', DUE, now, id)
+    index_pending(id, now)
     if ARGV[9] == '1' or ARGV[9] == '2' then
       task_event(id, 'redriven', last_attempt_no(id), now, ARGV[9] == '2' and '1' or '0')
     end
     affected[#affected + 1] = id
   else
     redis.call('ZREM', DEAD, id)
-    redis.call('DEL', key, attempts_key(id))
+    delete_task(id)
     affected[#affected + 1] = id
   end
 end

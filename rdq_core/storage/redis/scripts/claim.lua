@@ -1,26 +1,220 @@
--- ARGV: base, limit, lease_us, token_prefix. Oldest due first; the token is the prefix (random
--- per call, minted by the client) plus the position in the batch, so it is never reused.
+-- ARGV: base, limit, lease_us, token_prefix, then the queue's flow policy ('' = none for each):
+-- aging_us, max_in_flight, fair ('1' | '0'), concurrency_limit, concurrency overrides (a JSON
+-- object of key -> limit), rate count, rate period_us.
+-- The token is the prefix (random per call, minted by the client) plus the position in the
+-- batch, so it is never reused.
 -- A paused queue (its `paused` key, in the queue's slot) claims nothing: one EXISTS, read in
 -- this same atomic step, so no claim that starts after a pause returned can take a task.
+--
+-- Order: lowest priority first, then next_attempt_at, then id (with aging: next_attempt_at +
+-- priority x aging, then id), due tasks only, read from the claim lanes (see the prelude). Every
+-- limit is checked here, in the claim's own atomic step: a task over a limit is skipped (left
+-- PENDING, nothing spent) and the tasks behind it are still considered, up to SKIP_BUDGET skipped
+-- entries per call, so a hot key never makes one claim walk a whole backlog.
 
 local limit = need_count(ARGV[2], 'limit')
 local lease = need_number(ARGV[3], 'lease')
 local token_prefix = need_string(ARGV[4], 'token prefix')
+local aging, max_in_flight, conc_default, rate_count, rate_period
+if ARGV[5] ~= '' then aging = need_number(ARGV[5], 'aging') end
+if ARGV[6] ~= '' then max_in_flight = need_count(ARGV[6], 'max_in_flight') end
+local fair = ARGV[7] == '1'
+if ARGV[8] ~= '' then conc_default = need_count(ARGV[8], 'concurrency_limit') end
+local overrides = {}
+if ARGV[9] ~= '' then
+  overrides = need_json(ARGV[9], 'concurrency overrides')
+  if type(overrides) ~= 'table' then invalid('concurrency overrides must be a JSON object') end
+  for key, n in pairs(overrides) do
+    if type(key) ~= 'string' or type(n) ~= 'number' then invalid('concurrency overrides map keys to limits') end
+  end
+end
+if ARGV[10] ~= '' then
+  rate_count = need_count(ARGV[10], 'rate count')
+  rate_period = need_number(ARGV[11], 'rate period')
+end
+local limits_concurrency = conc_default ~= nil or next(overrides) ~= nil
 
 if redis.call('EXISTS', BASE .. 'paused') == 1 then return {} end
 
+local SKIP_BUDGET = 500
 local now = now_us()
+local now_text = us(now)
 local lease_until = us(now + lease)
-local ids = redis.call('ZRANGEBYSCORE', DUE, '-inf', us(now), 'LIMIT', 0, limit)
+local plain = not limits_concurrency and not max_in_flight and not rate_count
+-- Without limits every due entry is taken, so a lane read asks for exactly what may be taken.
+local chunk = limit
+if not plain then chunk = math.max(limit, 64) end
+
 local out = {}
-for i, id in ipairs(ids) do
-  redis.call('ZREM', DUE, id)
-  local key = task_key(id)
-  if redis.call('HGET', key, 'status') == 'PENDING' then
-    redis.call('HSET', key, 'status', 'IN_FLIGHT', 'claim_token', token_prefix .. i, 'claimed_at', us(now),
-      'lease_expires_at', lease_until, 'updated_at', us(now))
-    redis.call('ZADD', INFLIGHT, lease_until, id)
-    out[#out + 1] = task_reply_without_history(id)
+local skipped_total = 0
+local in_flight = 0
+if max_in_flight then in_flight = redis.call('ZCARD', INFLIGHT) end
+
+-- A cursor over one lane's due entries in score order. The lane is left as it is until the end
+-- of the script (taken entries are removed then, in one command per lane), so the next read
+-- starts after every entry read so far.
+local function cursor(lane)
+  return {lane = lane, key = lane_key(lane), priority = tonumber(string.sub(lane, 1, 1)),
+    group = string.sub(lane, 3), buf = {}, pos = 1, read = 0, done = false, taken = {}}
+end
+
+local function head(c)
+  if c.pos > #c.buf then
+    if c.done then return nil end
+    local got = redis.call('ZRANGEBYSCORE', c.key, '-inf', now_text, 'WITHSCORES', 'LIMIT', c.read, chunk)
+    c.read = c.read + #got / 2
+    c.buf, c.pos = {}, 1
+    for j = 1, #got, 2 do c.buf[#c.buf + 1] = {got[j], tonumber(got[j + 1])} end
+    if #c.buf < chunk then c.done = true end
+    if #c.buf == 0 then return nil end
+  end
+  return c.buf[c.pos]
+end
+
+local function ranks_before(a, ca, b, cb)
+  if aging then
+    local ra, rb = a[2] + ca.priority * aging, b[2] + cb.priority * aging
+    if ra ~= rb then return ra < rb end
+  else
+    if ca.priority ~= cb.priority then return ca.priority < cb.priority end
+    if a[2] ~= b[2] then return a[2] < b[2] end
+  end
+  return bytes_le(a[1], b[1])
+end
+
+-- The cursor whose head comes first in claim order, or nil when every lane is drained. Cursors
+-- are in lane-name order, so by priority: without aging, lanes of a higher priority number are
+-- not even read while a lower one has a due task.
+local function first(cursors)
+  local best, best_entry
+  for _, c in ipairs(cursors) do
+    if best and not aging and c.priority > best.priority then break end
+    local e = head(c)
+    if e and (not best or ranks_before(e, c, best_entry, best)) then best, best_entry = c, e end
+  end
+  return best
+end
+
+local full_keys, spent_rates = {}, {}
+
+-- Whether the task may start now under the policy; its status and keys.
+local function admits(held)
+  local ckey, rkey = held[2], held[3]
+  if ckey and limits_concurrency then
+    local n = overrides[ckey] or conc_default
+    if n then
+      if full_keys[ckey] then return false end
+      if redis.call('ZCARD', key_in_flight(ckey)) >= n then
+        full_keys[ckey] = true
+        return false
+      end
+    end
+  end
+  if rkey and rate_count then
+    if spent_rates[rkey] then return false end
+    local log = rate_log(rkey)
+    redis.call('ZREMRANGEBYSCORE', log, '-inf', us(now - rate_period))
+    if redis.call('ZCARD', log) >= rate_count then
+      spent_rates[rkey] = true
+      return false
+    end
+  end
+  return true
+end
+
+local taken_ids = {}
+
+local function take(c, id, held)
+  local token = token_prefix .. (#out + 1)
+  taken_ids[#taken_ids + 1] = id
+  c.taken[#c.taken + 1] = id
+  redis.call('HSET', task_key(id), 'status', 'IN_FLIGHT', 'claim_token', token, 'claimed_at', now_text,
+    'lease_expires_at', lease_until, 'updated_at', now_text)
+  if held[2] then redis.call('ZADD', key_in_flight(held[2]), lease_until, id) end
+  if held[3] and rate_count then
+    local log = rate_log(held[3])
+    redis.call('ZADD', log, now_text, token)
+    redis.call('PEXPIRE', log, math.ceil(rate_period / 1000) + 1000)
+  end
+  out[#out + 1] = task_reply_without_history(id)
+end
+
+local stopped = false
+
+-- Takes the next task the policy admits from `cursors`, in claim order; false when none is left
+-- (or a queue-wide limit or the skip budget ends the claim).
+local function take_next(cursors)
+  while true do
+    if max_in_flight and in_flight + #out >= max_in_flight then stopped = true end
+    if stopped or skipped_total >= SKIP_BUDGET then return false end
+    local c = first(cursors)
+    if not c then return false end
+    local id = c.buf[c.pos][1]
+    c.pos = c.pos + 1
+    local held = redis.call('HMGET', task_key(id), 'status', 'concurrency_key', 'rate_key')
+    if held[1] ~= 'PENDING' then
+      c.taken[#c.taken + 1] = id  -- a stale entry, dropped (cannot happen when every write goes through the prelude)
+    elseif admits(held) then
+      take(c, id, held)
+      return true
+    else
+      skipped_total = skipped_total + 1
+    end
+  end
+end
+
+local cursors = {}
+for _, lane in ipairs(redis.call('ZRANGE', LANES, 0, -1)) do cursors[#cursors + 1] = cursor(lane) end
+
+if not fair then
+  while #out < limit and take_next(cursors) do end
+else
+  -- Round robin over the groups that have due tasks (byte order of the name, '' = no group),
+  -- one task per group per turn, starting after the group the last claim served last.
+  local by_group, names = {}, {}
+  for _, c in ipairs(cursors) do
+    if not by_group[c.group] then by_group[c.group] = {}; names[#names + 1] = c.group end
+    table.insert(by_group[c.group], c)
+  end
+  table.sort(names, function(a, b) return a ~= b and bytes_le(a, b) end)
+  local pointer_key = BASE .. 'fair_last'
+  local last = redis.call('GET', pointer_key)
+  local turn = {}
+  if last then
+    for _, name in ipairs(names) do if not bytes_le(name, last) then turn[#turn + 1] = name end end
+    for _, name in ipairs(names) do if bytes_le(name, last) then turn[#turn + 1] = name end end
+  else
+    turn = names
+  end
+  local served
+  while #out < limit and #turn > 0 and not stopped do
+    local still = {}
+    for _, name in ipairs(turn) do
+      if #out >= limit then break end
+      if take_next(by_group[name]) then
+        still[#still + 1] = name
+        served = name
+      end
+    end
+    turn = still
+  end
+  if served then redis.call('SET', pointer_key, served) end
+end
+
+-- The index moves, one command per index (chunks of 500 members keep Lua's stack small).
+local function each_chunk(ids, apply)
+  for first = 1, #ids, 500 do apply({unpack(ids, first, math.min(first + 499, #ids))}) end
+end
+each_chunk(taken_ids, function(chunk)
+  redis.call('ZREM', DUE, unpack(chunk))
+  local scored = {}
+  for _, id in ipairs(chunk) do scored[#scored + 1] = lease_until; scored[#scored + 1] = id end
+  redis.call('ZADD', INFLIGHT, unpack(scored))
+end)
+for _, c in ipairs(cursors) do
+  if #c.taken > 0 then
+    each_chunk(c.taken, function(chunk) redis.call('ZREM', c.key, unpack(chunk)) end)
+    forget_lane_if_empty(c.lane)
   end
 end
 return out

@@ -9,7 +9,7 @@ for _, zset in ipairs({SUCCEEDED, CANCELLED}) do
   if #deleted >= limit then break end
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', zset, '-inf', cutoff, 'LIMIT', 0, limit - #deleted)) do
     redis.call('ZREM', zset, id)
-    redis.call('DEL', task_key(id), attempts_key(id))
+    delete_task(id)
     deleted[#deleted + 1] = id
   end
 end

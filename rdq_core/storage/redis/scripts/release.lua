@@ -7,10 +7,10 @@ local now = now_us()
 local plan, refused, seen = {}, {}, {}
 for o = 2, #ARGV, 2 do
   local id, token = ARGV[o], ARGV[o + 1]
-  local held = redis.call('HMGET', task_key(id), 'status', 'claim_token', 'next_attempt_at')
+  local held = redis.call('HMGET', task_key(id), 'status', 'claim_token', 'next_attempt_at', 'concurrency_key')
   if not seen[id] and held[1] == 'IN_FLIGHT' and held[2] == token and tonumber(held[3]) then
     seen[id] = true
-    plan[#plan + 1] = {id, held[3]}
+    plan[#plan + 1] = {id, held[3], held[4]}
   else
     refused[#refused + 1] = id
   end
@@ -19,8 +19,9 @@ end
 for _, p in ipairs(plan) do
   local id, key = p[1], task_key(p[1])
   redis.call('ZREM', INFLIGHT, id)
+  if p[3] then redis.call('ZREM', key_in_flight(p[3]), id) end
   redis.call('HDEL', key, 'claim_token', 'claimed_at', 'lease_expires_at')
   redis.call('HSET', key, 'status', 'PENDING', 'updated_at', us(now))
-  redis.call('ZADD', DUE, p[2], id)
+  index_pending(id, p[2])
 end
 return refused

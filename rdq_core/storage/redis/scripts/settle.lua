@@ -5,33 +5,36 @@
 -- Phase 1 checks every item and its fence (token, IN_FLIGHT, lease expiry for LEASE_EXPIRED,
 -- one settle per task within the batch) and numbers its attempt; phase 2 writes.
 
-local OUTCOMES = {SUCCESS = true, RETRYABLE_FAILURE = true, PERMANENT_FAILURE = true, LEASE_EXPIRED = true}
+local OUTCOMES = {SUCCESS = true, RETRYABLE_FAILURE = true, PERMANENT_FAILURE = true, LEASE_EXPIRED = true, SNOOZED = true}
 local SETTLED = {SUCCEEDED = true, PENDING = true, DEAD = true}
 need_groups(4, 8, 'settle')
 local event_statuses, with_payload = ',' .. ARGV[2] .. ',', ARGV[3]
 
 local now = now_us()
 local refused, plan, seen = {}, {}, {}
+local spends = {}  -- attempt_count increments: SNOOZED ones are 0
 for o = 4, #ARGV, 8 do
   local id, token, outcome, status = ARGV[o], ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
   local error_json, error_type, result_json = ARGV[o + 5], ARGV[o + 6], ARGV[o + 7]
   need_string(id, 'task id')
   if not OUTCOMES[outcome] then invalid('unknown outcome for task ' .. id) end
   if not SETTLED[status] then invalid('cannot settle task ' .. id .. ' as ' .. tostring(status)) end
+  if outcome == 'SNOOZED' and status ~= 'PENDING' then invalid('a snoozed task goes back to PENDING: ' .. id) end
   local delay = need_number(ARGV[o + 4], 'retry delay')
   if error_json ~= '' then
     local decoded = need_json(error_json, 'error')
     if type(decoded) ~= 'table' or type(decoded['type']) ~= 'string' then invalid('error must be an object with a type') end
   end
   local key = task_key(id)
-  local held = redis.call('HMGET', key, 'status', 'claim_token', 'lease_expires_at', 'claimed_at')
+  local held = redis.call('HMGET', key, 'status', 'claim_token', 'lease_expires_at', 'claimed_at', 'concurrency_key')
   local valid = not seen[id] and held[1] == 'IN_FLIGHT' and held[2] == token
   if valid and outcome == 'LEASE_EXPIRED' and (tonumber(held[3]) or 0) > now then valid = false end
   if valid then
     -- attempt_no = MAX(attempt_no) + 1 over the history, never derived from attempt_count.
     local attempt_no = last_attempt_no(id)
+    spends[id] = outcome == 'SNOOZED' and 0 or 1  -- a SNOOZED attempt spends no budget
     seen[id] = true
-    plan[#plan + 1] = {id = id, key = key, status = status, delay = delay, error_json = error_json,
+    plan[#plan + 1] = {id = id, key = key, status = status, delay = delay, error_json = error_json, ckey = held[5],
       error_type = error_type, result_json = result_json, attempt_no = attempt_no + 1,
       attempt = '{"outcome":"' .. outcome .. '","started_at":"' .. (held[4] or '') .. '","finished_at":"' ..
         us(now) .. '","error":' .. (error_json ~= '' and error_json or 'null') .. '}'}
@@ -44,8 +47,9 @@ for _, p in ipairs(plan) do
   local id, key = p.id, p.key
   redis.call('HSETNX', attempts_key(id), tostring(p.attempt_no), p.attempt)
   redis.call('ZREM', INFLIGHT, id)
+  if p.ckey then redis.call('ZREM', key_in_flight(p.ckey), id) end
   redis.call('HDEL', key, 'claim_token', 'claimed_at', 'lease_expires_at', 'dead_at')
-  redis.call('HINCRBY', key, 'attempt_count', 1)
+  redis.call('HINCRBY', key, 'attempt_count', spends[id])  -- 0 for SNOOZED
   redis.call('HSET', key, 'status', p.status, 'updated_at', us(now))
   if p.error_json ~= '' then
     redis.call('HSET', key, 'last_error', p.error_json, 'error_type', p.error_type)
@@ -53,7 +57,7 @@ for _, p in ipairs(plan) do
   if p.status == 'PENDING' then
     local next_at = us(now + p.delay)
     redis.call('HSET', key, 'next_attempt_at', next_at)
-    redis.call('ZADD', DUE, next_at, id)
+    index_pending(id, next_at)
   elseif p.status == 'SUCCEEDED' then
     if p.result_json ~= '' then redis.call('HSET', key, 'result', p.result_json) end
     redis.call('ZADD', SUCCEEDED, us(now), id)
