@@ -279,6 +279,175 @@ class OwnedRedis(OwnedProcessServer):
         return f"redis://127.0.0.1:{self.port}/0"
 
 
+class OwnedClusterNode(OwnedRedis):
+    """One node of an ``OwnedRedisCluster``: cluster mode, its own ``nodes.conf``, and a cluster
+    bus port chosen here (Redis' default, port + 10000, may not exist above port 55535)."""
+
+    what = "redis-server (cluster node)"
+
+    def __init__(self, node_timeout_ms: int) -> None:
+        super().__init__(prefix="rdq-owned-cluster-node-")
+        self.bus_port = free_loopback_port()
+        self.node_timeout_ms = node_timeout_ms
+
+    def argv(self, port: int) -> list[str]:
+        # No persistence: a failover, not a restart, is what these nodes are for. Replicas that
+        # lost their master take over after node_timeout_ms (the default is 15 s).
+        return ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+                "--cluster-enabled", "yes", "--cluster-config-file", str(self.workdir / "nodes.conf"),
+                "--cluster-port", str(self.bus_port), "--cluster-node-timeout", str(self.node_timeout_ms),
+                # A replica may take over however long its link was down (a test stops one).
+                "--cluster-replica-validity-factor", "0",
+                "--dir", str(self.workdir), "--pidfile", str(self.workdir / "redis.pid")]
+
+    def client(self) -> Any:
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, socket_connect_timeout=1,
+                           socket_timeout=5)
+
+    def role(self) -> str | None:
+        """``master`` or ``slave`` as the node itself says, None when it does not answer."""
+        import redis
+
+        client = self.client()
+        try:
+            return str(client.info("replication")["role"])
+        except (redis.RedisError, OSError):
+            return None
+        finally:
+            client.close()
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+class OwnedRedisCluster:
+    """A Redis Cluster of ``masters`` masters with one replica each, every node a redis-server we
+    started (loopback ports, own directories, stopped by PID), joined with
+    ``redis-cli --cluster create``. ``failover`` promotes a replica with ``CLUSTER FAILOVER`` (the
+    replica first catches up: nothing acknowledged is lost); ``kill_master`` is ``kill -9`` of a
+    master, after which its replica takes over on its own."""
+
+    def __init__(self, masters: int = 3, node_timeout_ms: int = 1000) -> None:
+        if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+            raise ServerStartError("redis-server and redis-cli are needed for a Redis Cluster")
+        self.nodes = [OwnedClusterNode(node_timeout_ms) for _ in range(2 * masters)]
+        self.masters = masters
+
+    def start(self) -> Self:
+        for node in self.nodes:
+            node.start()
+        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        created = subprocess.run(["redis-cli", "--cluster", "create", *addresses, "--cluster-replicas", "1",
+                                  "--cluster-yes"], capture_output=True, text=True, timeout=60)
+        if created.returncode != 0:
+            raise ServerStartError(f"redis-cli --cluster create failed: {created.stdout[-1500:]} {created.stderr[-500:]}")
+        wait_until(self.healthy, timeout=30, interval=0.1, what="the owned Redis Cluster to be ready")
+        return self
+
+    @property
+    def url(self) -> str:
+        """The first live node, and every node as a start-up node: a client started after a
+        master was killed still finds the cluster."""
+        live = next(node for node in self.nodes if node.alive())
+        nodes = ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+        return f"redis://127.0.0.1:{live.port}/0?cluster=true&nodes={nodes}"
+
+    def node_on(self, port: int) -> OwnedClusterNode:
+        return next(node for node in self.nodes if node.port == port)
+
+    def _cluster_nodes(self) -> list[dict[str, Any]]:
+        """``CLUSTER NODES`` as a live node sees it: id, port, flags, master id, slots."""
+        for node in self.nodes:
+            if not node.alive():
+                continue
+            client = node.client()
+            try:
+                parsed = client.execute_command("CLUSTER NODES")
+            except Exception:  # noqa: BLE001 - ask the next live node
+                continue
+            finally:
+                client.close()
+            rows = []
+            for address, row in parsed.items():  # redis-py parses CLUSTER NODES into a dict
+                rows.append({"id": row["node_id"], "port": int(address.split("@")[0].rsplit(":", 1)[1]),
+                             "flags": row["flags"].split(","), "master": row["master_id"],
+                             "slots": [(int(span[0]), int(span[-1])) for span in row["slots"]]})
+            return rows
+        return []
+
+    def healthy(self) -> bool:
+        """Every live node says the cluster is ok and every live replica's link to its master is up."""
+        for node in self.nodes:
+            if not node.alive():
+                continue
+            client = node.client()
+            try:
+                if client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
+                    return False
+                replication = client.info("replication")
+                if replication["role"] == "slave" and replication.get("master_link_status") != "up":
+                    return False
+            except Exception:  # noqa: BLE001 - not ready yet
+                return False
+            finally:
+                client.close()
+        return True
+
+    def serving(self, key: str) -> OwnedClusterNode:
+        """The master serving ``key``'s slot now."""
+        client = self.node_on(next(n.port for n in self.nodes if n.alive())).client()
+        try:
+            slot = int(client.execute_command("CLUSTER KEYSLOT", key))
+        finally:
+            client.close()
+        for row in self._cluster_nodes():
+            if "master" in row["flags"] and "fail" not in row["flags"]:
+                if any(low <= slot <= high for low, high in row["slots"]):
+                    return self.node_on(row["port"])
+        raise ServerStartError(f"no master serves slot {slot}")
+
+    def replica_of(self, master: OwnedClusterNode) -> OwnedClusterNode:
+        rows = self._cluster_nodes()
+        master_id = next(row["id"] for row in rows if row["port"] == master.port)
+        return next(self.node_on(row["port"]) for row in rows if row["master"] == master_id and "fail" not in row["flags"])
+
+    def failover(self, master: OwnedClusterNode) -> OwnedClusterNode:
+        """``CLUSTER FAILOVER`` on ``master``'s replica; returns the new master once it serves."""
+        replica = self.replica_of(master)
+        client = replica.client()
+        try:
+            client.execute_command("CLUSTER FAILOVER")
+        finally:
+            client.close()
+        wait_until(lambda: replica.role() == "master" and master.role() == "slave" and self.healthy(), timeout=30,
+                   interval=0.05, what="the manual failover")
+        return replica
+
+    def kill_master(self, master: OwnedClusterNode) -> OwnedClusterNode:
+        """``kill -9`` of ``master``; returns its replica once the cluster has promoted it."""
+        replica = self.replica_of(master)
+        master.crash()
+        wait_until(lambda: replica.role() == "master" and self.healthy(), timeout=30, interval=0.05,
+                   what="the replica to take over from the killed master")
+        return replica
+
+    def destroy(self) -> None:
+        for node in self.nodes:
+            node.destroy()
+
+
+@contextmanager
+def redis_cluster(masters: int = 3) -> Iterator[OwnedRedisCluster]:
+    """A Redis Cluster (``masters`` masters, one replica each) for the block, stopped by PID after it."""
+    cluster = OwnedRedisCluster(masters)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.destroy()
+
+
 class OwnedPostgres:
     """A throwaway PostgreSQL cluster (initdb in a temp dir), run as the ``postgres`` user when
     we are root (PostgreSQL refuses to run as root); ``pg_ctl`` manages it by its data dir."""
@@ -322,6 +491,104 @@ class OwnedPostgres:
             if pid and _pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class OwnedPgBouncer(OwnedProcessServer):
+    """Debian's ``pgbouncer`` in **transaction** mode in front of a PostgreSQL server: every
+    database name is passed through (``* =``), at most ``server_connections`` server connections
+    per database, trust auth for ``postgres``. Run as the ``postgres`` user when we are root
+    (pgbouncer refuses root) through ``setpriv``, which execs it: the PID we started is
+    pgbouncer's own. A server answering on our port is ours when its admin console reports our
+    pid file (pgbouncer has no SQL that returns its PID)."""
+
+    what = "pgbouncer"
+
+    def __init__(self, upstream_host: str = "127.0.0.1", upstream_port: int = 5432, server_connections: int = 20,
+                 max_clients: int = 400) -> None:
+        super().__init__("rdq-owned-pgbouncer-", new_session=True)
+        self.upstream = (upstream_host, upstream_port)
+        self.server_connections = server_connections
+        self.max_clients = max_clients
+        self.as_postgres = (["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"]
+                            if os.geteuid() == 0 else [])
+        if self.as_postgres:
+            shutil.chown(self.workdir, "postgres")
+        (self.workdir / "users.txt").write_text('"postgres" ""\n')
+
+    def argv(self, port: int) -> list[str]:
+        host, upstream_port = self.upstream
+        config = self.workdir / "pgbouncer.ini"
+        config.write_text(f"""[databases]
+* = host={host} port={upstream_port}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {self.workdir / "users.txt"}
+admin_users = postgres
+pool_mode = transaction
+default_pool_size = {self.server_connections}
+max_db_connections = {self.server_connections}
+max_client_conn = {self.max_clients}
+server_idle_timeout = 5
+server_lifetime = 60
+ignore_startup_parameters = extra_float_digits
+pidfile = {self.workdir / "pgbouncer.pid"}
+logfile = {self.workdir / "pgbouncer.log"}
+""")
+        return [*self.as_postgres, shutil.which("pgbouncer") or "/usr/sbin/pgbouncer", str(config)]
+
+    def served_pid(self, port: int) -> int | None:
+        import psycopg
+
+        try:
+            with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/pgbouncer", autocommit=True,
+                                 connect_timeout=1, prepare_threshold=None) as admin:
+                rows = admin.execute("SHOW CONFIG").fetchall()
+        except psycopg.Error:
+            return None
+        settings = {row[0]: row[1] for row in rows}
+        if settings.get("pidfile") != str(self.workdir / "pgbouncer.pid"):
+            return -1  # a pgbouncer that is not ours
+        try:  # ours: the PID it wrote (setpriv execs, so it is the PID we started)
+            return int((self.workdir / "pgbouncer.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _log_tail(self) -> str:
+        logs = [self.workdir / "server.log", self.workdir / "pgbouncer.log"]
+        return "".join(log.read_text(errors="replace") for log in logs if log.exists())
+
+    def url_for(self, direct_url: str) -> str:
+        """``direct_url``'s database through this pgbouncer, with no startup session settings
+        (pgbouncer refuses the ``options`` startup parameter)."""
+        parts = urlsplit(direct_url)
+        query = dict(parse_qsl(parts.query))
+        query.pop("options", None)
+        query["rdq_session_timeouts"] = "off"
+        return urlunsplit(parts._replace(netloc=f"postgres@127.0.0.1:{self.port}", query=urlencode(query)))
+
+    def server_connections_now(self) -> int:
+        """Server connections pgbouncer holds to PostgreSQL now (``SHOW SERVERS``)."""
+        import psycopg
+
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{self.port}/pgbouncer", autocommit=True,
+                             connect_timeout=2, prepare_threshold=None) as admin:
+            return len(admin.execute("SHOW SERVERS").fetchall())
+
+
+@contextmanager
+def pgbouncer(server_connections: int = 20, upstream_port: int = 5432) -> Iterator[OwnedPgBouncer]:
+    """A transaction-mode pgbouncer for the block, stopped by PID after it."""
+    if shutil.which("pgbouncer") is None and not Path("/usr/sbin/pgbouncer").exists():
+        raise ServerStartError("pgbouncer is not installed (apt-get install pgbouncer)")
+    bouncer = OwnedPgBouncer(upstream_port=upstream_port, server_connections=server_connections)
+    try:
+        yield bouncer.start()
+    finally:
+        bouncer.destroy()
 
 
 def _pid_alive(pid: int) -> bool:

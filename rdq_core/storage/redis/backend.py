@@ -58,7 +58,7 @@ from datetime import datetime
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
+from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError, SlotNotCoveredError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...errors import ConfigurationError, InvalidInput, RdqError, StorageUnavailable, TaskConflict
@@ -66,7 +66,7 @@ from ...model import ClaimRef, NewTask, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, epoch_micros
 from ..core import DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore
 from ..spi import from_micros, storable_error, storable_json, to_micros
-from .client import open_client
+from .client import open_client, send_pipeline
 from .lua import QUEUE_ZSETS, SCRIPTS, Call, Script
 
 log = logging.getLogger(__name__)
@@ -91,11 +91,12 @@ class RedisStorage(StorageCore):
     store_name = "Redis"
     codec = RecordCodec(time=epoch_micros)
     # NOSCRIPT twice in a row means the script cache was flushed again meanwhile: it passes.
-    transient_errors = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, NoScriptError)
+    # SlotNotCoveredError: a Cluster whose slot map has a hole while a failover is under way.
+    transient_errors = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, NoScriptError, SlotNotCoveredError)
     joins_transactions = False
 
     def __init__(self, url: str) -> None:
-        self._client, self.prefix = open_client(url)
+        self._client, self.prefix, self._durability = open_client(url)
         self._global_keys = (f"{self.prefix}:{{{self.prefix}:global}}:ids", f"{self.prefix}:{{{self.prefix}:global}}:queues")
         self._paused_registry = f"{self.prefix}:{{{self.prefix}:global}}:paused"
         self._audit_base = f"{self.prefix}:{{{self.prefix}:audit}}:"
@@ -157,11 +158,10 @@ class RedisStorage(StorageCore):
         for attempt in range(2):
             if not pending:
                 break
-            pipe = self._client.pipeline(transaction=False)
-            for i in pending:
-                call = calls[i]
-                pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
-            replies = self._send(pipe.execute, False)  # raise_on_error=False: NOSCRIPT replies come back
+            commands = [("EVALSHA", calls[i].script.sha, len(calls[i].keys), *calls[i].keys, *calls[i].args)
+                        for i in pending]
+            # Errors come back in place (NOSCRIPT among them), on a single Redis and a Cluster alike.
+            replies = self._send(send_pipeline, self._client, commands, self._durability)
             missing = []
             for i, reply in zip(pending, replies, strict=True):
                 if isinstance(reply, NoScriptError) and attempt == 0:
