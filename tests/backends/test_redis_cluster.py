@@ -155,8 +155,8 @@ def test_chaos_with_the_queues_master_failed_over_midway(own_cluster, tmp_path: 
 
 
 def test_a_killed_master_loses_what_its_replica_had_not_received_unless_wait_replicas(own_cluster):
-    """Asynchronous replication, made deterministic: the replica is stopped (SIGSTOP), an enqueue
-    is acknowledged by the master alone, the master is killed and the replica takes over. The
+    """Asynchronous replication, made deterministic: the replica is stopped (SIGSTOP) and its link
+    cut, an enqueue is acknowledged by the master alone, the master is killed and the replica takes over. The
     acknowledged task is gone. The same enqueue through ``wait_replicas=1`` is not acknowledged:
     it raises ``StorageUnavailable`` (the caller knows it may be lost) instead of succeeding."""
     plain = RedisStorage(cluster_url(own_cluster))
@@ -174,7 +174,15 @@ def test_a_killed_master_loses_what_its_replica_had_not_received_unless_wait_rep
         master = own_cluster.serving(f"{plain.prefix}:{{orders}}:due")
         replica = own_cluster.replica_of(master)
         assert replica.process is not None
-        os.kill(replica.process.pid, signal.SIGSTOP)  # our own child: its replication stalls
+        # Cut the replication link and keep it cut: stop the replica (our own child), then have
+        # the master drop its connection (a stopped replica would still find whatever the master
+        # sent meanwhile in its socket buffer when it resumes).
+        os.kill(replica.process.pid, signal.SIGSTOP)
+        master_client = master.client()
+        try:
+            master_client.execute_command("CLIENT", "KILL", "TYPE", "replica")
+        finally:
+            master_client.close()
         try:
             plain.enqueue([task("acknowledged-then-lost")])  # the master alone has it
             with pytest.raises(StorageUnavailable, match="replica"):
@@ -185,6 +193,7 @@ def test_a_killed_master_loses_what_its_replica_had_not_received_unless_wait_rep
             os.kill(replica.process.pid, signal.SIGCONT)
         wait_until(lambda: replica.role() == "master" and own_cluster.healthy(), timeout=30, interval=0.05,
                    what="the replica to take over")
+        wait_until(lambda: _answers(plain), timeout=30, interval=0.1, what="the store to reach the new master")
         assert plain.get("replicated") is not None
         assert plain.get("acknowledged-then-lost") is None  # acknowledged, and lost with the master
         assert plain.get("never-acknowledged") is None
