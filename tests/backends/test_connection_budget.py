@@ -76,17 +76,24 @@ def test_fifty_workers_share_twenty_server_connections_without_errors_or_lost_ta
         store.migrate()
         tasks = [NewTask(id=f"b{i:04d}", queue="budget", handler="greet", payload={"name": str(i)}) for i in range(600)]
         store.enqueue(tasks)
-        peak = {"server": 0}
+        peak = {"server": 0, "clients": 0}
         stop = threading.Event()
 
-        def watch_server_side() -> None:  # what PostgreSQL itself sees for this database
-            with psycopg.connect(SHARED_PG_URL, autocommit=True, prepare_threshold=None) as conn:
+        def watch_both_sides() -> None:
+            """What PostgreSQL sees for this database, and the clients pgbouncer serves for it."""
+            with psycopg.connect(SHARED_PG_URL, autocommit=True, prepare_threshold=None) as conn, \
+                    psycopg.connect(f"postgresql://postgres@127.0.0.1:{bouncer.port}/pgbouncer", autocommit=True,
+                                    prepare_threshold=None) as pooler:
                 while not stop.wait(0.1):
                     count = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
                                          (database,)).fetchone()[0]
                     peak["server"] = max(peak["server"], count)
+                    cursor = pooler.execute("SHOW CLIENTS")
+                    column = [d.name for d in cursor.description].index("database")
+                    clients = sum(1 for row in cursor.fetchall() if row[column] == database)
+                    peak["clients"] = max(peak["clients"], clients)
 
-        watcher = threading.Thread(target=watch_server_side, daemon=True)
+        watcher = threading.Thread(target=watch_both_sides, daemon=True)
         watcher.start()
         workers = [start_worker(url, tmp_path / f"worker-{n}.log", "--batch", "4") for n in range(WORKERS)]
         try:
@@ -108,6 +115,10 @@ def test_fifty_workers_share_twenty_server_connections_without_errors_or_lost_ta
         logs = "".join((tmp_path / f"worker-{n}.log").read_text(errors="replace") for n in range(WORKERS))
         assert "Traceback" not in logs and "storage unavailable" not in logs and '"level":"ERROR"' not in logs, logs[-3000:]
         assert 0 < peak["server"] <= SERVER_CONNECTIONS, peak
+        # Each worker process: a connection for the claim loop and one for the heartbeat at most
+        # (plus the test's own store).
+        assert 0 < peak["clients"] <= 2 * WORKERS + 2, peak
+        print(f"\nconnection budget: {WORKERS} workers, peaks {peak}")
 
 
 def test_a_worker_rides_out_a_database_that_refuses_connections(bouncer, tmp_path):
