@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -19,7 +20,7 @@ import pytest
 
 pytest.importorskip("redis")
 
-from rdq_core.compliance import Capabilities, StorageCompliance
+from rdq_core.compliance import StorageCompliance
 from rdq_core.compliance.chaos import run_chaos
 from rdq_core.compliance.servers import (
     OwnedRedisCluster,
@@ -32,6 +33,7 @@ from rdq_core.compliance.support import wait_until
 from rdq_core.errors import StorageUnavailable
 from rdq_core.model import NewTask, Outcome, Settlement, TaskStatus
 from rdq_core.storage.redis import RedisStorage
+from tests.backends import test_redis  # the module, so its tests are not collected here
 
 
 
@@ -70,11 +72,8 @@ class TestRedisClusterCompliance(StorageCompliance):
     """The whole kit through ``RedisCluster``: the same budgets as on one Redis (a pipeline split
     across nodes is still sent at once: one round trip)."""
 
-    capabilities = Capabilities(
-        round_trips={"enqueue": 2, "claim": 1, "extend": 1, "release": 1, "settle": 1, "find_expired": 1,
-                     "get": 2, "list_dead": 1, "stats": 3, "redrive": 1},
-        unreachable_url="redis://127.0.0.1:{port}/0?cluster=true&socket_connect_timeout=1",
-    )
+    capabilities = replace(test_redis.TestRedisCompliance.capabilities,
+                           unreachable_url="redis://127.0.0.1:{port}/0?cluster=true&socket_connect_timeout=1")
 
     @pytest.fixture
     def storage_url(self, cluster):
@@ -208,3 +207,28 @@ def test_wait_replicas_is_checked_in_the_url():
     for bad in ("wait_replicas=x", "wait_replicas=-1", "wait_timeout_ms=0"):
         with pytest.raises(ConfigurationError):
             RedisStorage(f"redis://127.0.0.1:6379/0?{bad}")
+
+
+def test_wait_replicas_on_a_redis_without_replicas_never_confirms_a_write(fresh_redis_url):
+    """On one Redis (no Cluster) each script and its WAIT share a pipeline too, single calls
+    included: with no replica to confirm, every script raises ``StorageUnavailable`` (a write
+    ran, unconfirmed), and the round trips stay those without ``wait_replicas``."""
+    durable = RedisStorage(fresh_redis_url + "&wait_replicas=1&wait_timeout_ms=50")
+    try:
+        durable.migrate()
+        with pytest.raises(StorageUnavailable, match="0 of 1 replica"):
+            durable.enqueue([NewTask(id="w1", queue="q", handler="h", payload=None)])
+        plain = RedisStorage(fresh_redis_url)
+        try:
+            # The first step (the id reservation) ran unconfirmed and the enqueue stopped there: no
+            # task; a later enqueue of the id creates it, as after any enqueue that died half way.
+            assert plain.get("w1") is None
+            assert plain.enqueue([NewTask(id="w1", queue="q", handler="h", payload=None)])[0].created
+        finally:
+            plain.close()
+        before = durable.round_trips
+        with pytest.raises(StorageUnavailable, match="0 of 1 replica"):
+            durable.claim("q", 1, 30)  # a single script: its WAIT rides in the same round trip
+        assert durable.round_trips - before == 1
+    finally:
+        durable.close()

@@ -144,6 +144,8 @@ class RedisStorage(StorageCore):
     def _run(self, call: Call) -> Any:
         """Send one script by SHA; on NOSCRIPT (server restarted, failed over or flushed its
         script cache) load it and send it again -- a NOSCRIPT reply means nothing ran."""
+        if self._durability.replicas:  # the script and its WAIT: one pipeline, one round trip
+            return self._run_pipeline([call])[0]
         try:
             return self._send(self._client.evalsha, call.script.sha, len(call.keys), *call.keys, *call.args)
         except NoScriptError:
