@@ -24,7 +24,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Self
+from typing import Any, Callable, ContextManager, Iterator, Protocol, Self, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .support import wait_until
@@ -438,14 +438,9 @@ class OwnedRedisCluster:
             node.destroy()
 
 
-@contextmanager
-def redis_cluster(masters: int = 3) -> Iterator[OwnedRedisCluster]:
+def redis_cluster(masters: int = 3) -> ContextManager[OwnedRedisCluster]:
     """A Redis Cluster (``masters`` masters, one replica each) for the block, stopped by PID after it."""
-    cluster = OwnedRedisCluster(masters)
-    try:
-        yield cluster.start()
-    finally:
-        cluster.destroy()
+    return running(OwnedRedisCluster(masters))
 
 
 class OwnedPostgres:
@@ -514,12 +509,15 @@ class OwnedPgBouncer(OwnedProcessServer):
         if self.as_postgres:
             shutil.chown(self.workdir, "postgres")
         (self.workdir / "users.txt").write_text('"postgres" ""\n')
+        #: Extra ``[databases]`` entries by name (``schema_url``).
+        self.aliases: dict[str, str] = {}
 
-    def argv(self, port: int) -> list[str]:
+    def _write_config(self, port: int) -> Path:
         host, upstream_port = self.upstream
         config = self.workdir / "pgbouncer.ini"
+        aliases = "".join(f"{line}\n" for line in self.aliases.values())
         config.write_text(f"""[databases]
-* = host={host} port={upstream_port}
+{aliases}* = host={host} port={upstream_port}
 
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -538,6 +536,10 @@ ignore_startup_parameters = extra_float_digits
 pidfile = {self.workdir / "pgbouncer.pid"}
 logfile = {self.workdir / "pgbouncer.log"}
 """)
+        return config
+
+    def argv(self, port: int) -> list[str]:
+        config = self._write_config(port)
         return [*self.as_postgres, shutil.which("pgbouncer") or "/usr/sbin/pgbouncer", str(config)]
 
     def served_pid(self, port: int) -> int | None:
@@ -570,6 +572,33 @@ logfile = {self.workdir / "pgbouncer.log"}
         query["rdq_session_timeouts"] = "off"
         return urlunsplit(parts._replace(netloc=f"postgres@127.0.0.1:{self.port}", query=urlencode(query)))
 
+    def schema_url(self, direct_url: str) -> str:
+        """A new, empty schema in ``direct_url``'s database, reached through this pgbouncer under a
+        database name of its own whose server connections select it (``connect_query``): how a
+        pooler selects a schema, since ``search_path`` cannot travel in the startup options.
+        Cheaper than a database per store; the schema goes with its database."""
+        import psycopg
+        from psycopg import sql
+
+        schema = f"t_{secrets.token_hex(6)}"
+        with psycopg.connect(direct_url, autocommit=True, prepare_threshold=None) as conn:
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        host, upstream_port = self.upstream
+        database = urlsplit(direct_url).path.lstrip("/")
+        self.aliases[schema] = (f"{schema} = host={host} port={upstream_port} dbname={database} "
+                                f"connect_query='SET search_path TO {schema}'")
+        self._write_config(self.port)
+        self.admin("RELOAD")
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{schema}?rdq_session_timeouts=off"
+
+    def admin(self, command: str) -> None:
+        """One command on pgbouncer's admin console (``RELOAD``, ``DISABLE db``, ``KILL db``...)."""
+        import psycopg
+
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{self.port}/pgbouncer", autocommit=True,
+                             connect_timeout=2, prepare_threshold=None) as console:
+            console.execute(command)
+
     def server_connections_now(self) -> int:
         """Server connections pgbouncer holds to PostgreSQL now (``SHOW SERVERS``)."""
         import psycopg
@@ -579,16 +608,11 @@ logfile = {self.workdir / "pgbouncer.log"}
             return len(admin.execute("SHOW SERVERS").fetchall())
 
 
-@contextmanager
-def pgbouncer(server_connections: int = 20, upstream_port: int = 5432) -> Iterator[OwnedPgBouncer]:
+def pgbouncer(server_connections: int = 20, upstream_port: int = 5432) -> ContextManager[OwnedPgBouncer]:
     """A transaction-mode pgbouncer for the block, stopped by PID after it."""
     if shutil.which("pgbouncer") is None and not Path("/usr/sbin/pgbouncer").exists():
         raise ServerStartError("pgbouncer is not installed (apt-get install pgbouncer)")
-    bouncer = OwnedPgBouncer(upstream_port=upstream_port, server_connections=server_connections)
-    try:
-        yield bouncer.start()
-    finally:
-        bouncer.destroy()
+    return running(OwnedPgBouncer(upstream_port=upstream_port, server_connections=server_connections))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -599,16 +623,30 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+class _OwnedServer(Protocol):
+    def start(self) -> Any: ...
+    def destroy(self) -> None: ...
+
+
+S = TypeVar("S", bound=_OwnedServer)
+
+
 @contextmanager
-def nx_27017(durable: bool = False, new_session: bool = False) -> Iterator[OwnedNx27017]:
+def running(server: S) -> Iterator[S]:
+    """``server`` started for the block and destroyed (stopped by PID, its directory removed) after it,
+    also when it fails to start half way."""
+    try:
+        server.start()
+        yield server
+    finally:
+        server.destroy()
+
+
+def nx_27017(durable: bool = False, new_session: bool = False) -> ContextManager[OwnedNx27017]:
     """nx-27017 started for the block and stopped (by PID) after it."""
     if shutil.which("nx-27017") is None:
         raise ServerStartError("nx-27017 is not installed (pip install nx-27017)")
-    server = OwnedNx27017(durable=durable, new_session=new_session)
-    try:
-        yield server.start()
-    finally:
-        server.destroy()
+    return running(OwnedNx27017(durable=durable, new_session=new_session))
 
 
 # -- fresh stores on shared servers ----------------------------------------------------------------

@@ -14,41 +14,20 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 psycopg = pytest.importorskip("psycopg")
 
-from rdq_core.compliance.servers import (  # noqa: E402 - after importorskip
-    SHARED_PG_URL,
-    OwnedPgBouncer,
-    ServerStartError,
-    fail_or_skip,
-    pg_reachable,
-    pg_scratch_database,
-    pgbouncer,
-    stop_process,
-)
+from rdq_core.compliance.servers import SHARED_PG_URL, pg_scratch_database, stop_process  # noqa: E402
 from rdq_core.compliance.support import wait_until  # noqa: E402 - after importorskip
 from rdq_core.model import NewTask, Outcome, TaskStatus  # noqa: E402 - after importorskip
 from rdq_core.storage import open_storage  # noqa: E402 - after importorskip
 
+from tests.backends.conftest import PGBOUNCER_SERVER_CONNECTIONS as SERVER_CONNECTIONS  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
-SERVER_CONNECTIONS = 20
 WORKERS = 50
-
-
-@pytest.fixture(scope="module")
-def bouncer() -> Iterator[OwnedPgBouncer]:
-    problem = pg_reachable(SHARED_PG_URL)
-    if problem:
-        fail_or_skip(problem)
-    try:
-        with pgbouncer(server_connections=SERVER_CONNECTIONS) as owned:
-            yield owned
-    except ServerStartError as exc:
-        fail_or_skip(f"could not start pgbouncer: {exc}")
 
 
 def start_worker(url: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
@@ -60,12 +39,6 @@ def start_worker(url: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
             [sys.executable, "-m", "rdq_core.cli", "--storage", url, "worker", "--handlers", "rdq_core.examples",
              "--queues", "budget", "--schedules-every", "0", *extra],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=log.parent)
-
-
-def admin(bouncer: OwnedPgBouncer, command: str) -> None:
-    with psycopg.connect(f"postgresql://postgres@127.0.0.1:{bouncer.port}/pgbouncer", autocommit=True,
-                         prepare_threshold=None, connect_timeout=2) as conn:
-        conn.execute(command)
 
 
 def test_fifty_workers_share_twenty_server_connections_without_errors_or_lost_tasks(bouncer, tmp_path):
@@ -139,15 +112,15 @@ def test_a_worker_rides_out_a_database_that_refuses_connections(bouncer, tmp_pat
         try:
             wait_until(lambda: store.stats("budget").in_flight == 3, timeout=30, interval=0.1,
                        what="the worker to claim the sleeping tasks")
-            admin(bouncer, f"DISABLE {database}")
-            admin(bouncer, f"KILL {database}")
+            bouncer.admin(f"DISABLE {database}")
+            bouncer.admin(f"KILL {database}")
             wait_until(lambda: "storage unavailable" in log.read_text(errors="replace"), timeout=20, interval=0.1,
                        what="the worker to notice the refused connections")
             refused_for = time.monotonic()
             wait_until(lambda: time.monotonic() - refused_for > 4, timeout=10, interval=0.2,
                        what="the outage to outlast the handlers")
-            admin(bouncer, f"ENABLE {database}")
-            admin(bouncer, f"RESUME {database}")
+            bouncer.admin(f"ENABLE {database}")
+            bouncer.admin(f"RESUME {database}")
             wait_until(lambda: store.stats("budget").succeeded == 6, timeout=60, interval=0.2,
                        what="every task to succeed after the outage")
         finally:

@@ -15,57 +15,42 @@ refuses the startup ``options`` the timeouts would travel in.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
 psycopg = pytest.importorskip("psycopg")
 
-from rdq_core.compliance import Capabilities, StorageCompliance  # noqa: E402 - after importorskip
-from rdq_core.compliance.servers import (  # noqa: E402 - after importorskip
-    SHARED_PG_URL,
-    OwnedPgBouncer,
-    ServerStartError,
-    fail_or_skip,
-    pg_reachable,
-    pg_scratch_database,
-    pgbouncer,
-)
+from rdq_core.compliance import StorageCompliance  # noqa: E402 - after importorskip
+from rdq_core.compliance.servers import SHARED_PG_URL, OwnedPgBouncer, pg_scratch_database  # noqa: E402 - see above
 from rdq_core.model import NewTask, TaskStatus  # noqa: E402 - after importorskip
 from rdq_core.storage import open_storage  # noqa: E402 - after importorskip
 from rdq_core.storage.postgres import PostgresStorage  # noqa: E402 - after importorskip
+from tests.backends import test_postgres  # noqa: E402 - after importorskip (the module, so its tests are not collected here)
 
 
 @pytest.fixture(scope="module")
-def bouncer() -> Iterator[OwnedPgBouncer]:
-    problem = pg_reachable(SHARED_PG_URL)
-    if problem:
-        fail_or_skip(problem)
-    try:
-        with pgbouncer(server_connections=20) as owned:
-            yield owned
-    except ServerStartError as exc:
-        fail_or_skip(f"could not start pgbouncer: {exc}")
+def bounced_database() -> Iterator[str]:
+    """The module's scratch database (direct URL): each test's store is a schema in it."""
+    with pg_scratch_database(SHARED_PG_URL, prefix="rdq_bounced_") as direct:
+        yield direct
 
 
 @pytest.fixture
-def bounced_url(bouncer: OwnedPgBouncer) -> Iterator[str]:
-    """A fresh database, reached through pgbouncer. (Not a schema per test as on a direct
-    connection: the schema travels in the startup ``options``, which pgbouncer refuses.)"""
-    with pg_scratch_database(SHARED_PG_URL, prefix="rdq_bounced_") as direct:
-        yield bouncer.url_for(direct)
+def bounced_url(bouncer: OwnedPgBouncer, bounced_database: str) -> str:
+    """A fresh, empty schema, reached through pgbouncer under a database name whose server
+    connections select it (``search_path`` cannot travel in the startup options pgbouncer refuses)."""
+    return bouncer.schema_url(bounced_database)
 
 
 class TestPgBouncerCompliance(StorageCompliance):
     """The whole kit, every connection through pgbouncer in transaction mode: the budgets of a
     direct connection (the pooler adds no statement)."""
 
-    capabilities = Capabilities(
-        round_trips={"enqueue": 1, "claim": 1, "extend": 1, "release": 1, "settle": 1, "find_expired": 1,
-                     "get": 1, "list_dead": 1, "stats": 1, "redrive": 1},
-        joins_transactions=True,
-        holds_nul=False,
+    capabilities = replace(
+        test_postgres.TestPostgresCompliance.capabilities,
         unreachable_url="postgresql://postgres@127.0.0.1:{port}/nowhere?connect_timeout=2&rdq_session_timeouts=off",
     )
 
@@ -74,23 +59,29 @@ class TestPgBouncerCompliance(StorageCompliance):
         yield bounced_url
 
 
-def test_concurrent_migrations_through_pgbouncer_apply_each_version_once(bounced_url):
-    """The migration lock is transaction-scoped, so it holds in transaction mode (a session lock
-    would be taken on one server connection and released on another, or never)."""
-    stores = [PostgresStorage(bounced_url) for _ in range(6)]
+def in_threads(work: Callable[[int], None], count: int) -> list[BaseException]:
+    """Run ``work(i)`` for i in 0..count-1 on threads of their own; what they raised."""
     errors: list[BaseException] = []
 
-    def migrate(store: PostgresStorage) -> None:
+    def run(i: int) -> None:
         try:
-            store.migrate()
-        except BaseException as exc:  # noqa: BLE001 - reported below
+            work(i)
+        except BaseException as exc:  # noqa: BLE001 - returned to the test
             errors.append(exc)
 
-    threads = [threading.Thread(target=migrate, args=(s,)) for s in stores]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(60)
+    return errors
+
+
+def test_concurrent_migrations_through_pgbouncer_apply_each_version_once(bounced_url):
+    """The migration lock is transaction-scoped, so it holds in transaction mode (a session lock
+    would be taken on one server connection and released on another, or never)."""
+    stores = [PostgresStorage(bounced_url) for _ in range(6)]
+    errors = in_threads(lambda i: stores[i].migrate(), len(stores))
     try:
         assert not errors, errors
         with psycopg.connect(bounced_url.split("?")[0], autocommit=True, prepare_threshold=None) as conn:
@@ -110,21 +101,13 @@ def test_repeated_statements_never_prepare_on_a_pooled_server_connection(bouncer
     store = open_storage(bounced_url)
     store.migrate()
     store.enqueue([NewTask(id=f"p{i}", queue="q", handler="h", payload=None) for i in range(50)])
-    errors: list[BaseException] = []
 
-    def hammer() -> None:
-        try:
-            for _ in range(25):
-                store.stats("q")
-                store.get("p1")
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+    def hammer(_: int) -> None:
+        for _ in range(25):
+            store.stats("q")
+            store.get("p1")
 
-    threads = [threading.Thread(target=hammer) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    errors = in_threads(hammer, 8)
     try:
         assert not errors, errors[:3]
         # Every server connection pgbouncer holds for this database, asked in turn: none has a
