@@ -425,12 +425,18 @@ class OwnedRedisCluster:
                    interval=0.05, what="the manual failover")
         return replica
 
-    def kill_master(self, master: OwnedClusterNode) -> OwnedClusterNode:
-        """``kill -9`` of ``master``; returns its replica once the cluster has promoted it."""
+    def kill_master(self, master: OwnedClusterNode, rejoin: bool = False) -> OwnedClusterNode:
+        """``kill -9`` of ``master``; returns its replica once the cluster has promoted it. With
+        ``rejoin``, the killed node is then started again (empty: no persistence) and waited for
+        until it serves as the new master's replica, as a replaced node would."""
         replica = self.replica_of(master)
         master.crash()
         wait_until(lambda: replica.role() == "master" and self.healthy(), timeout=30, interval=0.05,
                    what="the replica to take over from the killed master")
+        if rejoin:
+            master.start()
+            wait_until(lambda: master.role() == "slave" and self.healthy(), timeout=30, interval=0.05,
+                       what="the killed master to rejoin as a replica")
         return replica
 
     def destroy(self) -> None:

@@ -118,7 +118,8 @@ def _failover_midway(cluster: OwnedRedisCluster, store: RedisStorage, act: str, 
     try:
         wait_until(lambda: probe.zcard(key) >= 40, timeout=120, interval=0.05, what="40 chaos tasks to succeed")
         master = cluster.serving(key)
-        cluster.failover(master) if act == "failover" else cluster.kill_master(master)
+        # The killed node rejoins as the new master's replica, as a replaced node would.
+        cluster.failover(master) if act == "failover" else cluster.kill_master(master, rejoin=True)
         wait_until(lambda: _answers(store), timeout=30, interval=0.1, what="the store to reach the new master")
     except BaseException as exc:  # noqa: BLE001 - reported by the test
         errors.append(exc)
@@ -132,11 +133,11 @@ def _failover_midway(cluster: OwnedRedisCluster, store: RedisStorage, act: str, 
 def test_chaos_with_the_queues_master_failed_over_midway(own_cluster, tmp_path: Path, act: str):
     """Workers killed with ``kill -9`` while the master holding the queue is replaced: by
     ``CLUSTER FAILOVER`` on its replica (the replica catches up first: nothing is lost), or by
-    ``kill -9`` of the master (its replica takes over after the node timeout). The kill run uses
-    ``wait_replicas=1``: every write a caller was told about is on the replica that takes over,
-    so the full history audit holds."""
-    options = {"wait_replicas": "1", "wait_timeout_ms": "500"} if act == "kill-master" else {}
-    url = cluster_url(own_cluster, **options)
+    ``kill -9`` of the master (its replica takes over after the node timeout; the killed node then
+    rejoins as a replica). The full history audit holds across both. Across the kill that means
+    no acknowledged write was lost in this run: on loopback the replica trails the master by far
+    less than a millisecond. What a kill can lose is shown deterministically below."""
+    url = cluster_url(own_cluster)
     store = RedisStorage(url)
     store.migrate()
     done, errors = threading.Event(), []
@@ -145,7 +146,7 @@ def test_chaos_with_the_queues_master_failed_over_midway(own_cluster, tmp_path: 
     try:
         # The lease outlasts the outage (failure detection after the 1 s node timeout, then the
         # election: about 2-3 s here), so no live holder's lease lapses while it cannot renew.
-        figures = run_chaos(store, url, tmp_path, workers=4, tasks=300, kills=10, lease_seconds=8.0)
+        figures = run_chaos(store, url, tmp_path, workers=4, tasks=300, kills=10, lease_seconds=10.0)
     finally:
         actor.join(60)
         store.close()

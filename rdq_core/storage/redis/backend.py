@@ -79,6 +79,9 @@ _SCAN_BUDGET = 1000
 _MIN_SERVER_VERSION = (5, 0)
 #: Error replies of server states that pass (out of memory, failover, loading, a busy script).
 _TRANSIENT_REPLIES = ("OOM", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "LOADING", "BUSY")
+#: Scripts that write nothing: ``wait_replicas`` has nothing to confirm for them.
+_READ_ONLY_SCRIPTS = frozenset({"expired_leases", "read_tasks", "stats", "page", "count", "existing", "audit_page",
+                                "doc_page"})
 #: The error prefix of a script that refused its arguments before writing anything.
 _INVALID_ARGUMENTS = "RDQ_INVALID"
 
@@ -144,8 +147,8 @@ class RedisStorage(StorageCore):
     def _run(self, call: Call) -> Any:
         """Send one script by SHA; on NOSCRIPT (server restarted, failed over or flushed its
         script cache) load it and send it again -- a NOSCRIPT reply means nothing ran."""
-        if self._durability.replicas:  # the script and its WAIT: one pipeline, one round trip
-            return self._run_pipeline([call])[0]
+        if self._durability.replicas and call.script.name not in _READ_ONLY_SCRIPTS:
+            return self._run_pipeline([call])[0]  # the script and its WAIT: one round trip
         try:
             return self._send(self._client.evalsha, call.script.sha, len(call.keys), *call.keys, *call.args)
         except NoScriptError:
@@ -163,7 +166,8 @@ class RedisStorage(StorageCore):
             commands = [("EVALSHA", calls[i].script.sha, len(calls[i].keys), *calls[i].keys, *calls[i].args)
                         for i in pending]
             # Errors come back in place (NOSCRIPT among them), on a single Redis and a Cluster alike.
-            replies = self._send(send_pipeline, self._client, commands, self._durability)
+            reads = [calls[i].script.name in _READ_ONLY_SCRIPTS for i in pending]
+            replies = self._send(send_pipeline, self._client, commands, self._durability, reads)
             missing = []
             for i, reply in zip(pending, replies, strict=True):
                 if isinstance(reply, NoScriptError) and attempt == 0:

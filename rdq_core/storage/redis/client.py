@@ -143,14 +143,18 @@ class LazyCluster:
             self._client.close()
 
 
-def send_pipeline(client: Any, commands: Sequence[tuple[Any, ...]], durability: Durability = Durability()) -> list[Any]:
+def send_pipeline(client: Any, commands: Sequence[tuple[Any, ...]], durability: Durability = Durability(),
+                  reads: Sequence[bool] = ()) -> list[Any]:
     """Send ``commands`` (each one command's argv) in one round trip, none of them ever resent.
     Replies come back in order; a command's error comes back as the exception, in its place.
 
     With ``durability.replicas``, each command is followed by ``WAIT`` on the same connection
     (on a Cluster: sent to the same node), and a command its replicas did not confirm in time
     gets ``StorageUnavailable`` in its place: it ran on the primary, but a failover now could
-    lose it."""
+    lose it. Commands flagged in ``reads`` (read-only scripts) are not waited for: a read has
+    nothing to confirm, and must work while a primary has no replica."""
+    if durability.replicas and reads and all(reads):
+        durability = Durability()
     if isinstance(client, LazyCluster):
         replies = _send_cluster_pipeline(client.connected(), commands, durability)
     else:
@@ -187,12 +191,28 @@ def _send_cluster_pipeline(client: Any, commands: Sequence[tuple[Any, ...]], dur
             node = client.get_node_from_key(_first_key(argv))
             wait = ("WAIT", durability.replicas, durability.timeout_ms)
             stack.append(PipelineCommand(wait, {"target_nodes": node}, len(stack)))  # type: ignore[no-untyped-call]
-    replies: list[Any] = client.pipeline().send_cluster_commands(stack, raise_on_error=False, allow_redirections=False)
+    try:
+        replies: list[Any] = client.pipeline().send_cluster_commands(stack, raise_on_error=False,
+                                                                     allow_redirections=False)
+    except (redis.ConnectionError, redis.TimeoutError):
+        _refresh_slot_map(client)
+        raise
+    if any(isinstance(reply, (redis.ConnectionError, redis.TimeoutError)) for reply in replies):
+        _refresh_slot_map(client)
     step = 2 if durability.replicas else 1
     for i in range(0, len(replies), step):
         if isinstance(replies[i], (AskError, TryAgainError)):  # MovedError is an AskError
             replies[i:i + step] = _send_alone(client, commands[i // step], durability)
     return replies
+
+
+def _refresh_slot_map(client: Any) -> None:
+    """A node is gone (a killed master): re-read the slot map now, as the client does for a
+    single command, so the next call goes to the promoted replica. Nothing is resent."""
+    try:
+        client.nodes_manager.initialize()
+    except (redis.RedisError, RedisClusterException):
+        pass  # the cluster is unreachable as a whole: the next call tries again
 
 
 def _send_alone(client: Any, argv: tuple[Any, ...], durability: Durability) -> list[Any]:
