@@ -12,7 +12,9 @@ from rdq_core.compliance import servers as provisioning
 
 from . import servers
 
-BACKENDS = ("sqlite", "postgres", "redis", "mongo")
+#: ``redis-cluster`` (three masters, one replica each) and ``postgres-pgbouncer`` (transaction
+#: mode, 20 server connections) are servers this harness starts and stops by PID.
+BACKENDS = ("sqlite", "postgres", "redis", "mongo", "redis-cluster", "postgres-pgbouncer")
 
 
 class BackendSession:
@@ -24,6 +26,8 @@ class BackendSession:
         self.pg_database_url: str | None = None
         self.mongo_base: str | None = None
         self.tmpdir: str | None = None
+        self.redis_cluster_url: str | None = None
+        self.pgbouncer: provisioning.OwnedPgBouncer | None = None
 
     def __enter__(self) -> "BackendSession":
         self.tmpdir = self._stack.enter_context(tempfile.TemporaryDirectory(prefix="rdq-bench-"))
@@ -31,6 +35,10 @@ class BackendSession:
             self.pg_database_url = self._stack.enter_context(servers.pg_database())
         if "mongo" in self.backends:
             self.mongo_base = self._stack.enter_context(servers.mongo_server())
+        if "redis-cluster" in self.backends:
+            self.redis_cluster_url = self._stack.enter_context(provisioning.redis_cluster()).url
+        if "postgres-pgbouncer" in self.backends:
+            self.pgbouncer = self._stack.enter_context(provisioning.pgbouncer(server_connections=20))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -59,6 +67,13 @@ class BackendSession:
                 yield servers.redis_storage_url(prefix)
             finally:
                 servers.redis_delete_prefix(prefix)
+        elif backend == "redis-cluster":  # the cluster goes with the session: no keys to delete
+            assert self.redis_cluster_url is not None
+            yield provisioning.redis_url_with_prefix(self.redis_cluster_url, servers.new_redis_prefix())
+        elif backend == "postgres-pgbouncer":  # a database of its own (a schema needs startup options)
+            assert self.pgbouncer is not None
+            with provisioning.pg_scratch_database(provisioning.SHARED_PG_URL, prefix="rdq_bench_") as direct:
+                yield self.pgbouncer.url_for(direct)
         elif backend == "mongo":
             with provisioning.mongo_fresh_database(self.mongo_base, prefix="rdq_bench_") as url:
                 yield url

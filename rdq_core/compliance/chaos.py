@@ -34,6 +34,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Callable, Self, Sequence
 
+from ..errors import StorageUnavailable
 from ..model import Backoff, NewTask
 from ..reaper import reap_expired_leases
 from ..retry import PolicyBook, RetryPolicy
@@ -199,7 +200,11 @@ class Fleet:
 
 class _StoreLoop:
     """A thread with its own store connection that runs ``step`` every ``interval`` seconds
-    until the ``with`` block ends; what it raises is kept in ``errors`` for the run to surface."""
+    until the ``with`` block ends; what it raises is kept in ``errors`` for the run to surface.
+    Like ``rdq reaper``, it rides out ``StorageUnavailable`` (a failover, a restart) by trying
+    again at the next step, for ``outage_grace`` seconds at most."""
+
+    outage_grace = 20.0
 
     def __init__(self, url: str, interval: float, name: str) -> None:
         self.url = url
@@ -216,9 +221,16 @@ class _StoreLoop:
 
     def _loop(self) -> None:
         storage = open_storage(self.url)
+        outage_since: float | None = None
         try:
             while not self._stop.wait(self.interval):
-                self.step(storage)
+                try:
+                    self.step(storage)
+                    outage_since = None
+                except StorageUnavailable:
+                    outage_since = outage_since or time.monotonic()
+                    if time.monotonic() - outage_since > self.outage_grace:
+                        raise
         except BaseException as exc:  # noqa: BLE001 - surfaced after the run
             self.failed(exc)
         finally:
@@ -480,10 +492,11 @@ def _finish(
     return result
 
 
-def _worker_command(url: str, plugin_modules: Sequence[str], *, dwell_ms: float, seed: int) -> Callable[[Path, int], list[str]]:
+def _worker_command(url: str, plugin_modules: Sequence[str], *, dwell_ms: float, seed: int,
+                    lease_seconds: float = LEASE_SECONDS) -> Callable[[Path, int], list[str]]:
     def command(journal: Path, number: int) -> list[str]:
         line = [*_python_module("rdq_core.compliance.chaos_worker"), url, QUEUE, str(journal),
-                "--lease", str(LEASE_SECONDS), "--dwell-ms", str(dwell_ms), "--seed", str(seed + number)]
+                "--lease", str(lease_seconds), "--dwell-ms", str(dwell_ms), "--seed", str(seed + number)]
         for module in plugin_modules:
             line += ["--plugin", module]
         return line
@@ -507,8 +520,11 @@ def run_chaos(
     kills: int = 10,
     plugin_modules: Sequence[str] = (),
     timeout: float = 240.0,
+    lease_seconds: float = LEASE_SECONDS,
 ) -> dict[str, object]:
-    """Worker processes killed inside a handler, then the full audit."""
+    """Worker processes killed inside a handler, then the full audit. A store outage (a
+    failover) longer than ``lease_seconds`` lets live holders' leases lapse: a run that causes
+    one gives a lease longer than the outage."""
     assert workers >= 1 and kills >= 1
     rng = random.Random(20261202)
     # The product promise is >= 300 tasks and >= 10 kills: ``tasks`` first, topped up (to 3x at
@@ -518,7 +534,8 @@ def run_chaos(
     items = feed.items
     clock = Clock.measure(storage)
     t0 = time.time()
-    fleet = Fleet(workdir, _worker_command(url, plugin_modules, dwell_ms=0.0, seed=1000), "worker-")
+    fleet = Fleet(workdir, _worker_command(url, plugin_modules, dwell_ms=0.0, seed=1000, lease_seconds=lease_seconds),
+                  "worker-")
     killer = Killer(fleet, ["handler"] * kills, rng, pause=(0.1, 0.3))
     elapsed, reaper = _run_fleet(url, fleet, killer, feed, workers, timeout, reaper_every=0.05)
     figures: dict[str, object] = {"workers": workers, "top_ups": feed.top_ups, **killer.figures(),

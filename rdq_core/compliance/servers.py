@@ -24,7 +24,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Self
+from typing import Any, Callable, ContextManager, Iterator, Protocol, Self, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .support import wait_until
@@ -279,6 +279,176 @@ class OwnedRedis(OwnedProcessServer):
         return f"redis://127.0.0.1:{self.port}/0"
 
 
+class OwnedClusterNode(OwnedRedis):
+    """One node of an ``OwnedRedisCluster``: cluster mode, its own ``nodes.conf``, and a cluster
+    bus port chosen here (Redis' default, port + 10000, may not exist above port 55535)."""
+
+    what = "redis-server (cluster node)"
+
+    def __init__(self, node_timeout_ms: int) -> None:
+        super().__init__(prefix="rdq-owned-cluster-node-")
+        self.bus_port = free_loopback_port()
+        self.node_timeout_ms = node_timeout_ms
+
+    def argv(self, port: int) -> list[str]:
+        # No persistence: a failover, not a restart, is what these nodes are for. Replicas that
+        # lost their master take over after node_timeout_ms (the default is 15 s).
+        return ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+                "--cluster-enabled", "yes", "--cluster-config-file", str(self.workdir / "nodes.conf"),
+                "--cluster-port", str(self.bus_port), "--cluster-node-timeout", str(self.node_timeout_ms),
+                # A replica may take over however long its link was down (a test stops one).
+                "--cluster-replica-validity-factor", "0",
+                "--dir", str(self.workdir), "--pidfile", str(self.workdir / "redis.pid")]
+
+    def client(self) -> Any:
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, socket_connect_timeout=1,
+                           socket_timeout=5)
+
+    def role(self) -> str | None:
+        """``master`` or ``slave`` as the node itself says, None when it does not answer."""
+        import redis
+
+        client = self.client()
+        try:
+            return str(client.info("replication")["role"])
+        except (redis.RedisError, OSError):
+            return None
+        finally:
+            client.close()
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+class OwnedRedisCluster:
+    """A Redis Cluster of ``masters`` masters with one replica each, every node a redis-server we
+    started (loopback ports, own directories, stopped by PID), joined with
+    ``redis-cli --cluster create``. ``failover`` promotes a replica with ``CLUSTER FAILOVER`` (the
+    replica first catches up: nothing acknowledged is lost); ``kill_master`` is ``kill -9`` of a
+    master, after which its replica takes over on its own."""
+
+    def __init__(self, masters: int = 3, node_timeout_ms: int = 1000) -> None:
+        if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+            raise ServerStartError("redis-server and redis-cli are needed for a Redis Cluster")
+        self.nodes = [OwnedClusterNode(node_timeout_ms) for _ in range(2 * masters)]
+        self.masters = masters
+
+    def start(self) -> Self:
+        for node in self.nodes:
+            node.start()
+        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        created = subprocess.run(["redis-cli", "--cluster", "create", *addresses, "--cluster-replicas", "1",
+                                  "--cluster-yes"], capture_output=True, text=True, timeout=60)
+        if created.returncode != 0:
+            raise ServerStartError(f"redis-cli --cluster create failed: {created.stdout[-1500:]} {created.stderr[-500:]}")
+        wait_until(self.healthy, timeout=30, interval=0.1, what="the owned Redis Cluster to be ready")
+        return self
+
+    @property
+    def url(self) -> str:
+        """The first live node, and every node as a start-up node: a client started after a
+        master was killed still finds the cluster."""
+        live = next(node for node in self.nodes if node.alive())
+        nodes = ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+        return f"redis://127.0.0.1:{live.port}/0?cluster=true&nodes={nodes}"
+
+    def node_on(self, port: int) -> OwnedClusterNode:
+        return next(node for node in self.nodes if node.port == port)
+
+    def _cluster_nodes(self) -> list[dict[str, Any]]:
+        """``CLUSTER NODES`` as a live node sees it: id, port, flags, master id, slots."""
+        for node in self.nodes:
+            if not node.alive():
+                continue
+            client = node.client()
+            try:
+                parsed = client.execute_command("CLUSTER NODES")
+            except Exception:  # noqa: BLE001 - ask the next live node
+                continue
+            finally:
+                client.close()
+            rows = []
+            for address, row in parsed.items():  # redis-py parses CLUSTER NODES into a dict
+                rows.append({"id": row["node_id"], "port": int(address.split("@")[0].rsplit(":", 1)[1]),
+                             "flags": row["flags"].split(","), "master": row["master_id"],
+                             "slots": [(int(span[0]), int(span[-1])) for span in row["slots"]]})
+            return rows
+        return []
+
+    def healthy(self) -> bool:
+        """Every live node says the cluster is ok and every live replica's link to its master is up."""
+        for node in self.nodes:
+            if not node.alive():
+                continue
+            client = node.client()
+            try:
+                if client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
+                    return False
+                replication = client.info("replication")
+                if replication["role"] == "slave" and replication.get("master_link_status") != "up":
+                    return False
+            except Exception:  # noqa: BLE001 - not ready yet
+                return False
+            finally:
+                client.close()
+        return True
+
+    def serving(self, key: str) -> OwnedClusterNode:
+        """The master serving ``key``'s slot now."""
+        client = self.node_on(next(n.port for n in self.nodes if n.alive())).client()
+        try:
+            slot = int(client.execute_command("CLUSTER KEYSLOT", key))
+        finally:
+            client.close()
+        for row in self._cluster_nodes():
+            if "master" in row["flags"] and "fail" not in row["flags"]:
+                if any(low <= slot <= high for low, high in row["slots"]):
+                    return self.node_on(row["port"])
+        raise ServerStartError(f"no master serves slot {slot}")
+
+    def replica_of(self, master: OwnedClusterNode) -> OwnedClusterNode:
+        rows = self._cluster_nodes()
+        master_id = next(row["id"] for row in rows if row["port"] == master.port)
+        return next(self.node_on(row["port"]) for row in rows if row["master"] == master_id and "fail" not in row["flags"])
+
+    def failover(self, master: OwnedClusterNode) -> OwnedClusterNode:
+        """``CLUSTER FAILOVER`` on ``master``'s replica; returns the new master once it serves."""
+        replica = self.replica_of(master)
+        client = replica.client()
+        try:
+            client.execute_command("CLUSTER FAILOVER")
+        finally:
+            client.close()
+        wait_until(lambda: replica.role() == "master" and master.role() == "slave" and self.healthy(), timeout=30,
+                   interval=0.05, what="the manual failover")
+        return replica
+
+    def kill_master(self, master: OwnedClusterNode, rejoin: bool = False) -> OwnedClusterNode:
+        """``kill -9`` of ``master``; returns its replica once the cluster has promoted it. With
+        ``rejoin``, the killed node is then started again (empty: no persistence) and waited for
+        until it serves as the new master's replica, as a replaced node would."""
+        replica = self.replica_of(master)
+        master.crash()
+        wait_until(lambda: replica.role() == "master" and self.healthy(), timeout=30, interval=0.05,
+                   what="the replica to take over from the killed master")
+        if rejoin:
+            master.start()
+            wait_until(lambda: master.role() == "slave" and self.healthy(), timeout=30, interval=0.05,
+                       what="the killed master to rejoin as a replica")
+        return replica
+
+    def destroy(self) -> None:
+        for node in self.nodes:
+            node.destroy()
+
+
+def redis_cluster(masters: int = 3) -> ContextManager[OwnedRedisCluster]:
+    """A Redis Cluster (``masters`` masters, one replica each) for the block, stopped by PID after it."""
+    return running(OwnedRedisCluster(masters))
+
+
 class OwnedPostgres:
     """A throwaway PostgreSQL cluster (initdb in a temp dir), run as the ``postgres`` user when
     we are root (PostgreSQL refuses to run as root); ``pg_ctl`` manages it by its data dir."""
@@ -324,6 +494,133 @@ class OwnedPostgres:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+class OwnedPgBouncer(OwnedProcessServer):
+    """Debian's ``pgbouncer`` in **transaction** mode in front of a PostgreSQL server: every
+    database name is passed through (``* =``), at most ``server_connections`` server connections
+    per database, trust auth for ``postgres``. Run as the ``postgres`` user when we are root
+    (pgbouncer refuses root) through ``setpriv``, which execs it: the PID we started is
+    pgbouncer's own. A server answering on our port is ours when its admin console reports our
+    pid file (pgbouncer has no SQL that returns its PID)."""
+
+    what = "pgbouncer"
+
+    def __init__(self, upstream_host: str = "127.0.0.1", upstream_port: int = 5432, server_connections: int = 20,
+                 max_clients: int = 400) -> None:
+        super().__init__("rdq-owned-pgbouncer-", new_session=True)
+        self.upstream = (upstream_host, upstream_port)
+        self.server_connections = server_connections
+        self.max_clients = max_clients
+        self.as_postgres = (["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"]
+                            if os.geteuid() == 0 else [])
+        if self.as_postgres:
+            shutil.chown(self.workdir, "postgres")
+        (self.workdir / "users.txt").write_text('"postgres" ""\n')
+        #: Extra ``[databases]`` entries by name (``schema_url``).
+        self.aliases: dict[str, str] = {}
+
+    def _write_config(self, port: int) -> Path:
+        host, upstream_port = self.upstream
+        config = self.workdir / "pgbouncer.ini"
+        aliases = "".join(f"{line}\n" for line in self.aliases.values())
+        config.write_text(f"""[databases]
+{aliases}* = host={host} port={upstream_port}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {self.workdir / "users.txt"}
+admin_users = postgres
+pool_mode = transaction
+default_pool_size = {self.server_connections}
+max_db_connections = {self.server_connections}
+max_client_conn = {self.max_clients}
+server_idle_timeout = 5
+server_lifetime = 60
+ignore_startup_parameters = extra_float_digits
+pidfile = {self.workdir / "pgbouncer.pid"}
+logfile = {self.workdir / "pgbouncer.log"}
+""")
+        return config
+
+    def argv(self, port: int) -> list[str]:
+        config = self._write_config(port)
+        return [*self.as_postgres, shutil.which("pgbouncer") or "/usr/sbin/pgbouncer", str(config)]
+
+    def served_pid(self, port: int) -> int | None:
+        import psycopg
+
+        try:
+            with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/pgbouncer", autocommit=True,
+                                 connect_timeout=1, prepare_threshold=None) as admin:
+                rows = admin.execute("SHOW CONFIG").fetchall()
+        except psycopg.Error:
+            return None
+        settings = {row[0]: row[1] for row in rows}
+        if settings.get("pidfile") != str(self.workdir / "pgbouncer.pid"):
+            return -1  # a pgbouncer that is not ours
+        try:  # ours: the PID it wrote (setpriv execs, so it is the PID we started)
+            return int((self.workdir / "pgbouncer.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _log_tail(self) -> str:
+        logs = [self.workdir / "server.log", self.workdir / "pgbouncer.log"]
+        return "".join(log.read_text(errors="replace") for log in logs if log.exists())
+
+    def url_for(self, direct_url: str) -> str:
+        """``direct_url``'s database through this pgbouncer, with no startup session settings
+        (pgbouncer refuses the ``options`` startup parameter)."""
+        parts = urlsplit(direct_url)
+        query = dict(parse_qsl(parts.query))
+        query.pop("options", None)
+        query["rdq_session_timeouts"] = "off"
+        return urlunsplit(parts._replace(netloc=f"postgres@127.0.0.1:{self.port}", query=urlencode(query)))
+
+    def schema_url(self, direct_url: str) -> str:
+        """A new, empty schema in ``direct_url``'s database, reached through this pgbouncer under a
+        database name of its own whose server connections select it (``connect_query``): how a
+        pooler selects a schema, since ``search_path`` cannot travel in the startup options.
+        Cheaper than a database per store; the schema goes with its database."""
+        import psycopg
+        from psycopg import sql
+
+        schema = f"t_{secrets.token_hex(6)}"
+        with psycopg.connect(direct_url, autocommit=True, prepare_threshold=None) as conn:
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        host, upstream_port = self.upstream
+        database = urlsplit(direct_url).path.lstrip("/")
+        self.aliases[schema] = (f"{schema} = host={host} port={upstream_port} dbname={database} "
+                                f"connect_query='SET search_path TO {schema}'")
+        self._write_config(self.port)
+        self.admin("RELOAD")
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{schema}?rdq_session_timeouts=off"
+
+    def admin(self, command: str) -> None:
+        """One command on pgbouncer's admin console (``RELOAD``, ``DISABLE db``, ``KILL db``...)."""
+        import psycopg
+
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{self.port}/pgbouncer", autocommit=True,
+                             connect_timeout=2, prepare_threshold=None) as console:
+            console.execute(command)
+
+    def server_connections_now(self) -> int:
+        """Server connections pgbouncer holds to PostgreSQL now (``SHOW SERVERS``)."""
+        import psycopg
+
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{self.port}/pgbouncer", autocommit=True,
+                             connect_timeout=2, prepare_threshold=None) as admin:
+            return len(admin.execute("SHOW SERVERS").fetchall())
+
+
+def pgbouncer(server_connections: int = 20, upstream_port: int = 5432) -> ContextManager[OwnedPgBouncer]:
+    """A transaction-mode pgbouncer for the block, stopped by PID after it."""
+    if shutil.which("pgbouncer") is None and not Path("/usr/sbin/pgbouncer").exists():
+        raise ServerStartError("pgbouncer is not installed (apt-get install pgbouncer)")
+    return running(OwnedPgBouncer(upstream_port=upstream_port, server_connections=server_connections))
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -332,16 +629,30 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+class _OwnedServer(Protocol):
+    def start(self) -> Any: ...
+    def destroy(self) -> None: ...
+
+
+S = TypeVar("S", bound=_OwnedServer)
+
+
 @contextmanager
-def nx_27017(durable: bool = False, new_session: bool = False) -> Iterator[OwnedNx27017]:
+def running(server: S) -> Iterator[S]:
+    """``server`` started for the block and destroyed (stopped by PID, its directory removed) after it,
+    also when it fails to start half way."""
+    try:
+        server.start()
+        yield server
+    finally:
+        server.destroy()
+
+
+def nx_27017(durable: bool = False, new_session: bool = False) -> ContextManager[OwnedNx27017]:
     """nx-27017 started for the block and stopped (by PID) after it."""
     if shutil.which("nx-27017") is None:
         raise ServerStartError("nx-27017 is not installed (pip install nx-27017)")
-    server = OwnedNx27017(durable=durable, new_session=new_session)
-    try:
-        yield server.start()
-    finally:
-        server.destroy()
+    return running(OwnedNx27017(durable=durable, new_session=new_session))
 
 
 # -- fresh stores on shared servers ----------------------------------------------------------------

@@ -67,7 +67,7 @@ from datetime import datetime
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
+from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError, SlotNotCoveredError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...errors import ConfigurationError, InvalidInput, RdqError, StorageUnavailable, TaskConflict
@@ -76,7 +76,7 @@ from ...model import ClaimRef, NewTask, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, epoch_micros
 from ..core import DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore, dedupe_states_of
 from ..spi import from_micros, storable_error, storable_json, to_micros
-from .client import open_client
+from .client import open_client, send_pipeline
 from .lua import QUEUE_ZSETS, SCRIPTS, Call, Script
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,9 @@ _SCAN_BUDGET = 1000
 _MIN_SERVER_VERSION = (5, 0)
 #: Error replies of server states that pass (out of memory, failover, loading, a busy script).
 _TRANSIENT_REPLIES = ("OOM", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "LOADING", "BUSY")
+#: Scripts that write nothing: ``wait_replicas`` has nothing to confirm for them.
+_READ_ONLY_SCRIPTS = frozenset({"expired_leases", "read_tasks", "stats", "page", "count", "existing", "audit_page",
+                                "doc_page"})
 #: The error prefix of a script that refused its arguments before writing anything.
 _INVALID_ARGUMENTS = "RDQ_INVALID"
 
@@ -101,11 +104,12 @@ class RedisStorage(StorageCore):
     store_name = "Redis"
     codec = RecordCodec(time=epoch_micros)
     # NOSCRIPT twice in a row means the script cache was flushed again meanwhile: it passes.
-    transient_errors = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, NoScriptError)
+    # SlotNotCoveredError: a Cluster whose slot map has a hole while a failover is under way.
+    transient_errors = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, NoScriptError, SlotNotCoveredError)
     joins_transactions = False
 
     def __init__(self, url: str) -> None:
-        self._client, self.prefix = open_client(url)
+        self._client, self.prefix, self._durability = open_client(url)
         self._global_keys = (f"{self.prefix}:{{{self.prefix}:global}}:ids", f"{self.prefix}:{{{self.prefix}:global}}:queues")
         self._paused_registry = f"{self.prefix}:{{{self.prefix}:global}}:paused"
         self._audit_base = f"{self.prefix}:{{{self.prefix}:audit}}:"
@@ -153,6 +157,8 @@ class RedisStorage(StorageCore):
     def _run(self, call: Call) -> Any:
         """Send one script by SHA; on NOSCRIPT (server restarted, failed over or flushed its
         script cache) load it and send it again -- a NOSCRIPT reply means nothing ran."""
+        if self._durability.replicas and call.script.name not in _READ_ONLY_SCRIPTS:
+            return self._run_pipeline([call])[0]  # the script and its WAIT: one round trip
         try:
             return self._send(self._client.evalsha, call.script.sha, len(call.keys), *call.keys, *call.args)
         except NoScriptError:
@@ -167,11 +173,11 @@ class RedisStorage(StorageCore):
         for attempt in range(2):
             if not pending:
                 break
-            pipe = self._client.pipeline(transaction=False)
-            for i in pending:
-                call = calls[i]
-                pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
-            replies = self._send(pipe.execute, False)  # raise_on_error=False: NOSCRIPT replies come back
+            commands = [("EVALSHA", calls[i].script.sha, len(calls[i].keys), *calls[i].keys, *calls[i].args)
+                        for i in pending]
+            # Errors come back in place (NOSCRIPT among them), on a single Redis and a Cluster alike.
+            reads = [calls[i].script.name in _READ_ONLY_SCRIPTS for i in pending]
+            replies = self._send(send_pipeline, self._client, commands, self._durability, reads)
             missing = []
             for i, reply in zip(pending, replies, strict=True):
                 if isinstance(reply, NoScriptError) and attempt == 0:
