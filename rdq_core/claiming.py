@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from .errors import SchemaMissing, StorageUnavailable
 from .outage import ReconnectBackoff, StorageHealth
@@ -27,6 +27,9 @@ from .runner import BatchRunner
 from .settling import BatchReport, ClaimLedger
 from .storage.spi import Storage
 from .telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from .wakeup import WakeSignal
 
 
 @dataclass
@@ -61,7 +64,8 @@ class ClaimLoop:
     until ``should_stop()`` or ``deadline`` (on ``clock``).
 
     ``idle_pause``: seconds to wait (with ``wait``) after a round that made no progress; None
-    ends the loop then instead. ``health``: given, storage outages and unexpected errors are
+    ends the loop then instead. ``wake``: given, that wait ends early when a task is enqueued
+    into a served queue after the round began (``rdq_core.wakeup``). ``health``: given, storage outages and unexpected errors are
     ridden out with backoff (logged once per outage on its logger); None, they end the loop.
     """
 
@@ -81,6 +85,7 @@ class ClaimLoop:
         health: StorageHealth | None = None,
         clock: Callable[[], float] = time.monotonic,
         wait: Callable[[float], object] = time.sleep,
+        wake: WakeSignal | None = None,
     ) -> None:
         self.storage = storage
         self.runner = runner
@@ -95,6 +100,7 @@ class ClaimLoop:
         self.health = health
         self.clock = clock
         self.wait = wait
+        self.wake = wake
 
     def stopped(self) -> bool:
         return self.should_stop() or self.clock() >= self.deadline
@@ -104,6 +110,8 @@ class ClaimLoop:
         total = ClaimReport()
         backoff = ReconnectBackoff()
         while not self.stopped():
+            # Noted before the claim: an enqueue that commits while it runs still ends the pause.
+            mark = self.wake.mark() if self.wake is not None else 0
             try:
                 round_ = self.run_round()
             except (StorageUnavailable, SchemaMissing) as exc:
@@ -130,7 +138,10 @@ class ClaimLoop:
                 # claiming again at once would only release it again.
                 if self.idle_pause is None:
                     break
-                self.wait(self.idle_pause)
+                if self.wake is not None:
+                    self.wake.wait(mark, self.idle_pause)
+                else:
+                    self.wait(self.idle_pause)
         return total
 
     def run_round(self) -> ClaimReport:

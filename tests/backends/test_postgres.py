@@ -97,7 +97,7 @@ def test_migrate_twice_is_a_no_op(storage_url, sql_conn):
         store.enqueue(new_tasks(1))
         store.migrate()
         versions = sql_conn.execute("SELECT version FROM rdq_schema_version ORDER BY version").fetchall()
-        assert versions == [(1,), (2,), (3,)]
+        assert versions == [(1,), (2,), (3,), (4,)]
         assert store.get("t00000") is not None
     finally:
         store.close()

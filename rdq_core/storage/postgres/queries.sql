@@ -415,3 +415,7 @@ SELECT key, version, body FROM rdq_documents
 WHERE kind = %(kind)s AND key > %(after)s
 ORDER BY key
 LIMIT %(limit)s
+
+-- name: wake_channel
+-- The channel rdq_wake_workers() notifies for the tables of this connection's schema.
+SELECT left('rdq_enqueued:' || current_schema(), 63) AS channel

@@ -135,3 +135,17 @@ CREATE TABLE rdq_documents (
     CONSTRAINT rdq_documents_pkey PRIMARY KEY (kind, key),
     CONSTRAINT rdq_documents_version_check CHECK (version >= 1)
 );
+
+-- Idle workers wake on enqueue: one NOTIFY per queue that an INSERT made a due task in, on this
+-- schema's channel (payload: the queue), delivered at commit. See migrations/0004.
+CREATE FUNCTION rdq_wake_workers() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(left('rdq_enqueued:' || TG_TABLE_SCHEMA, 63), q.queue)
+    FROM (SELECT DISTINCT e.queue FROM rdq_enqueued AS e WHERE e.next_attempt_at <= now()) AS q;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER rdq_tasks_wake_workers AFTER INSERT ON rdq_tasks
+    REFERENCING NEW TABLE AS rdq_enqueued
+    FOR EACH STATEMENT EXECUTE FUNCTION rdq_wake_workers();

@@ -1,6 +1,7 @@
 -- ARGV: base, queue, then per task: id, handler, payload, headers, max_attempts, backoff,
 -- delay_us, run_at_us ('' for none). An existing id is returned untouched (idempotency).
--- Returns per task {created 0|1, task reply}.
+-- Returns per task {created 0|1, task reply}. Creating a due task PUBLISHes the queue name on
+-- base..'wake' (the queue's slot), once per call, to wake idle workers.
 
 need_string(ARGV[2], 'queue')
 need_groups(3, 8, 'enqueue')
@@ -17,6 +18,7 @@ end
 local now = now_us()
 local queue = ARGV[2]
 local out = {}
+local woken = false
 for o = 3, #ARGV, 8 do
   local id = ARGV[o]
   local key = task_key(id)
@@ -33,6 +35,8 @@ for o = 3, #ARGV, 8 do
     redis.call('HSET', key, unpack(fields))
     redis.call('ZADD', DUE, us(next_at), id)
     out[#out + 1] = {1, task_reply_without_history(id)}
+    woken = woken or next_at <= now
   end
 end
+if woken then redis.call('PUBLISH', ARGV[1] .. 'wake', queue) end
 return out
