@@ -19,7 +19,7 @@ from typing import Any
 
 from .common import load_average, machine_facts
 
-ALL_PARTS = ("roundtrips", "e2e", "peers", "ceiling", "backlog", "imports", "artifacts")
+ALL_PARTS = ("roundtrips", "e2e", "peers", "ceiling", "latency", "steady", "backlog", "imports", "artifacts")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -46,6 +46,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--reap-seconds", type=float, default=20.0, help="reaper time budget per backlog size")
     run.add_argument("--ceiling-n", type=int, default=20000)
     run.add_argument("--import-runs", type=int, default=5)
+    run.add_argument("--latency-n", type=int, default=200, help="tasks per idle enqueue→start run (rdq dev: a fifth)")
+    run.add_argument("--steady-rate", default="sqlite=200,postgres=200,redis=200,mongo=50",
+                     help="steady mixed load: tasks enqueued per second, per backend")
+    run.add_argument("--steady-seconds", type=float, default=8.0, help="steady mixed load: seconds of enqueueing")
     args = parser.parse_args(argv)
     if args.smoke:
         args.runs = 1
@@ -60,6 +64,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.reap_seconds = 5
         args.ceiling_n = 1000
         args.import_runs = 1
+        args.latency_n = 10
+        args.steady_rate = "sqlite=50,postgres=50,redis=50,mongo=20"
+        args.steady_seconds = 1.0
     return args
 
 
@@ -195,6 +202,26 @@ def run(args: argparse.Namespace) -> int:
                             rec.error(f"ceiling c{clients}", exc)
                 rec.save()
 
+        if "latency" in parts:
+            _latency(session, args, backends, peers, rec, log)
+        if "steady" in parts:
+            from .latency import steady_run
+
+            rec.note_load("steady")
+            rates = {name: float(rate) for name, rate in (item.split("=") for item in args.steady_rate.split(","))}
+            for rep in range(args.runs):
+                for backend in backends:
+                    try:
+                        row = steady_run(session, backend, rates[backend], args.steady_seconds)
+                        row["rep"] = rep
+                        rec.section("steady").append(row)
+                        log(f"steady {backend} {row['rate_per_s']:g}/s: start p50 {row['start']['p50_ms']:.1f} "
+                            f"p99 {row['start']['p99_ms']:.1f} ms, done p50 {row['done']['p50_ms']:.1f} "
+                            f"p99 {row['done']['p99_ms']:.1f} ms")
+                    except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
+                        rec.error(f"steady {backend}", exc)
+                rec.save()
+
         if "backlog" in parts:
             from .backlog import backlog_run
 
@@ -232,6 +259,41 @@ def run(args: argparse.Namespace) -> int:
     rec.save()
     log(f"wrote {rec.out / 'results.json'} and {rec.out / 'results.md'}")
     return 1 if rec.data["errors"] else 0
+
+
+def _latency(session, args: argparse.Namespace, backends: tuple[str, ...], peers: list[str], rec: Recorder, log) -> None:
+    """enqueue→start into an idle worker, rdq and PgQueuer interleaved per repetition, then what
+    the wake-up costs an enqueue (on/off A/B)."""
+    from .latency import enqueue_overhead, idle_latency_dev, idle_latency_pgqueuer, idle_latency_rdq
+
+    rec.note_load("latency")
+    runs: list[tuple[str, Any]] = [(f"rdq {b}", lambda b=b: idle_latency_rdq(session, b, args.latency_n))
+                                   for b in ("postgres", "redis") if b in backends]
+    if "pgqueuer" in peers and "postgres" in backends:
+        runs.append(("pgqueuer", lambda: idle_latency_pgqueuer(session, args.latency_n)))
+    if "sqlite" in backends:
+        runs.append(("rdq dev", lambda: idle_latency_dev(session, max(5, args.latency_n // 5))))
+    for rep in range(args.runs):
+        for name, measure in runs:
+            try:
+                row = measure()
+                row["rep"] = rep
+                rec.section("idle_latency").append(row)
+                log(f"idle enqueue→start {name}: p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms")
+            except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
+                rec.error(f"idle latency {name}", exc)
+        rec.save()
+    for backend in ("postgres", "redis"):
+        if backend not in backends:
+            continue
+        try:
+            row = enqueue_overhead(session, backend, blocks=max(2, args.runs * 2), per_block=max(50, args.latency_n))
+            rec.section("wake_overhead").append(row)
+            log(f"enqueue with/without wake-up {backend}: single {row['single_on_ms']:.2f}/{row['single_off_ms']:.2f} ms, "
+                f"batch 500 {row['batch500_on_ms']:.1f}/{row['batch500_off_ms']:.1f} ms")
+        except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
+            rec.error(f"wake overhead {backend}", exc)
+    rec.save()
 
 
 def main(argv: list[str] | None = None) -> int:
