@@ -32,6 +32,11 @@ if TYPE_CHECKING:
     from .wakeup import WakeSignal
 
 
+#: With a wake-up: how soon a loop that just ran tasks and then found none claims once more
+#: before it waits for a wake-up or its full idle pause.
+RECHECK_AFTER_WORK_SECONDS = 0.05
+
+
 @dataclass
 class ClaimReport:
     """What one round, or a whole loop, claimed and what became of it."""
@@ -109,6 +114,7 @@ class ClaimLoop:
         """Rounds until stopped (or, without ``idle_pause``, until a round makes no progress)."""
         total = ClaimReport()
         backoff = ReconnectBackoff()
+        worked = False
         while not self.stopped():
             # Noted before the claim: an enqueue that commits while it runs still ends the pause.
             mark = self.wake.mark() if self.wake is not None else 0
@@ -139,9 +145,13 @@ class ClaimLoop:
                 if self.idle_pause is None:
                     break
                 if self.wake is not None:
-                    self.wake.wait(mark, self.idle_pause)
+                    # Right after work, re-check once soon: a store may skip the wake-up of an
+                    # enqueue that saw a due task this loop had just claimed (PostgreSQL does).
+                    pause = min(self.idle_pause, RECHECK_AFTER_WORK_SECONDS) if worked else self.idle_pause
+                    self.wake.wait(mark, pause)
                 else:
                     self.wait(self.idle_pause)
+            worked = bool(round_.progress)
         return total
 
     def run_round(self) -> ClaimReport:

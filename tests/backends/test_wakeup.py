@@ -185,6 +185,31 @@ def test_an_enqueue_in_a_rolled_back_transaction_wakes_no_one(fresh_store_url) -
             listener.close()
 
 
+def test_only_an_enqueue_into_a_queue_without_due_tasks_notifies(fresh_store_url) -> None:
+    """A committing NOTIFY serialises commits cluster-wide: a queue that already holds a due task
+    has no idle worker to wake, so its enqueues send none."""
+    pytest.importorskip("psycopg")
+    with open_storage(fresh_store_url("postgresql")) as storage:
+        storage.migrate()
+        listener = storage.enqueue_listener([])
+        assert listener is not None
+        client = Client(storage)
+        try:
+            client.enqueue("q", "note", {"key": "first"})
+            assert listener.receive(2) == ["q"]
+            client.enqueue("q", "note", {"key": "second"})
+            client.enqueue_many("q", [{"handler": "note", "payload": {"key": str(n)}} for n in range(3)])
+            assert listener.receive(0.3) == [], "the queue had a due task: no one to wake"
+            client.enqueue("other", "note", {"key": "x"})
+            assert listener.receive(2) == ["other"], "another queue is judged on its own"
+            claimed = storage.claim("q", 100, 30)
+            assert len(claimed) == 5
+            client.enqueue("q", "note", {"key": "after"})
+            assert listener.receive(2) == ["q"], "claimed tasks are not due ones: wake"
+        finally:
+            listener.close()
+
+
 def test_a_long_schema_name_gets_the_same_channel_on_both_sides(pg_database_url) -> None:
     psycopg = pytest.importorskip("psycopg")
     from rdq_core.compliance.servers import pg_url_with_search_path
