@@ -211,15 +211,11 @@ def run(args: argparse.Namespace) -> int:
             rates = {name: float(rate) for name, rate in (item.split("=") for item in args.steady_rate.split(","))}
             for rep in range(args.runs):
                 for backend in backends:
-                    try:
-                        row = steady_run(session, backend, rates[backend], args.steady_seconds)
-                        row["rep"] = rep
-                        rec.section("steady").append(row)
-                        log(f"steady {backend} {row['rate_per_s']:g}/s: start p50 {row['start']['p50_ms']:.1f} "
-                            f"p99 {row['start']['p99_ms']:.1f} ms, done p50 {row['done']['p50_ms']:.1f} "
-                            f"p99 {row['done']['p99_ms']:.1f} ms")
-                    except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
-                        rec.error(f"steady {backend}", exc)
+                    _measured(rec, log, "steady", f"steady {backend}", rep,
+                              lambda b=backend: steady_run(session, b, rates[b], args.steady_seconds),
+                              lambda row: f"{row['rate_per_s']:g}/s: start p50 {row['start']['p50_ms']:.1f} "
+                                          f"p99 {row['start']['p99_ms']:.1f} ms, done p50 {row['done']['p50_ms']:.1f} "
+                                          f"p99 {row['done']['p99_ms']:.1f} ms")
                 rec.save()
 
         if "backlog" in parts:
@@ -264,7 +260,13 @@ def run(args: argparse.Namespace) -> int:
 def _latency(session, args: argparse.Namespace, backends: tuple[str, ...], peers: list[str], rec: Recorder, log) -> None:
     """enqueue→start into an idle worker, rdq and PgQueuer interleaved per repetition, then what
     the wake-up costs an enqueue (on/off A/B)."""
-    from .latency import enqueue_overhead, idle_latency_dev, idle_latency_pgqueuer, idle_latency_rdq
+    from .latency import (
+        concurrent_enqueue_overhead,
+        enqueue_overhead,
+        idle_latency_dev,
+        idle_latency_pgqueuer,
+        idle_latency_rdq,
+    )
 
     rec.note_load("latency")
     runs: list[tuple[str, Any]] = [(f"rdq {b}", lambda b=b: idle_latency_rdq(session, b, args.latency_n))
@@ -275,25 +277,33 @@ def _latency(session, args: argparse.Namespace, backends: tuple[str, ...], peers
         runs.append(("rdq dev", lambda: idle_latency_dev(session, max(5, args.latency_n // 5))))
     for rep in range(args.runs):
         for name, measure in runs:
-            try:
-                row = measure()
-                row["rep"] = rep
-                rec.section("idle_latency").append(row)
-                log(f"idle enqueue→start {name}: p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms")
-            except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
-                rec.error(f"idle latency {name}", exc)
+            _measured(rec, log, "idle_latency", f"idle enqueue→start {name}", rep, measure,
+                      lambda row: f"p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms")
         rec.save()
     for backend in ("postgres", "redis"):
-        if backend not in backends:
-            continue
-        try:
-            row = enqueue_overhead(session, backend, blocks=max(2, args.runs * 2), per_block=max(50, args.latency_n))
-            rec.section("wake_overhead").append(row)
-            log(f"enqueue with/without wake-up {backend}: single {row['single_on_ms']:.2f}/{row['single_off_ms']:.2f} ms, "
-                f"batch 500 {row['batch500_on_ms']:.1f}/{row['batch500_off_ms']:.1f} ms")
-        except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
-            rec.error(f"wake overhead {backend}", exc)
+        if backend in backends:
+            _measured(rec, log, "wake_overhead", f"enqueue with/without wake-up {backend}", 0,
+                      lambda b=backend: enqueue_overhead(session, b, blocks=max(2, args.runs * 2),
+                                                         per_block=max(50, args.latency_n)),
+                      lambda row: f"single {row['single_on_ms']:.2f}/{row['single_off_ms']:.2f} ms, "
+                                  f"batch 500 {row['batch500_on_ms']:.1f}/{row['batch500_off_ms']:.1f} ms")
+            _measured(rec, log, "wake_overhead_concurrent", f"8 concurrent producers with/without wake-up {backend}", 0,
+                      lambda b=backend: concurrent_enqueue_overhead(session, b, producers=8,
+                                                                    seconds=1.0 if args.smoke else 3.0,
+                                                                    rounds=1 if args.smoke else max(2, args.runs)),
+                      lambda row: f"{row['on_per_s']:.0f}/{row['off_per_s']:.0f} enqueues/s")
     rec.save()
+
+
+def _measured(rec: Recorder, log, section: str, where: str, rep: int, measure, describe) -> None:
+    """One measurement: its row recorded in ``section`` and logged, or its error recorded."""
+    try:
+        row = measure()
+        row["rep"] = rep
+        rec.section(section).append(row)
+        log(f"{where}: {describe(row)}")
+    except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
+        rec.error(where, exc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -108,24 +108,28 @@ def warm_up(enqueue: Callable[[str], object], probe_file: str, proc: subprocess.
 
 # -- enqueue→start into an idle worker ---------------------------------------------------------
 
-def idle_latency_rdq(session, backend: str, n: int) -> dict[str, Any]:
+@contextmanager
+def fresh_store(session, backend: str) -> Iterator[tuple[str, Client, str]]:
+    """(URL, client, probe log path) of a fresh, migrated store of ``backend``; all removed after."""
     with session.store_url(backend) as url, tempfile.TemporaryDirectory(prefix="rdq-bench-probe-") as tmp:
-        probe = os.path.join(tmp, "probe.log")
         storage = open_storage(url)
         try:
             storage.migrate()
-            client = Client(storage)
-            with rdq_worker(url, probe) as proc:
-                warm_up(lambda key: client.enqueue(QUEUE, "probe", {"key": key}), probe, proc)
-                sent = {}
-                for i in range(n):
-                    time.sleep(random.uniform(*IDLE_SPACING))
-                    key = f"k{i}"
-                    sent[key] = time.time()
-                    client.enqueue(QUEUE, "probe", {"key": key})
-                seen = wait_for_keys(probe, set(sent), 30, proc)
+            yield url, Client(storage), os.path.join(tmp, "probe.log")
         finally:
             storage.close()
+
+
+def idle_latency_rdq(session, backend: str, n: int) -> dict[str, Any]:
+    with fresh_store(session, backend) as (url, client, probe), rdq_worker(url, probe) as proc:
+        warm_up(lambda key: client.enqueue(QUEUE, "probe", {"key": key}), probe, proc)
+        sent = {}
+        for i in range(n):
+            time.sleep(random.uniform(*IDLE_SPACING))
+            key = f"k{i}"
+            sent[key] = time.time()
+            client.enqueue(QUEUE, "probe", {"key": key})
+        seen = wait_for_keys(probe, set(sent), 30, proc)
     return {"system": "rdq", "backend": backend,
             **summary_ms([seen[key][1][0] - at for key, at in sent.items()])}
 
@@ -238,37 +242,30 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
 
 def steady_run(session, backend: str, rate: float, seconds: float) -> dict[str, Any]:
     n = int(rate * seconds)
-    with session.store_url(backend) as url, tempfile.TemporaryDirectory(prefix="rdq-bench-probe-") as tmp:
-        probe = os.path.join(tmp, "probe.log")
-        storage = open_storage(url)
-        try:
-            storage.migrate()
-            client = Client(storage)
-            with rdq_worker(url, probe) as proc:
-                warm_up(lambda key: client.enqueue(QUEUE, "probe", {"key": key}, id=key), probe, proc)
-                sent: dict[str, float] = {}
-                enqueue_seconds = []
-                began = time.time()
-                for k in range(n):
-                    pause = began + k / rate - time.time()
-                    if pause > 0:
-                        time.sleep(pause)
-                    key = f"s{k}"
-                    fail = k % FAIL_EVERY == FAIL_EVERY // 2
-                    sent[key] = time.time()
-                    client.enqueue(QUEUE, "probe", {"key": key, "fail": fail}, id=key, backoff=RETRY_BACKOFF)
-                    enqueue_seconds.append(time.time() - sent[key])
-                enqueued_in = time.time() - began
-                deadline = time.monotonic() + 60
-                while storage.stats(QUEUE).succeeded < n + 1:
-                    if time.monotonic() > deadline or proc.poll() is not None:
-                        raise RuntimeError(f"only {storage.stats(QUEUE).succeeded - 1} of {n} tasks succeeded")
-                    time.sleep(0.05)
-            done = _succeeded_at(client)
-            seen = read_probe(probe)
-        finally:
-            storage.close()
-    retried = [key for key in sent if 2 in seen.get(key, {})]
+    with fresh_store(session, backend) as (url, client, probe):
+        with rdq_worker(url, probe) as proc:
+            warm_up(lambda key: client.enqueue(QUEUE, "probe", {"key": key}, id=key), probe, proc)
+            sent: dict[str, float] = {}
+            enqueue_seconds = []
+            began = time.time()
+            for k in range(n):
+                pause = began + k / rate - time.time()
+                if pause > 0:
+                    time.sleep(pause)
+                key = f"s{k}"
+                fail = k % FAIL_EVERY == FAIL_EVERY // 2
+                sent[key] = time.time()
+                client.enqueue(QUEUE, "probe", {"key": key, "fail": fail}, id=key, backoff=RETRY_BACKOFF)
+                enqueue_seconds.append(time.time() - sent[key])
+            enqueued_in = time.time() - began
+            deadline = time.monotonic() + 60
+            while client.storage.stats(QUEUE).succeeded < n + 1:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"only {client.storage.stats(QUEUE).succeeded - 1} of {n} tasks succeeded")
+                time.sleep(0.05)
+        done = _succeeded_at(client)
+        seen = read_probe(probe)
+    retried = {key for key in sent if 2 in seen.get(key, {})}
     finished = max(done[key] for key in sent)
     return {
         "backend": backend, "rate_per_s": rate, "n": n, "seconds": seconds,
@@ -277,7 +274,7 @@ def steady_run(session, backend: str, rate: float, seconds: float) -> dict[str, 
         "enqueue_call": summary_ms(enqueue_seconds),
         "start": summary_ms([seen[key][1][0] - at for key, at in sent.items()]),
         "done": summary_ms([done[key] - at for key, at in sent.items()]),
-        "done_first_try": summary_ms([done[key] - at for key, at in sent.items() if key not in set(retried)]),
+        "done_first_try": summary_ms([done[key] - at for key, at in sent.items() if key not in retried]),
     }
 
 
@@ -300,13 +297,11 @@ def enqueue_overhead(session, backend: str, blocks: int, per_block: int) -> dict
     """Enqueue latency with the wake-up on and off, ``blocks`` pairs of alternating blocks of
     ``per_block`` single-task enqueues (and ``per_block // 25`` 500-task batches); medians in
     ms. Short blocks: the load other processes put on the machine drifts, and both sides share it."""
-    with session.store_url(backend) as url:
-        storage = open_storage(url)
+    with fresh_store(session, backend) as (url, client, _):
+        storage = client.storage
+        listener = storage.enqueue_listener([QUEUE])
+        toggle = _wake_toggle(backend, url)
         try:
-            storage.migrate()
-            client = Client(storage)
-            listener = storage.enqueue_listener([QUEUE])
-            toggle = _wake_toggle(backend, url)
             single: dict[bool, list[float]] = {True: [], False: []}
             batch: dict[bool, list[float]] = {True: [], False: []}
             counter = 0
@@ -328,16 +323,52 @@ def enqueue_overhead(session, backend: str, blocks: int, per_block: int) -> dict
                     batch[on].append(time.perf_counter() - t)
                     while listener is not None and listener.receive(0):
                         pass
+        finally:
             toggle(True)
             if listener is not None:
                 listener.close()
-        finally:
-            storage.close()
     med = {key: {on: percentile([v * 1000 for v in values[on]], 50) for on in (True, False)}
            for key, values in (("single", single), ("batch500", batch))}
     return {"backend": backend, "single_on_ms": med["single"][True], "single_off_ms": med["single"][False],
             "batch500_on_ms": med["batch500"][True], "batch500_off_ms": med["batch500"][False],
             "single_n": len(single[True]), "batch_n": len(batch[True])}
+
+
+def concurrent_enqueue_overhead(session, backend: str, producers: int, seconds: float, rounds: int) -> dict[str, Any]:
+    """Enqueues/s of ``producers`` threads each enqueueing one task at a time for ``seconds``,
+    wake-up on and off in alternating rounds (on, off, off, on, ...), a listener connected."""
+    import threading
+
+    with fresh_store(session, backend) as (url, client, _):
+        listener = client.storage.enqueue_listener([QUEUE])
+        toggle = _wake_toggle(backend, url)
+        rates: dict[bool, list[float]] = {True: [], False: []}
+        try:
+            for round_ in range(rounds * 2):
+                on = round_ % 4 in (0, 3)
+                toggle(on)
+                done = [0] * producers
+                until = time.monotonic() + seconds
+
+                def produce(slot: int, until: float = until, done: list[int] = done) -> None:
+                    while time.monotonic() < until:
+                        client.enqueue(QUEUE, "probe", {"key": "c"})
+                        done[slot] += 1
+
+                threads = [threading.Thread(target=produce, args=(slot,)) for slot in range(producers)]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                rates[on].append(sum(done) / seconds)
+                while listener is not None and listener.receive(0):
+                    pass
+        finally:
+            toggle(True)
+            if listener is not None:
+                listener.close()
+    return {"backend": backend, "producers": producers, "on_per_s": percentile(rates[True], 50),
+            "off_per_s": percentile(rates[False], 50), "rounds": rounds}
 
 
 def _wake_toggle(backend: str, url: str) -> Callable[[bool], None]:

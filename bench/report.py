@@ -129,6 +129,13 @@ def render(data: dict) -> str:
         out += [_table(["backend", "1 task: on / off", "difference", "500 tasks: on / off", "difference",
                         "samples per side (1 / 500)"], rows), ""]
 
+    if data.get("wake_overhead_concurrent"):
+        out += ["### Concurrent producers (enqueues/s, median of rounds, wake-up on / off)", ""]
+        rows = [[r["backend"], str(r["producers"]), str(r["rounds"]), f"{_f(r['on_per_s'])} / {_f(r['off_per_s'])}",
+                 _f((r["on_per_s"] / r["off_per_s"] - 1) * 100, 1) + " %"]
+                for r in data["wake_overhead_concurrent"]]
+        out += [_table(["backend", "producer threads", "rounds per side", "on / off", "difference"], rows), ""]
+
     if data.get("steady"):
         out += ["## Steady mixed load: a fixed enqueue rate while one `rdq worker` drains, 1 % failures retried "
                 "(median over runs)", ""]

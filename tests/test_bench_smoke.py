@@ -85,6 +85,7 @@ def test_smoke_latency_and_steady_load(tmp_path):
     assert (("pgqueuer", "postgres") in systems) == with_pgqueuer
     assert all(r["n"] > 0 and r["p50_ms"] > 0 for r in data["idle_latency"])
     assert {r["backend"] for r in data["wake_overhead"]} == {"postgres", "redis"}
+    assert {r["backend"] for r in data["wake_overhead_concurrent"]} == {"postgres", "redis"}
     assert {r["backend"] for r in data["steady"]} == {"sqlite", "postgres", "redis", "mongo"}
     assert all(r["start"]["n"] == r["n"] and r["done"]["n"] == r["n"] for r in data["steady"])
     assert "Steady mixed load" in (out / "results.md").read_text()
