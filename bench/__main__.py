@@ -266,6 +266,7 @@ def _latency(session, args: argparse.Namespace, backends: tuple[str, ...], peers
         idle_latency_dev,
         idle_latency_pgqueuer,
         idle_latency_rdq,
+        pg_trigger_cost,
     )
 
     rec.note_load("latency")
@@ -287,6 +288,12 @@ def _latency(session, args: argparse.Namespace, backends: tuple[str, ...], peers
                                                          per_block=max(50, args.latency_n)),
                       lambda row: f"single {row['single_on_ms']:.2f}/{row['single_off_ms']:.2f} ms, "
                                   f"batch 500 {row['batch500_on_ms']:.1f}/{row['batch500_off_ms']:.1f} ms")
+            if backend == "postgres":
+                _measured(rec, log, "wake_trigger", "wake-up trigger's server time", 0,
+                          lambda: pg_trigger_cost(session, samples=max(20, args.latency_n)),
+                          lambda row: f"{row['one_due_trigger_ms']:.3f} of {row['one_due_statement_ms']:.3f} ms (1 row), "
+                                      f"{row['batch500_due_trigger_ms']:.3f} of {row['batch500_due_statement_ms']:.3f} ms "
+                                      f"(500 rows), {row['one_notify_trigger_ms']:.3f} ms (1 row, notifying)")
             _measured(rec, log, "wake_overhead_concurrent", f"8 concurrent producers with/without wake-up {backend}", 0,
                       lambda b=backend: concurrent_enqueue_overhead(session, b, producers=8,
                                                                     seconds=1.0 if args.smoke else 3.0,

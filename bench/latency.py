@@ -371,6 +371,35 @@ def concurrent_enqueue_overhead(session, backend: str, producers: int, seconds: 
             "off_per_s": percentile(rates[False], 50), "rounds": rounds}
 
 
+def pg_trigger_cost(session, samples: int) -> dict[str, Any]:
+    """The wake-up trigger's own server time, as ``EXPLAIN ANALYZE`` reports it, for a 1-row and a
+    500-row INSERT into a queue that already has due tasks (no NOTIFY) and for a 1-row INSERT into
+    an empty queue (one NOTIFY); medians in ms, with the whole statement's time beside them. The
+    client's view (enqueue_overhead) drowns this in the machine's load; the server's does not."""
+    import psycopg
+
+    with fresh_store(session, "postgres") as (url, _client, _), psycopg.connect(url, autocommit=True) as conn:
+        made = iter(range(10**9))
+
+        def explain(rows: int, empty_first: bool) -> tuple[float, float]:
+            if empty_first:
+                conn.execute("DELETE FROM rdq_tasks")
+            plan = conn.execute(
+                "EXPLAIN (ANALYZE, FORMAT JSON) INSERT INTO rdq_tasks (id, queue, handler, payload, headers, status,"
+                " max_attempts, next_attempt_at) SELECT %s || g, %s, 'probe', '{}', '{}', 'PENDING', 5, now()"
+                " FROM generate_series(1, %s) AS g", (f"t{next(made)}-", QUEUE, rows)).fetchone()[0][0]
+            trigger = sum(t["Time"] for t in plan.get("Triggers", []) if t["Trigger Name"] == "rdq_tasks_wake_workers")
+            return trigger, plan["Execution Time"]
+
+        explain(1, False)  # the session's first call compiles the function
+        out: dict[str, Any] = {"backend": "postgres", "samples": samples}
+        for name, rows, empty_first in (("one_due", 1, False), ("batch500_due", 500, False), ("one_notify", 1, True)):
+            measured = [explain(rows, empty_first) for _ in range(samples if rows == 1 else max(3, samples // 10))]
+            out[f"{name}_trigger_ms"] = percentile([m[0] for m in measured], 50)
+            out[f"{name}_statement_ms"] = percentile([m[1] for m in measured], 50)
+    return out
+
+
 def _wake_toggle(backend: str, url: str) -> Callable[[bool], None]:
     if backend == "postgres":
         import psycopg

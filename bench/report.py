@@ -129,6 +129,15 @@ def render(data: dict) -> str:
         out += [_table(["backend", "1 task: on / off", "difference", "500 tasks: on / off", "difference",
                         "samples per side (1 / 500)"], rows), ""]
 
+    if data.get("wake_trigger"):
+        out += ["### The PostgreSQL trigger's own server time (EXPLAIN ANALYZE, median ms: trigger of statement)", ""]
+        rows = [[f"{_f(r['one_due_trigger_ms'], 3)} of {_f(r['one_due_statement_ms'], 3)}",
+                 f"{_f(r['batch500_due_trigger_ms'], 3)} of {_f(r['batch500_due_statement_ms'], 3)}",
+                 f"{_f(r['one_notify_trigger_ms'], 3)} of {_f(r['one_notify_statement_ms'], 3)}", str(r["samples"])]
+                for r in data["wake_trigger"]]
+        out += [_table(["1 row, queue has due tasks (no NOTIFY)", "500 rows, queue has due tasks",
+                        "1 row into an empty queue (NOTIFY)", "samples (1-row)"], rows), ""]
+
     if data.get("wake_overhead_concurrent"):
         out += ["### Concurrent producers (enqueues/s, median of rounds, wake-up on / off)", ""]
         rows = [[r["backend"], str(r["producers"]), str(r["rounds"]), f"{_f(r['on_per_s'])} / {_f(r['off_per_s'])}",
