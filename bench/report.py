@@ -153,11 +153,12 @@ def render(data: dict) -> str:
             def mid(part: str, key: str, group: list[dict] = group) -> str:
                 return _f(median([g[part][key] for g in group]), 1)
             rows.append([backend, _f(rate), str(group[0]["n"]), str(len(group)),
+                         _f(median([g["offered_per_s"] for g in group])),
                          _f(median([g["throughput_per_s"] for g in group])), str(group[0]["retried"]),
                          mid("enqueue_call", "p50_ms"), f"{mid('start', 'p50_ms')} / {mid('start', 'p99_ms')}",
                          f"{mid('done', 'p50_ms')} / {mid('done', 'p99_ms')}",
                          f"{mid('done_first_try', 'p50_ms')} / {mid('done_first_try', 'p99_ms')}"])
-        out += [_table(["backend", "rate /s", "tasks", "runs", "throughput /s", "retried", "enqueue call p50 ms",
+        out += [_table(["backend", "rate /s", "tasks", "runs", "offered /s", "throughput /s", "retried", "enqueue call p50 ms",
                         "enqueue→start p50 / p99 ms", "enqueue→done p50 / p99 ms",
                         "enqueue→done, not retried, p50 / p99 ms"], rows), ""]
 

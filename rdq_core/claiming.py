@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     from .wakeup import WakeSignal
 
 
-#: With a wake-up: how soon a loop that just ran tasks and then found none claims once more
-#: before it waits for a wake-up or its full idle pause.
-RECHECK_AFTER_WORK_SECONDS = 0.05
+#: With a wake-up: how soon a loop that just ran tasks and then found none claims again; the
+#: pause doubles with each empty claim up to the idle pause (a wake-up ends any of them).
+RECHECK_AFTER_WORK_SECONDS = 0.01
 
 
 @dataclass
@@ -114,7 +114,7 @@ class ClaimLoop:
         """Rounds until stopped (or, without ``idle_pause``, until a round makes no progress)."""
         total = ClaimReport()
         backoff = ReconnectBackoff()
-        worked = False
+        recheck = math.inf  # the next pause with a wake-up; short right after work
         while not self.stopped():
             # Noted before the claim: an enqueue that commits while it runs still ends the pause.
             mark = self.wake.mark() if self.wake is not None else 0
@@ -145,13 +145,15 @@ class ClaimLoop:
                 if self.idle_pause is None:
                     break
                 if self.wake is not None:
-                    # Right after work, re-check once soon: a store may skip the wake-up of an
-                    # enqueue that saw a due task this loop had just claimed (PostgreSQL does).
-                    pause = min(self.idle_pause, RECHECK_AFTER_WORK_SECONDS) if worked else self.idle_pause
-                    self.wake.wait(mark, pause)
+                    # Right after work, re-check soon, then less and less often: a store may skip
+                    # the wake-up of an enqueue that saw a due task this loop had just claimed
+                    # (PostgreSQL does), and an empty claim is cheap (it writes nothing).
+                    self.wake.wait(mark, min(self.idle_pause, recheck))
+                    recheck *= 2
                 else:
                     self.wait(self.idle_pause)
-            worked = bool(round_.progress)
+            else:
+                recheck = RECHECK_AFTER_WORK_SECONDS
         return total
 
     def run_round(self) -> ClaimReport:

@@ -97,26 +97,18 @@ def test_a_worker_serving_every_queue_wakes_for_any_of_them(store: Storage) -> N
         stopped(worker, thread)
 
 
-def test_an_enqueue_into_another_queue_does_not_end_the_pause(store: Storage) -> None:
+def test_an_enqueue_into_another_queue_does_not_wake_the_worker(store: Storage) -> None:
     started = Started()
-    claims: list[str] = []
-    claim = store.claim
-
-    def counted_claim(queue: str, limit: int, lease_seconds: float):
-        claims.append(queue)
-        return claim(queue, limit, lease_seconds)
-
-    store.claim = counted_claim  # type: ignore[method-assign]
     worker, thread = running_worker(store, started, ["mine"])
+    assert worker.wake is not None
     try:
         assert_wakes(store, started, "mine", "t0")
-        time.sleep(0.3)
-        before = len(claims)
+        seen = worker.wake.mark()
         Client(store).enqueue("theirs", "note", {"key": "other"})
         time.sleep(0.5)
-        assert len(claims) == before, "an enqueue into a queue the worker does not serve woke it"
+        assert worker.wake.mark() == seen, "an enqueue into a queue the worker does not serve woke it"
         assert_wakes(store, started, "mine", "t1")
-        assert len(claims) > before
+        assert worker.wake.mark() != seen
     finally:
         stopped(worker, thread)
 

@@ -10,7 +10,7 @@
 -- through its commit's WAL flush, so notifying every enqueue would serialise concurrent
 -- producers (measured: 8 producers 520 -> 135 enqueues/s). A queue with due tasks has no idle
 -- worker to wake (a worker that finds work claims again before it idles; rdq_core/claiming.py
--- re-checks once shortly after its last task for the rare enqueue that raced its last claim).
+-- re-checks soon after its last task, for an enqueue that raced its last claim).
 -- Nothing existing is rewritten; the enqueue statement itself is unchanged.
 CREATE FUNCTION rdq_wake_workers() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
