@@ -70,8 +70,10 @@ class ClaimLoop:
 
     ``idle_pause``: seconds to wait (with ``wait``) after a round that made no progress; None
     ends the loop then instead. ``wake``: given, that wait ends early when a task is enqueued
-    into a served queue after the round began (``rdq_core.wakeup``). ``health``: given, storage outages and unexpected errors are
-    ridden out with backoff (logged once per outage on its logger); None, they end the loop.
+    into a served queue after the round began (``rdq_core.wakeup``), and right after work it
+    is shorter (``RECHECK_AFTER_WORK_SECONDS``, doubling). ``health``: given, storage outages
+    and unexpected errors are ridden out with backoff (logged once per outage on its logger);
+    None, they end the loop.
     """
 
     def __init__(
