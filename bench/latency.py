@@ -298,39 +298,29 @@ def enqueue_overhead(session, backend: str, blocks: int, per_block: int) -> dict
     ``per_block`` single-task enqueues (and ``per_block // 25`` 500-task batches); medians in
     ms. Short blocks: the load other processes put on the machine drifts, and both sides share it.
     On Redis, where switching costs nothing, the switch is made before every call instead."""
-    with fresh_store(session, backend) as (url, client, _):
-        storage = client.storage
-        listener = storage.enqueue_listener([QUEUE])
-        toggle = _wake_toggle(backend, url)
-        try:
-            single: dict[bool, list[float]] = {True: [], False: []}
-            batch: dict[bool, list[float]] = {True: [], False: []}
-            counter = 0
-            for block in range(blocks * 2):  # on, off, off, on, on, off, ...: neither side always first
-                on = block % 4 in (0, 3)
-                toggle(on)
-                for n in range(per_block):
-                    counter += 1
-                    side = on if backend != "redis" else (n + block) % 2 == 0
-                    toggle(side)
-                    t = time.perf_counter()
-                    client.enqueue(QUEUE, "probe", {"key": f"o{counter}"})
-                    single[side].append(time.perf_counter() - t)
-                    if listener is not None:
-                        listener.receive(0)
-                toggle(on)
-                for _ in range(max(1, per_block // 25)):
-                    items = [{"handler": "probe", "payload": {"key": f"b{counter}-{i}"}} for i in range(500)]
-                    counter += 1
-                    t = time.perf_counter()
-                    client.enqueue_many(QUEUE, items)
-                    batch[on].append(time.perf_counter() - t)
-                    while listener is not None and listener.receive(0):
-                        pass
-        finally:
-            toggle(True)
-            if listener is not None:
-                listener.close()
+    with fresh_store(session, backend) as (url, client, _), wake_switch(backend, url, client) as (toggle, drain):
+        single: dict[bool, list[float]] = {True: [], False: []}
+        batch: dict[bool, list[float]] = {True: [], False: []}
+        counter = 0
+        for block in range(blocks * 2):  # on, off, off, on, on, off, ...: neither side always first
+            on = block % 4 in (0, 3)
+            toggle(on)
+            for n in range(per_block):
+                counter += 1
+                side = on if backend != "redis" else (n + block) % 2 == 0
+                toggle(side)
+                t = time.perf_counter()
+                client.enqueue(QUEUE, "probe", {"key": f"o{counter}"})
+                single[side].append(time.perf_counter() - t)
+                drain()
+            toggle(on)
+            for _ in range(max(1, per_block // 25)):
+                items = [{"handler": "probe", "payload": {"key": f"b{counter}-{i}"}} for i in range(500)]
+                counter += 1
+                t = time.perf_counter()
+                client.enqueue_many(QUEUE, items)
+                batch[on].append(time.perf_counter() - t)
+                drain()
     med = {key: {on: percentile([v * 1000 for v in values[on]], 50) for on in (True, False)}
            for key, values in (("single", single), ("batch500", batch))}
     return {"backend": backend, "single_on_ms": med["single"][True], "single_off_ms": med["single"][False],
@@ -343,34 +333,26 @@ def concurrent_enqueue_overhead(session, backend: str, producers: int, seconds: 
     wake-up on and off in alternating rounds (on, off, off, on, ...), a listener connected."""
     import threading
 
-    with fresh_store(session, backend) as (url, client, _):
-        listener = client.storage.enqueue_listener([QUEUE])
-        toggle = _wake_toggle(backend, url)
-        rates: dict[bool, list[float]] = {True: [], False: []}
-        try:
-            for round_ in range(rounds * 2):
-                on = round_ % 4 in (0, 3)
-                toggle(on)
-                done = [0] * producers
-                until = time.monotonic() + seconds
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    with fresh_store(session, backend) as (url, client, _), wake_switch(backend, url, client) as (toggle, drain):
+        for round_ in range(rounds * 2):
+            on = round_ % 4 in (0, 3)
+            toggle(on)
+            done = [0] * producers
+            until = time.monotonic() + seconds
 
-                def produce(slot: int, until: float = until, done: list[int] = done) -> None:
-                    while time.monotonic() < until:
-                        client.enqueue(QUEUE, "probe", {"key": "c"})
-                        done[slot] += 1
+            def produce(slot: int, until: float = until, done: list[int] = done) -> None:
+                while time.monotonic() < until:
+                    client.enqueue(QUEUE, "probe", {"key": "c"})
+                    done[slot] += 1
 
-                threads = [threading.Thread(target=produce, args=(slot,)) for slot in range(producers)]
-                for thread in threads:
-                    thread.start()
-                for thread in threads:
-                    thread.join()
-                rates[on].append(sum(done) / seconds)
-                while listener is not None and listener.receive(0):
-                    pass
-        finally:
-            toggle(True)
-            if listener is not None:
-                listener.close()
+            threads = [threading.Thread(target=produce, args=(slot,)) for slot in range(producers)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            rates[on].append(sum(done) / seconds)
+            drain()
     return {"backend": backend, "producers": producers, "on_per_s": percentile(rates[True], 50),
             "off_per_s": percentile(rates[False], 50), "rounds": rounds}
 
@@ -402,6 +384,25 @@ def pg_trigger_cost(session, samples: int) -> dict[str, Any]:
             out[f"{name}_trigger_ms"] = percentile([m[0] for m in measured], 50)
             out[f"{name}_statement_ms"] = percentile([m[1] for m in measured], 50)
     return out
+
+
+@contextmanager
+def wake_switch(backend: str, url: str, client: Client) -> Iterator[tuple[Callable[[bool], None], Callable[[], None]]]:
+    """(switch the wake-up on or off, read what the connected listener has heard); the wake-up
+    is on again and the listener closed afterwards."""
+    listener = client.storage.enqueue_listener([QUEUE])
+    toggle = _wake_toggle(backend, url)
+
+    def drain() -> None:
+        while listener is not None and listener.receive(0):
+            pass
+
+    try:
+        yield toggle, drain
+    finally:
+        toggle(True)
+        if listener is not None:
+            listener.close()
 
 
 def _wake_toggle(backend: str, url: str) -> Callable[[bool], None]:
