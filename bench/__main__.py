@@ -19,7 +19,7 @@ from typing import Any
 
 from .common import load_average, machine_facts
 
-ALL_PARTS = ("roundtrips", "e2e", "peers", "ceiling", "backlog", "imports", "artifacts")
+ALL_PARTS = ("roundtrips", "e2e", "peers", "ceiling", "latency", "steady", "backlog", "imports", "artifacts")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -46,6 +46,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--reap-seconds", type=float, default=20.0, help="reaper time budget per backlog size")
     run.add_argument("--ceiling-n", type=int, default=20000)
     run.add_argument("--import-runs", type=int, default=5)
+    run.add_argument("--latency-n", type=int, default=200, help="tasks per idle enqueue→start run (rdq dev: a fifth)")
+    run.add_argument("--steady-rate", default="sqlite=200,postgres=200,redis=200,mongo=50",
+                     help="steady mixed load: tasks enqueued per second, per backend")
+    run.add_argument("--steady-seconds", type=float, default=8.0, help="steady mixed load: seconds of enqueueing")
     args = parser.parse_args(argv)
     if args.smoke:
         args.runs = 1
@@ -60,6 +64,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.reap_seconds = 5
         args.ceiling_n = 1000
         args.import_runs = 1
+        args.latency_n = 10
+        args.steady_rate = "sqlite=50,postgres=50,redis=50,mongo=20"
+        args.steady_seconds = 1.0
     return args
 
 
@@ -195,6 +202,22 @@ def run(args: argparse.Namespace) -> int:
                             rec.error(f"ceiling c{clients}", exc)
                 rec.save()
 
+        if "latency" in parts:
+            _latency(session, args, backends, peers, rec, log)
+        if "steady" in parts:
+            from .latency import steady_run
+
+            rec.note_load("steady")
+            rates = {name: float(rate) for name, rate in (item.split("=") for item in args.steady_rate.split(","))}
+            for rep in range(args.runs):
+                for backend in backends:
+                    _measured(rec, log, "steady", f"steady {backend}", rep,
+                              lambda b=backend: steady_run(session, b, rates[b], args.steady_seconds),
+                              lambda row: f"{row['rate_per_s']:g}/s: start p50 {row['start']['p50_ms']:.1f} "
+                                          f"p99 {row['start']['p99_ms']:.1f} ms, done p50 {row['done']['p50_ms']:.1f} "
+                                          f"p99 {row['done']['p99_ms']:.1f} ms")
+                rec.save()
+
         if "backlog" in parts:
             from .backlog import backlog_run
 
@@ -232,6 +255,62 @@ def run(args: argparse.Namespace) -> int:
     rec.save()
     log(f"wrote {rec.out / 'results.json'} and {rec.out / 'results.md'}")
     return 1 if rec.data["errors"] else 0
+
+
+def _latency(session, args: argparse.Namespace, backends: tuple[str, ...], peers: list[str], rec: Recorder, log) -> None:
+    """enqueue→start into an idle worker, rdq and PgQueuer interleaved per repetition, then what
+    the wake-up costs an enqueue (on/off A/B)."""
+    from .latency import (
+        concurrent_enqueue_overhead,
+        enqueue_overhead,
+        idle_latency_dev,
+        idle_latency_pgqueuer,
+        idle_latency_rdq,
+        pg_trigger_cost,
+    )
+
+    rec.note_load("latency")
+    runs: list[tuple[str, Any]] = [(f"rdq {b}", lambda b=b: idle_latency_rdq(session, b, args.latency_n))
+                                   for b in ("postgres", "redis") if b in backends]
+    if "pgqueuer" in peers and "postgres" in backends:
+        runs.append(("pgqueuer", lambda: idle_latency_pgqueuer(session, args.latency_n)))
+    if "sqlite" in backends:
+        runs.append(("rdq dev", lambda: idle_latency_dev(session, max(5, args.latency_n // 5))))
+    for rep in range(args.runs):
+        for name, measure in runs:
+            _measured(rec, log, "idle_latency", f"idle enqueue→start {name}", rep, measure,
+                      lambda row: f"p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms")
+        rec.save()
+    for backend in ("postgres", "redis"):
+        if backend in backends:
+            _measured(rec, log, "wake_overhead", f"enqueue with/without wake-up {backend}", 0,
+                      lambda b=backend: enqueue_overhead(session, b, blocks=max(2, args.runs * 2),
+                                                         per_block=max(50, args.latency_n)),
+                      lambda row: f"single {row['single_on_ms']:.2f}/{row['single_off_ms']:.2f} ms, "
+                                  f"batch 500 {row['batch500_on_ms']:.1f}/{row['batch500_off_ms']:.1f} ms")
+            if backend == "postgres":
+                _measured(rec, log, "wake_trigger", "wake-up trigger's server time", 0,
+                          lambda: pg_trigger_cost(session, samples=max(20, args.latency_n)),
+                          lambda row: f"{row['one_due_trigger_ms']:.3f} of {row['one_due_statement_ms']:.3f} ms (1 row), "
+                                      f"{row['batch500_due_trigger_ms']:.3f} of {row['batch500_due_statement_ms']:.3f} ms "
+                                      f"(500 rows), {row['one_notify_trigger_ms']:.3f} ms (1 row, notifying)")
+            _measured(rec, log, "wake_overhead_concurrent", f"8 concurrent producers with/without wake-up {backend}", 0,
+                      lambda b=backend: concurrent_enqueue_overhead(session, b, producers=8,
+                                                                    seconds=1.0 if args.smoke else 3.0,
+                                                                    rounds=1 if args.smoke else max(2, args.runs)),
+                      lambda row: f"{row['on_per_s']:.0f}/{row['off_per_s']:.0f} enqueues/s")
+    rec.save()
+
+
+def _measured(rec: Recorder, log, section: str, where: str, rep: int, measure, describe) -> None:
+    """One measurement: its row recorded in ``section`` and logged, or its error recorded."""
+    try:
+        row = measure()
+        row["rep"] = rep
+        rec.section(section).append(row)
+        log(f"{where}: {describe(row)}")
+    except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
+        rec.error(where, exc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,6 +109,59 @@ def render(data: dict) -> str:
                 _table(["backend", "W", "rdq tasks/s", "best peer tasks/s", "rdq / best peer", "ceiling rows/s", "rdq / ceiling"],
                        rows), ""]
 
+    if data.get("idle_latency"):
+        out += ["## enqueue→start into an idle worker (median over runs of each run's percentile)", ""]
+        rows = []
+        for (system, backend), group in sorted(_group(data["idle_latency"], "system", "backend").items()):
+            rows.append([system, backend, str(group[0]["n"]), str(len(group)),
+                         _f(median([g["p50_ms"] for g in group]), 1), _f(median([g["p99_ms"] for g in group]), 1),
+                         _f(max(g["max_ms"] for g in group), 1)])
+        out += [_table(["system", "backend", "tasks per run", "runs", "p50 ms", "p99 ms", "max ms"], rows), ""]
+
+    if data.get("wake_overhead"):
+        out += ["## What the wake-up costs an enqueue (median ms, wake-up on / off, alternating blocks)", ""]
+        rows = [[r["backend"], f"{_f(r['single_on_ms'], 2)} / {_f(r['single_off_ms'], 2)}",
+                 _f((r["single_on_ms"] / r["single_off_ms"] - 1) * 100, 1) + " %",
+                 f"{_f(r['batch500_on_ms'], 1)} / {_f(r['batch500_off_ms'], 1)}",
+                 _f((r["batch500_on_ms"] / r["batch500_off_ms"] - 1) * 100, 1) + " %",
+                 f"{r['single_n']} / {r['batch_n']}"]
+                for r in data["wake_overhead"]]
+        out += [_table(["backend", "1 task: on / off", "difference", "500 tasks: on / off", "difference",
+                        "samples per side (1 / 500)"], rows), ""]
+
+    if data.get("wake_trigger"):
+        out += ["### The PostgreSQL trigger's own server time (EXPLAIN ANALYZE, median ms: trigger of statement)", ""]
+        rows = [[f"{_f(r['one_due_trigger_ms'], 3)} of {_f(r['one_due_statement_ms'], 3)}",
+                 f"{_f(r['batch500_due_trigger_ms'], 3)} of {_f(r['batch500_due_statement_ms'], 3)}",
+                 f"{_f(r['one_notify_trigger_ms'], 3)} of {_f(r['one_notify_statement_ms'], 3)}", str(r["samples"])]
+                for r in data["wake_trigger"]]
+        out += [_table(["1 row, queue has due tasks (no NOTIFY)", "500 rows, queue has due tasks",
+                        "1 row into an empty queue (NOTIFY)", "samples (1-row)"], rows), ""]
+
+    if data.get("wake_overhead_concurrent"):
+        out += ["### Concurrent producers (enqueues/s, median of rounds, wake-up on / off)", ""]
+        rows = [[r["backend"], str(r["producers"]), str(r["rounds"]), f"{_f(r['on_per_s'])} / {_f(r['off_per_s'])}",
+                 _f((r["on_per_s"] / r["off_per_s"] - 1) * 100, 1) + " %"]
+                for r in data["wake_overhead_concurrent"]]
+        out += [_table(["backend", "producer threads", "rounds per side", "on / off", "difference"], rows), ""]
+
+    if data.get("steady"):
+        out += ["## Steady mixed load: a fixed enqueue rate while one `rdq worker` drains, 1 % failures retried "
+                "(median over runs)", ""]
+        rows = []
+        for (backend, rate), group in sorted(_group(data["steady"], "backend", "rate_per_s").items()):
+            def mid(part: str, key: str, group: list[dict] = group) -> str:
+                return _f(median([g[part][key] for g in group]), 1)
+            rows.append([backend, _f(rate), str(group[0]["n"]), str(len(group)),
+                         _f(median([g["offered_per_s"] for g in group])),
+                         _f(median([g["throughput_per_s"] for g in group])), str(group[0]["retried"]),
+                         mid("enqueue_call", "p50_ms"), f"{mid('start', 'p50_ms')} / {mid('start', 'p99_ms')}",
+                         f"{mid('done', 'p50_ms')} / {mid('done', 'p99_ms')}",
+                         f"{mid('done_first_try', 'p50_ms')} / {mid('done_first_try', 'p99_ms')}"])
+        out += [_table(["backend", "rate /s", "tasks", "runs", "offered /s", "throughput /s", "retried", "enqueue call p50 ms",
+                        "enqueue→start p50 / p99 ms", "enqueue→done p50 / p99 ms",
+                        "enqueue→done, not retried, p50 / p99 ms"], rows), ""]
+
     if data.get("backlog"):
         out += ["## Cost against backlog (claim batch 100; reaper over the expired leases)", ""]
         base = {}

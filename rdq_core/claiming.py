@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from .errors import SchemaMissing, StorageUnavailable
 from .outage import ReconnectBackoff, StorageHealth
@@ -27,6 +27,14 @@ from .runner import BatchRunner
 from .settling import BatchReport, ClaimLedger
 from .storage.spi import Storage
 from .telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from .wakeup import WakeSignal
+
+
+#: With a wake-up: how soon a loop that just ran tasks and then found none claims again; the
+#: pause doubles with each empty claim up to the idle pause (a wake-up ends any of them).
+RECHECK_AFTER_WORK_SECONDS = 0.01
 
 
 @dataclass
@@ -61,8 +69,11 @@ class ClaimLoop:
     until ``should_stop()`` or ``deadline`` (on ``clock``).
 
     ``idle_pause``: seconds to wait (with ``wait``) after a round that made no progress; None
-    ends the loop then instead. ``health``: given, storage outages and unexpected errors are
-    ridden out with backoff (logged once per outage on its logger); None, they end the loop.
+    ends the loop then instead. ``wake``: given, that wait ends early when a task is enqueued
+    into a served queue after the round began (``rdq_core.wakeup``), and right after work it
+    is shorter (``RECHECK_AFTER_WORK_SECONDS``, doubling). ``health``: given, storage outages
+    and unexpected errors are ridden out with backoff (logged once per outage on its logger);
+    None, they end the loop.
     """
 
     def __init__(
@@ -81,6 +92,7 @@ class ClaimLoop:
         health: StorageHealth | None = None,
         clock: Callable[[], float] = time.monotonic,
         wait: Callable[[float], object] = time.sleep,
+        wake: WakeSignal | None = None,
     ) -> None:
         self.storage = storage
         self.runner = runner
@@ -95,6 +107,7 @@ class ClaimLoop:
         self.health = health
         self.clock = clock
         self.wait = wait
+        self.wake = wake
 
     def stopped(self) -> bool:
         return self.should_stop() or self.clock() >= self.deadline
@@ -103,7 +116,10 @@ class ClaimLoop:
         """Rounds until stopped (or, without ``idle_pause``, until a round makes no progress)."""
         total = ClaimReport()
         backoff = ReconnectBackoff()
+        recheck = math.inf  # the next pause with a wake-up; short right after work
         while not self.stopped():
+            # Noted before the claim: an enqueue that commits while it runs still ends the pause.
+            mark = self.wake.mark() if self.wake is not None else 0
             try:
                 round_ = self.run_round()
             except (StorageUnavailable, SchemaMissing) as exc:
@@ -130,7 +146,16 @@ class ClaimLoop:
                 # claiming again at once would only release it again.
                 if self.idle_pause is None:
                     break
-                self.wait(self.idle_pause)
+                if self.wake is not None:
+                    # Right after work, re-check soon, then less and less often: a store may skip
+                    # the wake-up of an enqueue that saw a due task this loop had just claimed
+                    # (PostgreSQL does), and an empty claim is cheap (it writes nothing).
+                    self.wake.wait(mark, min(self.idle_pause, recheck))
+                    recheck *= 2
+                else:
+                    self.wait(self.idle_pause)
+            else:
+                recheck = RECHECK_AFTER_WORK_SECONDS
         return total
 
     def run_round(self) -> ClaimReport:

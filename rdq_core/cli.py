@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--overrun-grace", type=_positive_float, default=2.0, metavar="SECONDS",
                         help="how long a handler may run past its timeout, keeping its task, before the worker "
                              "restarts its process to stop it (default 2)")
+    worker.add_argument("--idle-poll", type=_positive_float, default=None, metavar="SECONDS",
+                        help="seconds between claims while the queues are empty (default: 1, SQLite 0.1); "
+                             "on PostgreSQL and Redis an enqueue wakes the worker at once")
 
     # schedules (rdq_core.schedules): the worker fires a local schedules file's periods
     worker.add_argument("--schedules", metavar="FILE", dest="schedules_file",
@@ -320,7 +323,7 @@ def cmd_worker(args: argparse.Namespace, url: str) -> int:
     _import_handler_modules(_module_list(args.handlers))
     queues = args.queues or []
     config = WorkerConfig(queues=queues, batch_size=args.batch, lease_seconds=args.lease, concurrency=args.concurrency,
-                          overrun_grace_seconds=args.overrun_grace,
+                          overrun_grace_seconds=args.overrun_grace, idle_poll_seconds=args.idle_poll,
                           schedules_file=args.schedules_file, schedules_every_seconds=max(args.schedules_every, 0.0))
     signals = _SignalCount()
     with _open_storage(url) as storage:

@@ -42,6 +42,7 @@ from .runner import BatchRunner
 from .settling import ClaimLedger
 from .storage.spi import Storage
 from .telemetry import Telemetry
+from .wakeup import StopEvent, WakeSignal
 
 log = logging.getLogger("rdq.worker")
 
@@ -107,7 +108,11 @@ class WorkerConfig:
     batch_size: int = 10
     lease_seconds: float = 30.0
     concurrency: int = 1
-    idle_poll_seconds: float = 1.0
+    #: Seconds an idle claim loop waits before claiming again; None: the store's
+    #: ``idle_poll_seconds``. An enqueue wakes it at once where the store can push (``wake_up``).
+    idle_poll_seconds: float | None = None
+    #: Listen for enqueues (PostgreSQL LISTEN/NOTIFY, Redis pub/sub) to end an idle wait early.
+    wake_up: bool = True
     #: How long past its timeout a handler may keep running (and its task held) before the
     #: worker stops so that its process can be restarted.
     overrun_grace_seconds: float = 2.0
@@ -148,12 +153,14 @@ class Worker:
         )
         self.health = StorageHealth(log, clock=clock)
         self.ledger = HeartbeatLedger(storage, config.lease_seconds, self.health)
-        self.stop_event = threading.Event()
+        self.stop_event = StopEvent()
+        self.wake = WakeSignal(storage, config.queues, self.stop_event) if config.wake_up else None
+        idle_poll = config.idle_poll_seconds if config.idle_poll_seconds is not None else storage.idle_poll_seconds
         self.claim_loop = ClaimLoop(
             storage, self.runner, queues=self._queues, batch_size=config.batch_size,
             lease_seconds=lambda: config.lease_seconds, should_stop=self.stop_event.is_set, ledger=self.ledger,
-            telemetry=self.telemetry, idle_pause=config.idle_poll_seconds, health=self.health, clock=clock,
-            wait=self.stop_event.wait,
+            telemetry=self.telemetry, idle_pause=idle_poll, health=self.health, clock=clock,
+            wait=self.stop_event.wait, wake=self.wake,
         )
         #: None while running or after a requested stop; ``HANDLER_OVERRAN`` when the worker
         #: stopped itself because a handler could not be stopped.
@@ -164,6 +171,8 @@ class Worker:
     def run_forever(self) -> None:
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="rdq-heartbeat", daemon=True)
         heartbeat.start()
+        if self.wake is not None:
+            self.wake.start()
         threads = [
             threading.Thread(target=self.claim_loop.run, name=f"rdq-worker-{n}", daemon=True)
             for n in range(self.config.concurrency)

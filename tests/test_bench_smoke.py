@@ -60,3 +60,32 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
         assert {r["system"] for r in data["head_to_head"]} >= {"rdq", "pgqueuer"}
     markdown = (out / "results.md").read_text()
     assert "## Round trips per task" in markdown and "## End-to-end throughput" in markdown
+
+
+@pytest.mark.timeout(150)
+def test_smoke_latency_and_steady_load(tmp_path):
+    """The idle enqueue→start runs (rdq on PostgreSQL and Redis, rdq dev; PgQueuer when
+    installed), the wake-up's cost to an enqueue, and the steady mixed load on all four backends."""
+    problem = _servers_unreachable()
+    if problem:
+        servers.fail_or_skip(f"benchmark servers unreachable: {problem}")
+    with_pgqueuer = bool(importlib.util.find_spec("pgqueuer") and importlib.util.find_spec("asyncpg"))
+    out = tmp_path / "results"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "run", "--smoke", "--out", str(out), "--parts", "latency,steady",
+         "--peers", "pgqueuer" if with_pgqueuer else ""],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=140,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    assert data["errors"] == []
+    systems = {(r["system"], r["backend"]) for r in data["idle_latency"]}
+    assert systems >= {("rdq", "postgres"), ("rdq", "redis"), ("rdq dev (HTTP API)", "sqlite")}
+    assert (("pgqueuer", "postgres") in systems) == with_pgqueuer
+    assert all(r["n"] > 0 and r["p50_ms"] > 0 for r in data["idle_latency"])
+    assert {r["backend"] for r in data["wake_overhead"]} == {"postgres", "redis"}
+    assert {r["backend"] for r in data["wake_overhead_concurrent"]} == {"postgres", "redis"}
+    assert {r["backend"] for r in data["steady"]} == {"sqlite", "postgres", "redis", "mongo"}
+    assert all(r["start"]["n"] == r["n"] and r["done"]["n"] == r["n"] for r in data["steady"])
+    assert "Steady mixed load" in (out / "results.md").read_text()

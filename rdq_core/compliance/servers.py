@@ -576,6 +576,7 @@ logfile = {self.workdir / "pgbouncer.log"}
         query = dict(parse_qsl(parts.query))
         query.pop("options", None)
         query["rdq_session_timeouts"] = "off"
+        query["listen"] = "off"  # LISTEN needs a session, which transaction pooling does not give
         return urlunsplit(parts._replace(netloc=f"postgres@127.0.0.1:{self.port}", query=urlencode(query)))
 
     def schema_url(self, direct_url: str) -> str:
@@ -595,7 +596,7 @@ logfile = {self.workdir / "pgbouncer.log"}
                                 f"connect_query='SET search_path TO {schema}'")
         self._write_config(self.port)
         self.admin("RELOAD")
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{schema}?rdq_session_timeouts=off"
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{schema}?rdq_session_timeouts=off&listen=off"
 
     def admin(self, command: str) -> None:
         """One command on pgbouncer's admin console (``RELOAD``, ``DISABLE db``, ``KILL db``...)."""

@@ -50,7 +50,7 @@ import base64
 import binascii
 import json
 from datetime import datetime, timezone
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
 from ..errors import InvalidCursor
 from ..events import EventSettings, OutboxEvent
@@ -76,6 +76,18 @@ from ..model import (
 from ..validation import TASK_ID, without_lone_surrogates
 
 
+class EnqueueListener(Protocol):
+    """One connection that hears enqueues (``Storage.enqueue_listener``); used by one thread."""
+
+    def receive(self, timeout: float) -> list[str]:
+        """Wait up to ``timeout`` seconds; the queues enqueued into since the last call (empty
+        when none). Raises (``StorageUnavailable`` or the driver's error) when the connection is
+        lost: the caller opens a new listener."""
+
+    def close(self) -> None:
+        """Drop the connection."""
+
+
 class Storage(abc.ABC):
     """A connection to one rdq store. Thread-safe: one instance may serve many threads."""
 
@@ -84,6 +96,10 @@ class Storage(abc.ABC):
 
     #: Statements / commands / script calls sent to the server so far (benchmarks read it).
     round_trips: int = 0
+
+    #: Seconds an idle ``rdq worker`` waits between claims unless configured otherwise; an
+    #: enqueue ends the wait early on a store with an ``enqueue_listener``.
+    idle_poll_seconds: float = 1.0
 
     # -- lifecycle -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -133,6 +149,12 @@ class Storage(abc.ABC):
     def release(self, refs: Sequence[ClaimRef]) -> None:
         """Return claimed-but-unstarted tasks to PENDING: no attempt row, budget unchanged,
         ``next_attempt_at`` unchanged. Raises ``StaleClaim`` for refused refs."""
+
+    def enqueue_listener(self, queues: Sequence[str]) -> "EnqueueListener | None":
+        """A new listener told of enqueues into ``queues`` (empty: every queue) as they commit,
+        or None when this store cannot push (the worker polls then). Best-effort: a listener may
+        miss or repeat a wake-up, never make an enqueue fail. See ``rdq_core.wakeup``."""
+        return None
 
     # -- reaper side -----------------------------------------------------------------------
     @abc.abstractmethod

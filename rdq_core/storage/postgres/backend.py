@@ -7,7 +7,10 @@ overlapping batches never deadlock. The database clock (``now()``, ``clock_times
 only time authority; the worker sends durations, never instants (except a user-chosen ``run_at``).
 
 Connections are autocommit (each statement is its own transaction), pooled per instance and
-bounded in time (``pool.py``). The URL is a plain libpq URL; ``?options=-csearch_path%3Dmyschema``
+bounded in time (``pool.py``). Idle workers hear enqueues through LISTEN on one extra connection
+(``enqueue_listener``; the NOTIFY comes from a trigger, migration 0007); ``?listen=off`` turns
+that off for a URL that goes through a transaction pooler, where a LISTEN does not stay put.
+The URL is a plain libpq URL; ``?options=-csearch_path%3Dmyschema``
 puts rdq's tables in a schema of their own (migrations create objects in the current schema).
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 from collections.abc import Iterator, Mapping, Sequence
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -23,9 +27,11 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from ...errors import (
+    ConfigurationError,
     InvalidInput,
     SchemaMissing,
     StorageUnavailable,
@@ -63,7 +69,24 @@ class PostgresStorage(StorageCore):
         self.url = url
         self.round_trips = 0
         self._round_trip_lock = threading.Lock()
+        url, self.listens = _without_listen_flag(url)
         self._pool = ConnectionPool(url, max_idle_connections)
+
+    def enqueue_listener(self, queues: Sequence[str]) -> _NotifyListener | None:
+        """LISTEN on this schema's channel on a connection of its own (not pooled: a LISTEN
+        belongs to its session). All queues share the channel; the payload names the queue."""
+        if not self.listens:
+            return None
+        conn = self._pool.connect()
+        try:
+            with _schema_required():
+                channel = conn.execute(QUERIES["wake_channel"]).fetchone()
+                assert channel is not None
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel[0])))
+        except BaseException:
+            conn.close()
+            raise
+        return _NotifyListener(conn)
 
     # -- plumbing ---------------------------------------------------------------------------
     @contextmanager
@@ -390,6 +413,41 @@ class PostgresStorage(StorageCore):
                   "before_at": None if before is None else from_micros(before[0]),
                   "before_id": None if before is None else before[1]}
         return self._fetch_all(QUERIES["audit_page"], params)
+
+
+#: rdq's URL parameter (removed before libpq sees the URL): ``listen=off`` makes workers poll
+#: instead of LISTENing, for a URL that goes through a transaction pooler (PgBouncer
+#: ``pool_mode=transaction``, RDS Proxy), where a session's LISTEN is not kept.
+LISTEN_PARAM = "listen"
+
+
+def _without_listen_flag(url: str) -> tuple[str, bool]:
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres") or LISTEN_PARAM not in parts.query:
+        return url, True
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    flags = [value.lower() for name, value in query if name == LISTEN_PARAM]
+    if not flags:
+        return url, True
+    if flags[-1] not in ("on", "off", "1", "0", "true", "false", "yes", "no"):
+        raise ConfigurationError(f"?{LISTEN_PARAM}= takes on or off, not {flags[-1]!r}")
+    rest = [(name, value) for name, value in query if name != LISTEN_PARAM]
+    return urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote))), flags[-1] in ("on", "1", "true", "yes")
+
+
+class _NotifyListener:
+    """The LISTENing connection of one worker (``enqueue_listener``)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def receive(self, timeout: float) -> list[str]:
+        # Ends at the first notification (later ones wait for the next call) or at the timeout;
+        # a connection the server closed raises OperationalError.
+        return [notify.payload for notify in self.conn.notifies(timeout=timeout, stop_after=1)]
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 @contextmanager

@@ -309,6 +309,10 @@ class ConnectionPool:
                     self._last_drop_logged = now
                 (log.debug if quiet else log.info)(
                     "dropped %d idle PostgreSQL connection(s) the server had closed; reconnecting", len(dead))
+        return self.connect()
+
+    def connect(self) -> psycopg.Connection:
+        """A new autocommit connection with this pool's settings, not counted in the pool."""
         try:
             # No server-side prepared statements: they break behind PgBouncer in transaction
             # mode and pin sessions in RDS Proxy, the usual fronts for Lambda fleets.

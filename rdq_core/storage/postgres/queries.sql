@@ -659,3 +659,7 @@ RETURNING o.seq, o.id, o.type, o.queue, o.task_id, o.at, o.detail
 
 -- name: outbox_ack
 DELETE FROM rdq_outbox WHERE id = ANY(%(ids)s::text[])
+
+-- name: wake_channel
+-- The channel rdq_wake_workers() notifies for the tables of this connection's schema.
+SELECT left('rdq_enqueued:' || current_schema(), 63) AS channel

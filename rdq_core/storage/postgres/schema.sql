@@ -194,3 +194,22 @@ CREATE TABLE rdq_fair_cursor (
 
     CONSTRAINT rdq_fair_cursor_pkey PRIMARY KEY (queue)
 );
+
+-- Idle workers wake on enqueue: one NOTIFY per queue that an INSERT made a due task in and that
+-- had no other due task, on this schema's channel (payload: the queue), delivered at commit.
+-- See migrations/0007 (why only then).
+CREATE FUNCTION rdq_wake_workers() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(left('rdq_enqueued:' || TG_TABLE_SCHEMA, 63), q.queue)
+    FROM (SELECT DISTINCT e.queue FROM rdq_enqueued AS e WHERE e.next_attempt_at <= now()) AS q
+    WHERE NOT EXISTS (
+        SELECT 1 FROM rdq_tasks AS t
+        WHERE t.queue = q.queue AND t.status = 'PENDING' AND t.next_attempt_at <= now()
+          AND NOT EXISTS (SELECT 1 FROM rdq_enqueued AS mine WHERE mine.id = t.id));
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER rdq_tasks_wake_workers AFTER INSERT ON rdq_tasks
+    REFERENCING NEW TABLE AS rdq_enqueued
+    FOR EACH STATEMENT EXECUTE FUNCTION rdq_wake_workers();

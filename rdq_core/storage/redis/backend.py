@@ -21,6 +21,8 @@ all keys of one queue live in one Redis Cluster slot and one script may touch th
 ``P:{q}:rate:<key>``           zset of a rate key's recent claims (token -> claim time, µs),
                                trimmed to the period by each claim, expiring when idle
 ``P:{q}:fair_last``            string: the group the last fair claim served last
+``P:{q}:wake``                 pub/sub channel (not a key): ``enqueue.lua`` publishes the queue's
+                               name there when it creates a due task; idle workers subscribe
 ``P:{P:global}:ids``           hash: task id -> queue (the global id index)
 ``P:{P:global}:queues``        set: queues that hold tasks (the reaper's registry)
 ``P:{P:global}:paused``        set: queues that may be paused (the listing of ``P:{q}:paused``)
@@ -116,6 +118,26 @@ class RedisStorage(StorageCore):
         self._docs_base = f"{self.prefix}:{{{self.prefix}:docs}}:"
         self._counter_lock = threading.Lock()
         self.round_trips = 0
+
+    def enqueue_listener(self, queues: Sequence[str]) -> _PubSubListener:
+        """A pub/sub connection subscribed to the wake channel of each of ``queues``, or of every
+        queue (a pattern) when none is named; returned once the server confirmed it."""
+        pubsub = self._client.pubsub(ignore_subscribe_messages=False)
+        try:
+            if queues:
+                pubsub.subscribe(*[self._queue_base_checked(queue) + "wake" for queue in queues])
+            else:
+                pubsub.psubscribe(f"{self.prefix}:{{*}}:wake")
+            confirmed = 0
+            while confirmed < max(len(queues), 1):
+                message = pubsub.get_message(timeout=DEFAULT_SUBSCRIBE_TIMEOUT)
+                if message is None:
+                    raise StorageUnavailable("Redis did not confirm the wake-up subscription")
+                confirmed += message["type"] in ("subscribe", "psubscribe")
+        except BaseException:
+            pubsub.close()
+            raise
+        return _PubSubListener(pubsub)
 
     def is_transient(self, exc: BaseException) -> bool:
         return super().is_transient(exc) or (isinstance(exc, ResponseError) and str(exc).startswith(_TRANSIENT_REPLIES))
@@ -602,6 +624,26 @@ def _json(value: Any) -> str:
     # UTF-8 JSON with lone surrogates repaired: the same text every backend stores, and JSON
     # that Redis' cjson can decode (it rejects a lone "\ud800" escape).
     return storable_json(value)
+
+
+#: Seconds to wait for the server to confirm a wake-up subscription.
+DEFAULT_SUBSCRIBE_TIMEOUT = 5.0
+
+
+class _PubSubListener:
+    """The wake-up subscription of one worker (``enqueue_listener``)."""
+
+    def __init__(self, pubsub: Any) -> None:
+        self.pubsub = pubsub
+
+    def receive(self, timeout: float) -> list[str]:
+        message = self.pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
+        if message is None or message["type"] not in ("message", "pmessage"):
+            return []
+        return [str(message["data"])]
+
+    def close(self) -> None:
+        self.pubsub.close()
 
 
 def _enqueue_args(task: NewTask) -> tuple[Any, ...]:

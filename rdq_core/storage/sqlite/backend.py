@@ -71,6 +71,9 @@ _ID_CHUNK = 500
 class SQLiteStorage(StorageCore):
     schemes = ("sqlite",)
     store_name = "SQLite"
+    # No cross-process push: an idle worker polls, often (an empty claim is a local read).
+    # `rdq dev`'s API wakes its in-process worker itself (lambda_host.invoker).
+    idle_poll_seconds = 0.1
     codec = RecordCodec(time=epoch_micros)
     transient_errors = (sqlite3.OperationalError,)  # narrowed to the unavailable codes by is_transient
     joins_transactions = False

@@ -2,6 +2,8 @@
 -- delay_us, run_at_us ('' for none), priority, concurrency_key, rate_key, group ('' for none).
 -- An existing id is returned untouched (idempotency).
 -- Returns per task {created 0|1, task reply}.
+-- Creating a due task PUBLISHes the queue name on base..'wake' (the queue's slot), once per
+-- call, to wake idle workers.
 
 need_string(ARGV[2], 'queue')
 need_groups(3, 12, 'enqueue')
@@ -19,6 +21,7 @@ end
 local now = now_us()
 local queue = ARGV[2]
 local out = {}
+local woken = false
 for o = 3, #ARGV, 12 do
   local id = ARGV[o]
   local key = task_key(id)
@@ -36,6 +39,8 @@ for o = 3, #ARGV, 12 do
     redis.call('HSET', key, unpack(fields))
     index_pending(id, us(next_at), lane_of(ARGV[o + 8], ARGV[o + 11]))
     out[#out + 1] = {1, task_reply_without_history(id)}
+    woken = woken or next_at <= now
   end
 end
+if woken then redis.call('PUBLISH', ARGV[1] .. 'wake', queue) end
 return out
