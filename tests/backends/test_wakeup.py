@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 from collections.abc import Iterator
 
 import pytest
@@ -64,9 +65,9 @@ def stopped(worker: Worker, thread: threading.Thread) -> None:
     assert not thread.is_alive(), "the worker did not stop"
 
 
-def assert_wakes(storage: Storage, started: Started, queue: str, key: str) -> None:
+def assert_wakes(storage: Storage, started: Started, queue: str, key: str, **options: Any) -> None:
     enqueued = time.monotonic()
-    Client(storage).enqueue(queue, "note", {"key": key})
+    Client(storage).enqueue(queue, "note", {"key": key}, **options)
     wait_until(lambda: key in started.at, timeout=WAKE_DEADLINE_SECONDS,
                what=f"task {key} to start within {WAKE_DEADLINE_SECONDS}s of its enqueue (poll: {POLL_SECONDS:g}s)")
     assert started.at[key] - enqueued < WAKE_DEADLINE_SECONDS
@@ -81,6 +82,19 @@ def test_an_enqueue_wakes_an_idle_worker(store: Storage) -> None:
         for n in range(4):
             assert_wakes(store, started, "wake", f"t{n}")
             time.sleep(0.2)  # let the claim loop go idle again
+    finally:
+        stopped(worker, thread)
+
+
+def test_an_enqueue_with_a_dedupe_key_wakes_an_idle_worker_too(store: Storage) -> None:
+    started = Started()
+    worker, thread = running_worker(store, started, ["wake"])
+    try:
+        assert_wakes(store, started, "wake", "first")
+        # Past the claim loop's re-checks after work (10 ms doubling: the next one is > 5 s away),
+        # so only the wake-up can start the keyed task within the deadline.
+        time.sleep(5.3)
+        assert_wakes(store, started, "wake", "keyed", dedupe_key="only-one")
     finally:
         stopped(worker, thread)
 

@@ -66,4 +66,5 @@ add_flow_fields(fields, T + 8)
 redis.call('HSET', key, unpack(fields))
 index_pending(id, us(due), lane_of(ARGV[T + 8], ARGV[T + 11]))
 redis.call('ZADD', index, now, id)
+if due <= now then redis.call('PUBLISH', ARGV[1] .. 'wake', queue) end  -- as enqueue.lua: wake idle workers
 return {1, task_reply_without_history(id), 0}
