@@ -170,11 +170,9 @@ class EventBridgePublisher:
     def __init__(self, settings: EventSettings, client: Any = None) -> None:
         self.settings = settings
         if client is None:
-            import boto3
-            from botocore.config import Config
+            from .aws_clients import aws_client
 
-            client = boto3.client("events", config=Config(
-                connect_timeout=2, read_timeout=5, retries={"total_max_attempts": 1, "mode": "standard"}))
+            client = aws_client("events")
         self.client = client
 
     def publish(self, events: Sequence[OutboxEvent]) -> list[bool]:
