@@ -74,6 +74,8 @@ def _redis_load(url: str, pending: int, expired: int, chunk: int = 5000) -> None
                 task_id, fields, zset, score = make(g)
                 pipe.hset(base + "task:" + task_id, mapping=fields)
                 pipe.zadd(base + zset, {task_id: score})
+                if zset == "due":  # a PENDING task is also in its claim lane (priority 0, no group)
+                    pipe.zadd(base + "lane:0:", {task_id: score})
                 ids[task_id] = QUEUE
             pipe.hset(ids_key, mapping=ids)
             pipe.execute()
@@ -98,6 +100,7 @@ def _redis_load(url: str, pending: int, expired: int, chunk: int = 5000) -> None
         }, "inflight", lease
 
     load(pending, pending_task)
+    client.zadd(base + "lanes", {"0:": 0})
     load(expired, expired_task)
     client.close()
 
