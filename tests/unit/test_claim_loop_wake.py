@@ -8,6 +8,8 @@ from typing import Any
 
 from rdq_core.claiming import RECHECK_AFTER_WORK_SECONDS, ClaimLoop
 from rdq_core.compliance.support import wait_until
+from rdq_core.flow import FlowPolicy
+from rdq_core.retry import PolicyBook
 from rdq_core.settling import BatchReport
 from rdq_core.wakeup import StopEvent, WakeSignal
 
@@ -19,13 +21,14 @@ class ScriptedStore:
         self.script = script
         self.claims = 0
 
-    def claim(self, queue: str, limit: int, lease_seconds: float) -> list[Any]:
+    def claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy) -> list[Any]:
         self.claims += 1
         return [object()] * (self.script.pop(0) if self.script else 0)
 
 
 class CountingRunner:
     lease_seconds = 0.0
+    policies = PolicyBook()
 
     def run(self, claimed: list[Any], **_: Any) -> BatchReport:
         return BatchReport(started=len(claimed))
@@ -71,8 +74,8 @@ def test_a_wake_up_during_the_claim_ends_the_wait_after_it() -> None:
     store = ScriptedStore([])
     claim = store.claim
 
-    def claim_then_enqueue(queue: str, limit: int, lease_seconds: float) -> list[Any]:
-        found = claim(queue, limit, lease_seconds)
+    def claim_then_enqueue(queue: str, limit: int, lease_seconds: float, flow: FlowPolicy) -> list[Any]:
+        found = claim(queue, limit, lease_seconds, flow)
         if store.claims == 1:
             wake.notify()  # an enqueue committed while the first claim ran
         if store.claims == 2:
