@@ -79,6 +79,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def drain_seconds(reports: list[dict], n: int, what: str) -> float:
+    """Seconds from the first task any worker process ran to the last, from their reports
+    (``tasks``, ``first``, ``last``); refuses a run whose workers did not run all ``n``."""
+    tasks = sum(r["tasks"] for r in reports)
+    if tasks != n:
+        raise RuntimeError(f"{what}: workers ran {tasks} tasks, expected {n}")
+    busy = [r for r in reports if r["tasks"]]
+    return max(r["last"] for r in busy) - min(r["first"] for r in busy)
+
+
 def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
     """SIGTERM by PID, then SIGKILL; only processes this harness started."""
     if proc.poll() is not None:

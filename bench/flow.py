@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends import BackendSession
-from .common import ROOT, load_average, machine_facts, median, stop_process
+from .common import ROOT, drain_seconds, load_average, machine_facts, median, stop_process
 
 
 WORKER = str(Path(__file__).with_name("flow_worker.py"))
@@ -56,11 +56,7 @@ def run_case(session: BackendSession, backend: str, tree: Path, case: str, n: in
         finally:
             for proc in procs:
                 stop_process(proc)
-    tasks = sum(r["tasks"] for r in reports)
-    if tasks != n:
-        raise RuntimeError(f"{case}: workers settled {tasks} of {n}")
-    busy = [r for r in reports if r["tasks"]]
-    window = max(r["last"] for r in busy) - min(r["first"] for r in busy)
+    window = drain_seconds(reports, n, case)
     claims = sum(r["claims"] for r in reports)
     return {"tasks_per_s": n / window, "claim_ms": 1000 * sum(r["claim_seconds"] for r in reports) / claims,
             "claims": claims, "empty_claims": sum(r["empty_claims"] for r in reports),

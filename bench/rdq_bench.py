@@ -13,7 +13,7 @@ from rdq_core.handlers import HandlerRegistry
 from rdq_core.storage import open_storage
 from rdq_core.worker import Worker, WorkerConfig
 
-from .common import child_env, stop_process
+from .common import child_env, drain_seconds, stop_process
 
 ENQUEUE_CHUNK = 500  # Limits.batch_items: the largest batch enqueue_many takes
 
@@ -55,11 +55,7 @@ def drain_with_workers(url: str, queue: str, n: int, workers: int, batch: int, t
     finally:
         for proc in procs:
             stop_process(proc)
-    tasks = sum(r["tasks"] for r in reports)
-    if tasks != n:
-        raise RuntimeError(f"workers ran {tasks} tasks, expected {n}")
-    busy = [r for r in reports if r["tasks"]]
-    window = max(r["last"] for r in busy) - min(r["first"] for r in busy)
+    window = drain_seconds(reports, n, "rdq")
     return {
         "seconds": window,
         "tasks_per_s": n / window,
