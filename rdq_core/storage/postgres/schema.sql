@@ -36,6 +36,9 @@ CREATE TABLE rdq_tasks (
     task_group       text COLLATE "C",
     -- enqueue-time dedupe (docs/flow-control.md)
     dedupe_key       text COLLATE "C",
+    -- the attempt history in attempt order (schema 8): {attempt_no, outcome, started_at,
+    -- finished_at, error} each, appended by the settle that ends the attempt
+    attempts         jsonb NOT NULL DEFAULT '[]'::jsonb,
 
     CONSTRAINT rdq_tasks_pkey PRIMARY KEY (id),
     CONSTRAINT rdq_tasks_status_check
@@ -50,24 +53,14 @@ CREATE TABLE rdq_tasks (
         OR (status <> 'IN_FLIGHT' AND claim_token IS NULL AND lease_expires_at IS NULL)
     ),
     CONSTRAINT rdq_tasks_dead_at_check CHECK ((status = 'DEAD') = (dead_at IS NOT NULL)),
-    CONSTRAINT rdq_tasks_priority_check CHECK (priority BETWEEN 0 AND 9)
-);
-
-CREATE TABLE rdq_attempts (
-    task_id     text COLLATE "C" NOT NULL,
-    attempt_no  integer NOT NULL,
-    outcome     text NOT NULL,
-    started_at  timestamptz,
-    finished_at timestamptz,
-    error       jsonb,
-
-    -- History is unique per task; attempt_no is MAX(attempt_no) + 1, never a counter.
-    CONSTRAINT rdq_attempts_task_attempt_no_key UNIQUE (task_id, attempt_no),
-    CONSTRAINT rdq_attempts_task_fkey
-        FOREIGN KEY (task_id) REFERENCES rdq_tasks (id) ON DELETE CASCADE,
-    CONSTRAINT rdq_attempts_attempt_no_check CHECK (attempt_no >= 1),
-    CONSTRAINT rdq_attempts_outcome_check
-        CHECK (outcome IN ('SUCCESS', 'RETRYABLE_FAILURE', 'PERMANENT_FAILURE', 'LEASE_EXPIRED', 'SNOOZED'))
+    CONSTRAINT rdq_tasks_priority_check CHECK (priority BETWEEN 0 AND 9),
+    -- History is unique and gap-free per task: attempt_no is the last attempt_no + 1 (never a
+    -- counter), so the last one always equals the number of attempts.
+    CONSTRAINT rdq_tasks_attempts_numbered_check CHECK (
+        jsonb_typeof(attempts) = 'array'
+        AND (jsonb_array_length(attempts) = 0
+             OR (attempts -> -1 ->> 'attempt_no')::integer = jsonb_array_length(attempts))
+    )
 );
 
 -- Partial indexes: each hot path scans only the rows in the state it looks for, so its cost
@@ -86,10 +79,6 @@ CREATE INDEX rdq_tasks_pending_due_idx ON rdq_tasks (queue, next_attempt_at, id)
 CREATE INDEX rdq_tasks_pending_claim_idx ON rdq_tasks (queue, priority, next_attempt_at, id)
     WHERE status = 'PENDING';
 
--- a flow-controlled claim's in-flight counts per concurrency key.
-CREATE INDEX rdq_tasks_in_flight_key_idx ON rdq_tasks (queue, concurrency_key)
-    WHERE status = 'IN_FLIGHT';
-
 -- fair_groups: the groups of a queue with PENDING tasks (a skip scan), then each group's next
 -- due tasks.
 CREATE INDEX rdq_tasks_pending_group_idx ON rdq_tasks (queue, task_group, priority, next_attempt_at, id)
@@ -100,9 +89,10 @@ CREATE INDEX rdq_tasks_dedupe_idx ON rdq_tasks (queue, dedupe_key, created_at, i
     WHERE dedupe_key IS NOT NULL;
 
 -- reaper: IN_FLIGHT tasks whose lease expired, oldest expiry first, in one queue or queue by
--- queue (a skip scan over this index); IN_FLIGHT listings.
+-- queue (a skip scan over this index); IN_FLIGHT listings; a flow-controlled claim's in-flight
+-- counts per concurrency key (index-only, hence the INCLUDE).
 CREATE INDEX rdq_tasks_lease_expiry_idx ON rdq_tasks (queue, lease_expires_at, id)
-    WHERE status = 'IN_FLIGHT';
+    INCLUDE (concurrency_key) WHERE status = 'IN_FLIGHT';
 
 -- DLQ keyset paging by (dead_at, id) within a queue.
 CREATE INDEX rdq_tasks_dead_idx ON rdq_tasks (queue, dead_at, id)
@@ -116,8 +106,10 @@ CREATE INDEX rdq_tasks_finished_idx ON rdq_tasks (queue, status, updated_at, id)
 CREATE INDEX rdq_tasks_retention_idx ON rdq_tasks (updated_at)
     WHERE status IN ('SUCCEEDED', 'CANCELLED');
 
--- stats counts per status and the list_queues skip scan, both index-only.
-CREATE INDEX rdq_tasks_queue_status_idx ON rdq_tasks (queue, status);
+-- stats counts per status and the list_queues skip scan, both index-only. status is included,
+-- not a key column: a claim planned without statistics must not be able to pick this index over
+-- the claim index (and sort the queue's backlog).
+CREATE INDEX rdq_tasks_queue_idx ON rdq_tasks (queue) INCLUDE (status);
 
 -- A row per paused queue: the claim reads it by primary key inside its own statement, and a
 -- paused queue's claim returns nothing.
