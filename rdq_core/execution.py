@@ -1,17 +1,26 @@
-"""Running one task's handler under its deadline, and abandoning one that overruns it.
+"""Running the handlers of a batch under their deadlines, and abandoning one that overruns.
 
 The handler gets a ``TaskContext`` whose deadline is the earlier of its own timeout and the
 batch's deadline; what it returns or raises goes to ``rdq_core.outcomes`` to be decided.
 
-With ``abandon_overdue_handlers`` (the long-running worker), each handler runs on a helper
-thread of its claim loop; one that overruns its timeout keeps running *and keeps its task*
-until it returns (Python cannot stop a thread), while the batch goes on with a fresh helper.
-The host reads ``overruns()`` and bounds them (``rdq worker`` restarts its process).
+Without ``abandon_overdue_handlers`` (the Lambda host) the batch is walked on the calling thread.
+
+With it (the long-running worker), the claim loop hands the whole walk over its batch to a
+helper thread as one job -- one thread handoff per batch, not per task -- and becomes its
+watchdog. The job publishes the task whose handler runs now and when its time is up; the
+watchdog sleeps until that time (or until the job ends), and a task published in between with
+an earlier end wakes it. A handler that overruns keeps running *and keeps its task* until it
+returns (Python cannot stop a thread): the watchdog marks it abandoned and hands the rest of the
+batch to a job on a fresh helper; the stuck job, once its handler returns, settles that late
+outcome on its own and takes nothing more. The host reads ``overruns()`` and bounds them
+(``rdq worker`` restarts its process).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import queue as queue_module
 import threading
 import time
@@ -41,8 +50,13 @@ class Overrun:
     overdue_since: float
 
 
-def run_handler(item: ClaimedTask, spec: HandlerSpec, ctx: TaskContext, policies: PolicyBook) -> Settlement:
-    """Call the handler on this thread and have its result or exception decided."""
+def run_handler(
+    item: ClaimedTask, spec: HandlerSpec, ctx: TaskContext, policies: PolicyBook, *, interruptible: bool = True
+) -> Settlement:
+    """Call the handler on this thread and have its result or exception decided.
+
+    ``interruptible``: a ``KeyboardInterrupt`` is raised on (the operator's Ctrl-C); without it,
+    on a helper thread that signals never reach, it is the handler's own failure like any other."""
     task = item.task
     try:
         # The handler's own log lines carry the task's keys (on this thread only); it runs inside
@@ -54,13 +68,48 @@ def run_handler(item: ClaimedTask, spec: HandlerSpec, ctx: TaskContext, policies
             ctx.traceparent = traceparent
             # A payload kept in the payload store is fetched and hash-checked here (rdq_core/payloads.py).
             result = spec.func(payloads.task_payload(task), ctx)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # noqa: BLE001 - a crashing handler is a failed attempt, never a dead loop
+    except BaseException as exc:  # a crashing handler is a failed attempt, never a dead loop
+        if interruptible and isinstance(exc, KeyboardInterrupt):
+            raise
         return outcomes.from_exception(item, exc, policies)
     if isinstance(result, Snooze):  # returned rather than raised: the same request
         return outcomes.snoozed(item, result)
     return payloads.handler_outcome(item, result, policies)  # a large result goes to the payload store
+
+
+class _Abandoned(BaseException):
+    """Ends a job whose handler overran: the rest of its batch belongs to another job now.
+    A BaseException so that nothing between ``execute`` and the job's loop catches it."""
+
+
+class _BatchJob:
+    """One walk over a batch on a helper thread, and what its watchdog reads of it (under ``cond``)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        #: The task whose handler runs now, and when its time is up.
+        self.task_id: str | None = None
+        self.spec: HandlerSpec | None = None
+        self.run_until = math.inf
+        #: When the watchdog wakes by itself next: a task ending earlier must wake it.
+        self.armed_until = math.inf
+        #: Set by the watchdog: the running handler overran (or the watchdog left); the job
+        #: settles that handler's outcome itself and takes nothing more.
+        self.abandoned = False
+        self.done = False
+        self.error: BaseException | None = None
+
+    def begin(self, task_id: str, spec: HandlerSpec, run_until: float) -> None:
+        with self.cond:
+            self.task_id, self.spec, self.run_until = task_id, spec, run_until
+            if run_until < self.armed_until:
+                self.cond.notify()
+
+    def end(self) -> bool:
+        """The handler returned; True when the watchdog had already given up on it."""
+        with self.cond:
+            self.task_id = self.spec = None
+            return self.abandoned
 
 
 class HandlerExecution:
@@ -81,6 +130,8 @@ class HandlerExecution:
         # One helper thread per calling thread (claim loop), replaced when a handler overruns.
         self._handler_threads = threading.local()
         self._all_handler_threads: list[_HandlerThread] = []
+        # On a helper thread: the job it runs now (``execute`` reports to it).
+        self._jobs = threading.local()
         self._lock = threading.Lock()
         self._overruns: dict[str, Overrun] = {}
         #: Handlers running now (task id -> handler name), for a host that reports what it waits for.
@@ -103,6 +154,42 @@ class HandlerExecution:
         for thread in threads:
             thread.close()
 
+    def run_batch(self, take: Callable[[], ClaimedTask | None], step: Callable[[ClaimedTask], bool]) -> int:
+        """Call ``step`` on each item ``take`` gives until it gives None or ``step`` returns False;
+        ``step`` runs the item's handler with ``execute``. Returns how many handlers overran and
+        were left running (their outcome is settled by ``execute``'s ``settle_late``).
+
+        An exception out of ``step`` is raised here, on the calling thread, in both modes."""
+        if not self.abandon_overdue_handlers:
+            while (item := take()) is not None and step(item):
+                pass
+            return 0
+        abandoned = 0
+        while True:
+            job = _BatchJob()
+            self._helper_thread().submit(functools.partial(self._walk, job, take, step))
+            try:
+                overran = self._watch(job)
+            except BaseException:
+                # Leaving early (an interrupt): the job settles its running handler's outcome
+                # itself and stops; the caller releases what it has not taken.
+                with job.cond:
+                    job.abandoned = True
+                raise
+            if overran is None:
+                if job.error is not None:
+                    raise job.error
+                return abandoned
+            abandoned += 1
+            task_id, spec = overran
+            self._handler_threads.current = None  # the rest of the batch gets a fresh helper
+            self.telemetry.count("abandoned_handlers")
+            log.error(
+                "handler %r of task %s overran its timeout of %gs; it keeps running and keeps its task "
+                "(the lease is still renewed), the rest of the batch goes on",
+                spec.name, task_id, spec.timeout_seconds,
+            )
+
     def execute(
         self,
         item: ClaimedTask,
@@ -110,9 +197,10 @@ class HandlerExecution:
         deadline: float,
         extend: Callable[[float | None], None],
         settle_late: Callable[[Settlement], None],
-    ) -> Settlement | None:
-        """Run ``item``'s handler until its timeout or ``deadline``, whichever comes first; None
-        when it overran and was left running (``settle_late`` then gets its outcome)."""
+    ) -> Settlement:
+        """Run ``item``'s handler on this thread until its timeout or ``deadline``, whichever
+        comes first. Inside a ``run_batch`` job, a handler the watchdog gave up on has its
+        outcome passed to ``settle_late`` when it returns, and the job ends there."""
         task = item.task
         run_until = min(deadline, self.clock() + spec.timeout_seconds)
         ctx = TaskContext(
@@ -126,64 +214,75 @@ class HandlerExecution:
         )
         with self._lock:
             self._running[task.id] = spec.name
+        job: _BatchJob | None = getattr(self._jobs, "job", None)
+        if job is None:
+            try:
+                return run_handler(item, spec, ctx, self.policies)
+            finally:
+                with self._lock:
+                    self._running.pop(task.id, None)
+        job.begin(task.id, spec, run_until)
         try:
-            if self.abandon_overdue_handlers:
-                return self._execute_on_helper_thread(item, spec, ctx, run_until, settle_late)
-            return run_handler(item, spec, ctx, self.policies)
+            settlement = run_handler(item, spec, ctx, self.policies, interruptible=False)
+        finally:
+            late = job.end()
+            if not late:
+                with self._lock:
+                    self._running.pop(task.id, None)
+        if not late:
+            return settlement
+        # Overran: the claim stayed in the ledger (the heartbeat renewed it) while the batch
+        # went on without it; its real outcome is written now. Only once the host has ended
+        # the process can the lease lapse, so two executions of one task never overlap.
+        outcomes.log_outcome(task, settlement, self.policies, None)
+        try:
+            settle_late(settlement)
         finally:
             with self._lock:
-                if task.id not in self._overruns:  # an overrunning handler is still running
-                    self._running.pop(task.id, None)
+                overran = self._overruns.pop(task.id, None) is not None
+                self._running.pop(task.id, None)
+        if overran:
+            log.warning("overrunning handler %r of task %s returned; settled its outcome (%s)",
+                        spec.name, task.id, settlement.outcome.value)
+        raise _Abandoned
 
-    def _execute_on_helper_thread(
-        self, item: ClaimedTask, spec: HandlerSpec, ctx: TaskContext, run_until: float,
-        settle_late: Callable[[Settlement], None],
-    ) -> Settlement | None:
-        """Run the handler on this claim loop's helper thread and wait until its time is up.
+    def _walk(self, job: _BatchJob, take: Callable[[], ClaimedTask | None], step: Callable[[ClaimedTask], bool]) -> None:
+        """The job on the helper thread. Always marks itself done, so the watchdog never hangs."""
+        self._jobs.job = job
+        try:
+            while not job.abandoned and (item := take()) is not None and step(item):
+                pass
+        except _Abandoned:
+            pass
+        except BaseException as exc:  # handed to the watchdog, raised on its thread
+            with job.cond:
+                abandoned = job.abandoned
+            if abandoned:  # nobody waits for this job any more
+                log.exception("error in a batch job after the batch went on without it")
+            else:
+                job.error = exc
+        finally:
+            self._jobs.job = None
+            with job.cond:
+                job.done = True
+                job.cond.notify()
 
-        A handler that overruns keeps running and *keeps its task*: the claim stays in the
-        ledger (the heartbeat renews it), the claim loop goes on with a fresh helper, and when
-        the handler returns its real outcome is settled. Only once the host has ended the
-        process can the lease lapse, so two executions of one task never overlap.
-        """
-        outcome: list[Settlement] = []
-        overran = False  # set under `lock`; a plain flag, not an Event: one fewer Condition per task
-        finished = threading.Event()
-        lock = threading.Lock()
-
-        def job() -> None:
-            settlement = run_handler(item, spec, ctx, self.policies)
-            with lock:
-                outcome.append(settlement)
-                late = overran
-                finished.set()
-            if late:
-                outcomes.log_outcome(item.task, settlement, self.policies, None)
-                try:
-                    settle_late(settlement)
-                finally:
-                    with self._lock:
-                        self._overruns.pop(item.task.id, None)
-                        self._running.pop(item.task.id, None)
-                log.warning("overrunning handler %r of task %s returned; settled its outcome (%s)",
-                            spec.name, item.task.id, settlement.outcome.value)
-
-        self._helper_thread().submit(job)
-        if finished.wait(max(0.0, run_until - self.clock())):
-            return outcome[0]
-        with lock:
-            if finished.is_set():  # it made it at the last moment
-                return outcome[0]
-            overran = True
-            self._handler_threads.current = None  # the next task gets a fresh helper
-            with self._lock:
-                self._overruns[item.task.id] = Overrun(item.task.id, spec.name, spec.timeout_seconds, self.clock())
-        self.telemetry.count("abandoned_handlers")
-        log.error(
-            "handler %r of task %s overran its timeout of %gs; it keeps running and keeps its task "
-            "(the lease is still renewed), the rest of the batch goes on",
-            spec.name, item.task.id, spec.timeout_seconds,
-        )
+    def _watch(self, job: _BatchJob) -> tuple[str, HandlerSpec] | None:
+        """Wait until ``job`` is done (None) or its running handler overruns: then that task
+        (recorded as an ``Overrun``, the job marked abandoned)."""
+        with job.cond:
+            while not job.done:
+                job.armed_until = job.run_until if job.task_id is not None else math.inf
+                wait = job.armed_until - self.clock()
+                if wait > 0:
+                    job.cond.wait(None if math.isinf(wait) else wait)
+                    continue
+                assert job.task_id is not None and job.spec is not None
+                job.abandoned = True
+                with self._lock:
+                    self._overruns[job.task_id] = Overrun(job.task_id, job.spec.name, job.spec.timeout_seconds,
+                                                          self.clock())
+                return job.task_id, job.spec
         return None
 
     def _helper_thread(self) -> _HandlerThread:
@@ -198,7 +297,7 @@ class HandlerExecution:
 
 
 class _HandlerThread:
-    """A daemon thread running handler jobs for one claim loop, one at a time."""
+    """A daemon thread running batch jobs for one claim loop, one at a time."""
 
     def __init__(self) -> None:
         self._jobs: queue_module.SimpleQueue[Callable[[], None] | None] = queue_module.SimpleQueue()
@@ -209,7 +308,7 @@ class _HandlerThread:
         while (job := self._jobs.get()) is not None:
             try:
                 job()
-            except Exception:  # keep serving; the claim loop times the job out
+            except Exception:  # keep serving (a job hands its own errors to its watchdog)
                 log.exception("handler job failed outside the handler")
 
     def submit(self, job: Callable[[], None]) -> None:

@@ -2,8 +2,10 @@
 
 The Lambda worker passes the invocation's deadline; the long-running ``rdq worker`` passes no
 deadline and renews leases with a heartbeat instead (its ``ClaimLedger``). The parts:
-``execution`` runs one handler under its deadline (and abandons one that overruns it),
-``outcomes`` decides what happened, ``settling`` buffers and writes the decisions.
+``execution`` walks the batch and runs each handler under its deadline (the long-running worker
+hands the whole walk to a helper thread and abandons a handler that overruns),
+``outcomes`` decides what happened, ``settling`` buffers and writes the decisions. The per-task
+steps below (``_run_one``) therefore run on that helper thread there, including a buffer flush.
 
 Scheduling, enforced here (each rule is a test in the compliance kit): a task starts only if
 its handler's ``timeout_seconds`` (plus a settle margin) still fits before the deadline; the rest
@@ -19,6 +21,7 @@ import logging
 import math
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from . import outcomes
@@ -33,6 +36,15 @@ from .telemetry import Telemetry
 log = logging.getLogger("rdq.runner")
 
 __all__ = ["BatchReport", "BatchRunner", "ClaimLedger", "Overrun"]
+
+
+@dataclass(frozen=True, eq=False)  # compared by identity: one per run
+class _ActiveBatch:
+    cursor: BatchCursor
+    buffer: OutcomeBuffer
+    report: BatchReport
+    ledger: ClaimLedger
+    deadline: float
 
 
 class BatchRunner:
@@ -69,7 +81,7 @@ class BatchRunner:
                                           abandon_overdue_handlers=abandon_overdue_handlers, clock=clock)
         self.settler = Settler(storage, self.telemetry, lease_seconds=lease_seconds, clock=clock, sleep=sleep)
         self._lock = threading.Lock()
-        self._active_batches: list[tuple[BatchCursor, OutcomeBuffer, BatchReport, ClaimLedger, float]] = []
+        self._active_batches: list[_ActiveBatch] = []
 
     @property
     def lease_seconds(self) -> float:
@@ -99,11 +111,11 @@ class BatchRunner:
         with self._lock:
             active = list(self._active_batches)
         released = 0
-        for batch, buffer, report, ledger, deadline in active:
-            buffer.flush()
-            before = report.released
-            self.settler.release(batch.take_unstarted(), report, ledger, deadline)
-            released += report.released - before
+        for batch in active:
+            batch.buffer.flush()
+            before = batch.report.released
+            self.settler.release(batch.cursor.take_unstarted(), batch.report, batch.ledger, batch.deadline)
+            released += batch.report.released - before
         return released
 
     def run(
@@ -117,50 +129,51 @@ class BatchRunner:
         ledger = ledger or ClaimLedger()
         ledger.hold(claimed)
         report = BatchReport()
-        batch = BatchCursor(claimed)
-        buffer = OutcomeBuffer(self.settler, report, ledger, batch, deadline, settle_batch=self.settle_batch,
+        cursor = BatchCursor(claimed)
+        buffer = OutcomeBuffer(self.settler, report, ledger, cursor, deadline, settle_batch=self.settle_batch,
                                settle_interval=self.settle_interval, clock=self.clock)
-        active = (batch, buffer, report, ledger, deadline)
+        active = _ActiveBatch(cursor, buffer, report, ledger, deadline)
         with self._lock:
             self._active_batches.append(active)
         try:
-            while (item := batch.take()) is not None:
-                if should_stop():
-                    batch.set_aside(item)
-                    break
-                spec = self.registry.get(item.task.handler)  # looked up once per task
-                needed = (spec.timeout_seconds if spec else 0.0) + self.settle_margin
-                if spec is not None and needed > self.longest_run_seconds:
-                    report.too_long += 1
-                    buffer.add(self._too_long_for_host(item, spec, needed))
-                    continue
-                if deadline - self.clock() < needed:
-                    # Too long for the time left; a quicker task later in the batch may still fit.
-                    batch.set_aside(item)
-                    continue
-                report.started += 1
-                buffer.watch_while_a_handler_runs()
-                began = self.clock()
-                settlement = self._execute(item, spec, deadline, ledger)
-                if settlement is None:
-                    # Overran its timeout: still running, its task still held (see execution).
-                    report.abandoned += 1
-                    continue
-                report.add(settlement.outcome)
-                outcomes.log_outcome(item.task, settlement, self.policies, self.clock() - began)
-                # Buffered outcomes are durable within settle_interval even while the next
-                # handler runs (the buffer's own thread writes them), and the ledger renews
-                # their leases until then: a finished task is never reaped and run again.
-                buffer.add(settlement)
+            # Overrunning handlers were left running, their tasks still held (see execution).
+            report.abandoned += self.execution.run_batch(cursor.take, lambda item: self._run_one(item, active, should_stop))
         finally:
             buffer.close()
-            self.settler.release(batch.take_unstarted(), report, ledger, deadline)
+            self.settler.release(cursor.take_unstarted(), report, ledger, deadline)
             with self._lock:
                 self._active_batches.remove(active)
         return report
 
+    def _run_one(self, item: ClaimedTask, batch: _ActiveBatch, should_stop: Callable[[], bool]) -> bool:
+        """Start, set aside or dead-letter one claimed task; False when the batch stops here."""
+        if should_stop():
+            batch.cursor.set_aside(item)
+            return False
+        spec = self.registry.get(item.task.handler)  # looked up once per task
+        needed = (spec.timeout_seconds if spec else 0.0) + self.settle_margin
+        if spec is not None and needed > self.longest_run_seconds:
+            batch.report.too_long += 1
+            batch.buffer.add(self._too_long_for_host(item, spec, needed))
+            return True
+        if batch.deadline - self.clock() < needed:
+            # Too long for the time left; a quicker task later in the batch may still fit.
+            batch.cursor.set_aside(item)
+            return True
+        batch.report.started += 1
+        batch.buffer.watch_while_a_handler_runs()
+        began = self.clock()
+        settlement = self._execute(item, spec, batch.deadline, batch.ledger)
+        batch.report.add(settlement.outcome)
+        outcomes.log_outcome(item.task, settlement, self.policies, self.clock() - began)
+        # Buffered outcomes are durable within settle_interval even while the next
+        # handler runs (the buffer's own thread writes them), and the ledger renews
+        # their leases until then: a finished task is never reaped and run again.
+        batch.buffer.add(settlement)
+        return True
+
     def _execute(self, item: ClaimedTask, spec: HandlerSpec | None, deadline: float,
-                 ledger: ClaimLedger) -> Settlement | None:
+                 ledger: ClaimLedger) -> Settlement:
         if spec is None:
             return outcomes.unknown_handler(item)
         return self.execution.execute(

@@ -145,8 +145,9 @@ class Worker:
         self.telemetry = telemetry or Telemetry()
         self.clock = clock
         self.sleep = sleep
-        # A container host has no invocation deadline to cut a hung handler short, so handlers
-        # run on a helper thread and an overrunning one is left running, its task still held.
+        # A container host has no invocation deadline to cut a hung handler short, so each batch
+        # runs on a helper thread watched by its claim loop, and an overrunning handler is left
+        # running, its task still held, while the rest of its batch goes on (rdq_core.execution).
         self.runner = BatchRunner(
             storage, self.policies, registry, self.telemetry, lease_seconds=config.lease_seconds,
             abandon_overdue_handlers=True, clock=clock, sleep=sleep,
