@@ -163,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
             from .ceiling import ceiling_run
             from .peers.drivers import peer_run, versions
             from .rdq_bench import e2e_run
+            from .redis_ceiling import redis_ceiling_run
 
             rec.data["peer_versions"] = versions()
             rec.note_load("peers")
@@ -193,13 +194,13 @@ def run(args: argparse.Namespace) -> int:
                                 rec.error(f"peer {peer} W{w}", exc)
                 if "ceiling" in parts:
                     for clients in workers:
-                        try:
-                            row = ceiling_run(session.pg_database_url, args.ceiling_n, clients)
-                            row["rep"] = rep
-                            rec.section("ceiling").append(row)
-                            log(f"ceiling clients={clients}: {row['rows_per_s']:.0f} rows/s")
-                        except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
-                            rec.error(f"ceiling c{clients}", exc)
+                        _measured(rec, log, "ceiling", f"ceiling clients={clients}", rep,
+                                  lambda c=clients: ceiling_run(session.pg_database_url, args.ceiling_n, c),
+                                  lambda row: f"{row['rows_per_s']:.0f} rows/s")
+                        if "redis" in backends:  # the bare Lua floor under rdq's Redis scripts
+                            _measured(rec, log, "redis_ceiling", f"redis ceiling clients={clients}", rep,
+                                      lambda c=clients: redis_ceiling_run(args.ceiling_n, c),
+                                      lambda row: f"{row['rows_per_s']:.0f} rows/s")
                 rec.save()
 
         if "latency" in parts:

@@ -1,5 +1,8 @@
 """The physical reference on the same PostgreSQL: a bare batched SKIP LOCKED claim of 100 rows
-plus one bulk status update, no library, psycopg 3 autocommit (the driver rdq uses)."""
+plus one bulk status update, no library, psycopg 3 autocommit (the driver rdq uses).
+
+Its Redis counterpart is ``bench/redis_ceiling.py``; both start their clients on one barrier
+(``run_clients``) and time them the same way (``busy_window``)."""
 
 from __future__ import annotations
 
@@ -60,9 +63,22 @@ def ceiling_run(pg_database_url: str, n: int, clients: int, limit: int = 100) ->
             {"n": n},
         )
         conn.execute("VACUUM ANALYZE ceiling_jobs")
+    try:
+        reports = run_clients(["bench.ceiling", pg_database_url, str(limit)], clients)
+    finally:
+        with psycopg.connect(pg_database_url, autocommit=True) as conn:
+            conn.execute("DROP TABLE IF EXISTS ceiling_jobs")
+    window = busy_window(reports, n)
+    return {"store": "postgres", "n": n, "clients": clients, "batch": limit, "rows_per_s": n / window, "seconds": window}
+
+
+def run_clients(module_argv: list[str], clients: int) -> list[dict[str, Any]]:
+    """Start ``clients`` processes of ``python -m <module_argv>``, release them together once
+    every one is connected (a ``ready`` line each, then ``go`` to all), and return each one's
+    last line (``rows``, ``first``, ``last``)."""
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "bench.ceiling", pg_database_url, str(limit)],
+            [sys.executable, "-m", *module_argv],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env(), start_new_session=True,
         )
         for _ in range(clients)
@@ -73,17 +89,19 @@ def ceiling_run(pg_database_url: str, n: int, clients: int, limit: int = 100) ->
         for proc in procs:
             proc.stdin.write("go\n")
             proc.stdin.flush()
-        reports = [json.loads(proc.communicate(timeout=300)[0].strip().splitlines()[-1]) for proc in procs]
+        return [json.loads(proc.communicate(timeout=300)[0].strip().splitlines()[-1]) for proc in procs]
     finally:
         for proc in procs:
             stop_process(proc)
-        with psycopg.connect(pg_database_url, autocommit=True) as conn:
-            conn.execute("DROP TABLE IF EXISTS ceiling_jobs")
+
+
+def busy_window(reports: list[dict[str, Any]], n: int) -> float:
+    """Seconds from the first claim any client made to its last done-write; the clients must
+    have taken exactly ``n`` rows between them."""
     rows = sum(r["rows"] for r in reports)
     assert rows == n, (rows, n)
     busy = [r for r in reports if r["rows"]]
-    window = max(r["last"] for r in busy) - min(r["first"] for r in busy)
-    return {"n": n, "clients": clients, "batch": limit, "rows_per_s": n / window, "seconds": window}
+    return max(r["last"] for r in busy) - min(r["first"] for r in busy)
 
 
 if __name__ == "__main__":

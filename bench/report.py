@@ -35,7 +35,9 @@ def head_to_head_summary(data: dict) -> dict[str, Any]:
         key: median([r["process_tasks_per_s"] for r in rows])
         for key, rows in _group(data.get("head_to_head", []), "system", "backend", "workers").items()
     }
-    ceiling = {k[0]: median([r["rows_per_s"] for r in rows]) for k, rows in _group(data.get("ceiling", []), "clients").items()}
+    ceiling = _ceiling_medians(data.get("ceiling", []))
+    # The bare floor on each rdq backend that has one: SKIP LOCKED on PostgreSQL, Lua on Redis.
+    ceilings = {"postgres": ceiling, "redis": _ceiling_medians(data.get("redis_ceiling", []))}
     ratios = []
     for (system, backend, w), value in sorted(med.items()):
         if system != "rdq":
@@ -45,10 +47,15 @@ def head_to_head_summary(data: dict) -> dict[str, Any]:
         ratios.append({
             "backend": backend, "workers": w, "rdq": value, "best_peer": best[0], "best_peer_tasks_per_s": best[1],
             "ratio": value / best[1] if best[1] else None,
-            "ceiling": ceiling.get(w) if backend == "postgres" else None,
-            "ceiling_fraction": value / ceiling[w] if backend == "postgres" and ceiling.get(w) else None,
+            "ceiling": ceilings.get(backend, {}).get(w),
+            "ceiling_fraction": value / ceilings[backend][w] if ceilings.get(backend, {}).get(w) else None,
         })
-    return {"medians": med, "ratios": ratios, "ceiling": ceiling}
+    return {"medians": med, "ratios": ratios, "ceiling": ceiling, "redis_ceiling": ceilings["redis"]}
+
+
+def _ceiling_medians(rows: list[dict]) -> dict[int, float | None]:
+    """Median rows/s per client count."""
+    return {k[0]: median([r["rows_per_s"] for r in group]) for k, group in _group(rows, "clients").items()}
 
 
 def render(data: dict) -> str:
@@ -89,7 +96,7 @@ def render(data: dict) -> str:
         out += [_table(["backend", "W", "batch", "N", "runs", "enqueue tasks/s", "process tasks/s",
                         "claim+settle RT/task", "worker peak RSS MiB"], rows), ""]
 
-    if data.get("head_to_head") or data.get("ceiling"):
+    if data.get("head_to_head") or data.get("ceiling") or data.get("redis_ceiling"):
         summary = head_to_head_summary(data)
         out += ["## Head to head, same servers, same run (median tasks/s)", ""]
         rows = []
@@ -105,9 +112,17 @@ def render(data: dict) -> str:
                  _f(r["ceiling"]),
                  _f(r["ceiling_fraction"] * 100 if r["ceiling_fraction"] else None, 0) + ("%" if r["ceiling_fraction"] else "")]
                 for r in summary["ratios"]]
-        out += ["### rdq against the best peer and the SKIP LOCKED ceiling", "",
+        out += ["### rdq against the best peer and the bare ceiling (PostgreSQL: SKIP LOCKED; Redis: Lua)", "",
                 _table(["backend", "W", "rdq tasks/s", "best peer tasks/s", "rdq / best peer", "ceiling rows/s", "rdq / ceiling"],
                        rows), ""]
+        rows = [[store, str(clients), str(group[0]["n"]), str(group[0]["batch"]), str(len(group)),
+                 _f(median([g["rows_per_s"] for g in group]))]
+                for store, section in (("postgres", "ceiling"), ("redis", "redis_ceiling"))
+                for (clients,), group in sorted(_group(data.get(section, []), "clients").items())]
+        if rows:
+            out += ["### The bare ceilings (PostgreSQL: SKIP LOCKED claim + one bulk update; "
+                    "Redis: one Lua claim + one Lua ack; median rows/s)", "",
+                    _table(["store", "clients", "N", "batch", "runs", "rows/s"], rows), ""]
 
     if data.get("idle_latency"):
         out += ["## enqueue→start into an idle worker (median over runs of each run's percentile)", ""]

@@ -56,10 +56,12 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
     assert all(r["process_tasks_per_s"] > 0 and r["enqueue_tasks_per_s"] > 0 for r in data["e2e"])
     assert {r["backend"] for r in data["backlog"]} == {"postgres", "redis"}
     assert data["ceiling"] and data["ceiling"][0]["rows_per_s"] > 0
+    assert data["redis_ceiling"] and data["redis_ceiling"][0]["rows_per_s"] > 0
     if "peers" in parts:
         assert {r["system"] for r in data["head_to_head"]} >= {"rdq", "pgqueuer"}
     markdown = (out / "results.md").read_text()
     assert "## Round trips per task" in markdown and "## End-to-end throughput" in markdown
+    assert "| redis | 1 |" in markdown.split("### The bare ceilings")[1]
 
 
 @pytest.mark.timeout(150)
