@@ -2,8 +2,8 @@
 
 ``python -m bench.rdq_worker URL QUEUE BATCH``: opens the store, connects, starts the lease
 heartbeat like ``rdq worker`` does, prints ``ready``, waits for ``go`` on stdin, then calls
-``Worker.run_once`` (claim a batch, run it, settle) until a claim comes back empty, and prints
-one JSON line: tasks run, first-claim / last-settle wall times, round trips, peak RSS.
+``Worker.drain`` (the claim loop of ``rdq worker``: claim a batch, run it, settle it while the
+next batch is claimed and run) until a round finds nothing, and prints one JSON line: tasks run, first-claim / last-settle wall times, round trips, peak RSS.
 """
 
 from __future__ import annotations
@@ -37,17 +37,23 @@ def main() -> None:
     if sys.stdin.readline().strip() != "go":
         return
     trips = storage.round_trips
-    first = time.time()
-    last = first
-    tasks = 0
     claims = 0
-    while True:
-        started = worker.run_once()
+    claim = storage.claim
+
+    def counted_claim(*args, **kwargs):
+        nonlocal claims
         claims += 1
-        if not started:
-            break
-        tasks += started
-        last = time.time()
+        return claim(*args, **kwargs)
+
+    storage.claim = counted_claim  # type: ignore[method-assign]
+    first = time.time()
+    if hasattr(worker, "drain"):
+        tasks = worker.drain()  # the claim loop of ``rdq worker`` until the queue is empty
+    else:  # an older tree (bench.ab): one settled round at a time
+        tasks = 0
+        while started := worker.run_once():
+            tasks += started
+    last = time.time()
     worker.stop()
     print(json.dumps({
         "tasks": tasks, "first": first, "last": last, "claims": claims,

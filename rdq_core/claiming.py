@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from .errors import SchemaMissing, StorageUnavailable
 from .outage import ReconnectBackoff, StorageHealth
 from .runner import BatchRunner
-from .settling import BatchReport, ClaimLedger
+from .settling import BatchReport, ClaimLedger, SettleBehind
 from .storage.spi import Storage
 from .telemetry import Telemetry
 
@@ -113,7 +113,16 @@ class ClaimLoop:
         return self.should_stop() or self.clock() >= self.deadline
 
     def run(self) -> ClaimReport:
-        """Rounds until stopped (or, without ``idle_pause``, until a round makes no progress)."""
+        """Rounds until stopped (or, without ``idle_pause``, until a round makes no progress);
+        every batch is settled when this returns."""
+        # Each batch's last settle is written while the next batch is claimed and run.
+        behind = SettleBehind()
+        try:
+            return self._rounds(behind)
+        finally:
+            behind.wait()
+
+    def _rounds(self, behind: SettleBehind) -> ClaimReport:
         total = ClaimReport()
         backoff = ReconnectBackoff()
         recheck = math.inf  # the next pause with a wake-up; short right after work
@@ -121,7 +130,7 @@ class ClaimLoop:
             # Noted before the claim: an enqueue that commits while it runs still ends the pause.
             mark = self.wake.mark() if self.wake is not None else 0
             try:
-                round_ = self.run_round()
+                round_ = self.run_round(behind)
             except (StorageUnavailable, SchemaMissing) as exc:
                 if self.health is None:
                     raise
@@ -158,8 +167,10 @@ class ClaimLoop:
                 recheck = RECHECK_AFTER_WORK_SECONDS
         return total
 
-    def run_round(self) -> ClaimReport:
-        """Claim one batch per queue and run each; returns what the round did."""
+    def run_round(self, settle_behind: SettleBehind | None = None) -> ClaimReport:
+        """Claim one batch per queue and run each; returns what the round did. Every batch is
+        settled when this returns, unless ``settle_behind`` is given: then the last one may still
+        be on its way (``settle_behind.wait()``)."""
         report = ClaimReport()
         for queue in self.queues():
             if self.stopped():
@@ -176,6 +187,7 @@ class ClaimLoop:
             self.telemetry.count("claimed", len(claimed))
             if not claimed:
                 continue
-            batch = self.runner.run(claimed, deadline=self.deadline, ledger=self.ledger, should_stop=self.should_stop)
+            batch = self.runner.run(claimed, deadline=self.deadline, ledger=self.ledger, should_stop=self.should_stop,
+                                    settle_behind=settle_behind)
             report.add_batch(len(claimed), batch)
         return report

@@ -17,6 +17,7 @@ released or, for an overrunning handler, still held and tracked -- never renewed
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -29,7 +30,7 @@ from .execution import HandlerExecution, Overrun
 from .handlers import HandlerRegistry, HandlerSpec, registry as default_registry
 from .model import ClaimedTask, ClaimRef, Settlement
 from .retry import PolicyBook
-from .settling import BatchCursor, BatchReport, ClaimLedger, OutcomeBuffer, Settler
+from .settling import BatchCursor, BatchReport, ClaimLedger, OutcomeBuffer, SettleBehind, Settler
 from .storage.spi import Storage
 from .telemetry import Telemetry
 
@@ -124,26 +125,46 @@ class BatchRunner:
         deadline: float = math.inf,
         ledger: ClaimLedger | None = None,
         should_stop: Callable[[], bool] = lambda: False,
+        settle_behind: SettleBehind | None = None,
     ) -> BatchReport:
-        """Run ``claimed`` in order until done or out of time; settle and release everything."""
+        """Run ``claimed`` in order until done or out of time; settle and release everything.
+
+        With ``settle_behind`` (a claim loop's), the batch's outcomes are written on other
+        threads: a full buffer by the buffer's thread, the rest once the batch is done by
+        ``settle_behind``'s, so this returns while the last settle is still on its way (its
+        ``stale`` and ``failed_writes`` counts arrive with it). A batch that ends with claims
+        not started (stopping, out of time) is finished here, as without it."""
         ledger = ledger or ClaimLedger()
         ledger.hold(claimed)
         report = BatchReport()
         cursor = BatchCursor(claimed)
         buffer = OutcomeBuffer(self.settler, report, ledger, cursor, deadline, settle_batch=self.settle_batch,
-                               settle_interval=self.settle_interval, clock=self.clock)
+                               settle_interval=self.settle_interval, clock=self.clock,
+                               write_behind=settle_behind is not None)
         active = _ActiveBatch(cursor, buffer, report, ledger, deadline)
         with self._lock:
             self._active_batches.append(active)
+        finish = functools.partial(self._finish, active)
         try:
             # Overrunning handlers were left running, their tasks still held (see execution).
             report.abandoned += self.execution.run_batch(cursor.take, lambda item: self._run_one(item, active, should_stop))
-        finally:
-            buffer.close()
-            self.settler.release(cursor.take_unstarted(), report, ledger, deadline)
-            with self._lock:
-                self._active_batches.remove(active)
+        except BaseException:
+            finish()
+            raise
+        if settle_behind is not None and not cursor.has_unstarted():
+            settle_behind.hand_over(finish)
+        else:
+            finish()
         return report
+
+    def _finish(self, batch: _ActiveBatch) -> None:
+        """Write what the batch's buffer holds, release its unstarted claims, forget it."""
+        try:
+            batch.buffer.close()
+            self.settler.release(batch.cursor.take_unstarted(), batch.report, batch.ledger, batch.deadline)
+        finally:
+            with self._lock:
+                self._active_batches.remove(batch)
 
     def _run_one(self, item: ClaimedTask, batch: _ActiveBatch, should_stop: Callable[[], bool]) -> bool:
         """Start, set aside or dead-letter one claimed task; False when the batch stops here."""

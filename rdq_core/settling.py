@@ -10,7 +10,10 @@
   re-running it; an unexpected error settles the batch one by one, so one item cannot take its
   neighbours' outcomes with it;
 * whatever a store raises, every claim ends settled or released, or is dropped from the
-  ``ClaimLedger`` so that its lease expires -- never renewed and forgotten.
+  ``ClaimLedger`` so that its lease expires -- never renewed and forgotten;
+* in a claim loop (``SettleBehind``), the last write of a batch happens on a thread of its own
+  while the loop claims and runs the next batch, so the store's work and the handlers' overlap;
+  one batch at a time is written behind, and the loop waits for it before it ends.
 """
 
 from __future__ import annotations
@@ -235,8 +238,13 @@ class OutcomeBuffer:
         settle_batch: int,
         settle_interval: float,
         clock: Callable[[], float] = time.monotonic,
+        write_behind: bool = False,
     ) -> None:
         self._settler = settler
+        #: A full buffer is written by the buffer's thread rather than by the caller of ``add``
+        #: (the runner's thread goes on with the next handler meanwhile).
+        self._write_behind = write_behind
+        self._full = False
         self._report = report
         self._ledger = ledger
         self._batch = batch
@@ -259,8 +267,11 @@ class OutcomeBuffer:
         outcome, or (with a deadline) unstarted claims -- so start the watcher if it is not
         running. A batch of one task on Lambda, the common case at low load, needs no thread."""
         if self._thread is None and (self._pending or (math.isfinite(self._deadline) and self._batch.has_unstarted())):
-            self._thread = threading.Thread(target=self._watch, name="rdq-settle", daemon=True)
-            self._thread.start()
+            self._start_watcher()
+
+    def _start_watcher(self) -> None:
+        self._thread = threading.Thread(target=self._watch, name="rdq-settle", daemon=True)
+        self._thread.start()
 
     def add(self, settlement: Settlement) -> None:
         with self._lock:
@@ -269,13 +280,21 @@ class OutcomeBuffer:
                 self._wake.set()  # the watcher re-arms its timer for this one
             self._pending.append(settlement)
             full = len(self._pending) >= self._settle_batch
-        if full:
+        if not full:
+            return
+        if not self._write_behind:
             self.flush()
+            return
+        with self._lock:
+            self._full = True
+        self._wake.set()
+        if self._thread is None:
+            self._start_watcher()
 
     def flush(self) -> None:
         with self._write_lock:
             with self._lock:
-                batch, self._pending, self._oldest = self._pending, [], math.inf
+                batch, self._pending, self._oldest, self._full = self._pending, [], math.inf, False
             self._settler.settle(batch, self._report, self._ledger, self._deadline)
 
     def release_unstarted(self) -> None:
@@ -299,7 +318,7 @@ class OutcomeBuffer:
             with self._lock:
                 if self._closed:
                     return
-                due = self._oldest + self._settle_interval
+                due = -math.inf if self._full else self._oldest + self._settle_interval
             if not deadline_handled:
                 due = min(due, self._deadline)
             wait = due - clock()
@@ -311,3 +330,32 @@ class OutcomeBuffer:
                 deadline_handled = True
                 self.release_unstarted()
             self.flush()
+
+
+class SettleBehind:
+    """One claim loop's batch being finished behind it: the batch's last settle (and anything
+    else its ``finish`` does) runs on a thread of its own while the loop claims and runs the next
+    batch. At most one batch at a time: handing over the next one first waits for this one, so
+    settles happen in batch order and a slow store slows the loop down instead of piling up
+    batches. The claims stay in the ledger (renewed) until their settle has returned."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+
+    def hand_over(self, finish: Callable[[], None]) -> None:
+        self.wait()
+        self._thread = threading.Thread(target=self._finish, args=(finish,), name="rdq-settle-behind", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Until the batch handed over last is finished (its outcomes written or given up on)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    @staticmethod
+    def _finish(finish: Callable[[], None]) -> None:
+        try:
+            finish()
+        except Exception:  # the Settler already logs and accounts for store errors; this is a bug
+            log.exception("unexpected error finishing a batch behind the claim loop")

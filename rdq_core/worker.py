@@ -226,8 +226,22 @@ class Worker:
             self.stop_event.set()
 
     def run_once(self) -> int:
-        """Claim and run one batch per queue; returns the number of tasks started."""
+        """Claim and run one batch per queue, settled before it returns; returns the number of
+        tasks started."""
         return self.claim_loop.run_round().started
+
+    def drain(self) -> int:
+        """Claim and run batches until a round finds nothing it can start, with the claim loop
+        of ``run_forever`` (each batch's last settle written while the next batch is claimed and
+        run), and return the number of tasks started once every batch is settled. No idling, no
+        reaper: for a burst job or a benchmark. The lease heartbeat is the caller's to run
+        (``run_forever`` runs its own)."""
+        loop = ClaimLoop(
+            self.storage, self.runner, queues=self._queues, batch_size=self.config.batch_size,
+            lease_seconds=lambda: self.config.lease_seconds, should_stop=self.stop_event.is_set,
+            ledger=self.ledger, telemetry=self.telemetry, clock=self.clock,
+        )
+        return loop.run().started
 
     def _queues(self) -> Sequence[str]:
         if self.config.queues:
