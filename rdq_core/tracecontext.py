@@ -344,6 +344,23 @@ def _tracer(trace_api: Any) -> tuple[Any, bool]:
         return tracer, derivable
 
 
+def _recording_trace_api() -> Any:
+    """``opentelemetry.trace`` when spans would be recorded: imported (by the application, or by
+    a library that instruments itself -- redis-py imports it) *and* given a tracer provider. Under
+    the API's default provider every span is a no-op, so an attempt runs as without OpenTelemetry
+    (the handler still sees, and its enqueues still carry, the task's stored trace context)."""
+    trace_api = sys.modules.get("opentelemetry.trace")
+    if trace_api is None:
+        return None
+    try:
+        provider = trace_api.get_tracer_provider()
+        if isinstance(provider, (trace_api.ProxyTracerProvider, trace_api.NoOpTracerProvider)):
+            return None
+    except Exception:  # an API without these names: take the provider as a real one
+        log.debug("could not tell whether a tracer provider is set", exc_info=True)
+    return trace_api
+
+
 #: What ``attempt_span`` returns for an untraced task in a process without OpenTelemetry.
 _UNTRACED: AbstractContextManager[str | None] = nullcontext(None)
 
@@ -355,9 +372,10 @@ def attempt_span(*, task_id: str, queue: str, handler: str, attempt: int, redriv
     With OpenTelemetry in use: a CONSUMER span ``run <handler>``, child of the stored context (a
     root span when the task carries none), current while the body runs; an exception leaving the
     body is recorded on it. Attempt *n* > 1 of a traced task links to attempt *n - 1*'s span.
-    Without OpenTelemetry: no span; yields the stored ``traceparent`` (or None), and the handler's
-    own enqueues carry it. An untraced task without OpenTelemetry costs a dictionary lookup."""
-    if TRACEPARENT_HEADER not in headers and "opentelemetry.trace" not in sys.modules:
+    Without OpenTelemetry (or with its API but no tracer provider set): no span; yields the stored
+    ``traceparent`` (or None), and the handler's own enqueues carry it. An untraced task then costs
+    a dictionary lookup and a provider check."""
+    if TRACEPARENT_HEADER not in headers and _recording_trace_api() is None:
         return _UNTRACED
     return _attempt_span(task_id=task_id, queue=queue, handler=handler, attempt=attempt,
                          redrive_count=redrive_count, headers=headers)
@@ -367,7 +385,7 @@ def attempt_span(*, task_id: str, queue: str, handler: str, attempt: int, redriv
 def _attempt_span(*, task_id: str, queue: str, handler: str, attempt: int, redrive_count: int,
                   headers: Mapping[str, str]) -> Iterator[str | None]:
     parent, state = stored(headers)
-    trace_api = sys.modules.get("opentelemetry.trace")
+    trace_api = _recording_trace_api()
     if trace_api is None:
         # No span to be current: the handler's own enqueues carry the stored context instead.
         trace = {}

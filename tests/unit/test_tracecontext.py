@@ -3,7 +3,9 @@ stores (an explicit argument, a ``use`` block, the current OpenTelemetry span, o
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import textwrap
 
 import pytest
 from opentelemetry import trace
@@ -171,3 +173,23 @@ def test_enqueue_item_carries_the_trace_context_as_enqueue_does(client):
     with tracecontext.use(VALID):
         result = client.enqueue_item("q", {"handler": "h", "id": "item"})
     assert result.task.headers == {TRACEPARENT_HEADER: VALID}
+
+
+def test_the_opentelemetry_api_without_a_tracer_provider_opens_no_span():
+    """A library may import opentelemetry.trace on its own (redis-py does): with no tracer
+    provider set, an attempt opens no span, and a traced task's handler still runs under the
+    stored traceparent, which its own enqueues carry. (A fresh interpreter: a provider, once
+    set, stays for the process.)"""
+    code = textwrap.dedent('''
+        import opentelemetry.trace
+        from rdq_core import tracecontext
+        span = tracecontext.attempt_span
+        assert span(task_id="t", queue="q", handler="h", attempt=1, redrive_count=0, headers={}) is tracecontext._UNTRACED
+        tp = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+        with span(task_id="t", queue="q", handler="h", attempt=2, redrive_count=0, headers={"rdq.traceparent": tp}) as got:
+            assert got == tp, got
+            assert tracecontext.enqueue_headers() == {"rdq.traceparent": tp}, tracecontext.enqueue_headers()
+        print("ok")
+    ''')
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ok", done.stderr
