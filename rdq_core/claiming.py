@@ -71,7 +71,9 @@ class ClaimLoop:
     ``idle_pause``: seconds to wait (with ``wait``) after a round that made no progress; None
     ends the loop then instead. ``wake``: given, that wait ends early when a task is enqueued
     into a served queue after the round began (``rdq_core.wakeup``), and right after work it
-    is shorter (``RECHECK_AFTER_WORK_SECONDS``, doubling). ``health``: given, storage outages
+    is shorter (``RECHECK_AFTER_WORK_SECONDS``, doubling). ``settle_behind``: each batch's last
+    settle runs on a thread of its own while the next batch is claimed and run (``SettleBehind``).
+    ``health``: given, storage outages
     and unexpected errors are ridden out with backoff (logged once per outage on its logger);
     None, they end the loop.
     """
@@ -93,6 +95,7 @@ class ClaimLoop:
         clock: Callable[[], float] = time.monotonic,
         wait: Callable[[float], object] = time.sleep,
         wake: WakeSignal | None = None,
+        settle_behind: bool = True,
     ) -> None:
         self.storage = storage
         self.runner = runner
@@ -108,6 +111,7 @@ class ClaimLoop:
         self.clock = clock
         self.wait = wait
         self.wake = wake
+        self.settle_behind = settle_behind
 
     def stopped(self) -> bool:
         return self.should_stop() or self.clock() >= self.deadline
@@ -116,13 +120,14 @@ class ClaimLoop:
         """Rounds until stopped (or, without ``idle_pause``, until a round makes no progress);
         every batch is settled when this returns."""
         # Each batch's last settle is written while the next batch is claimed and run.
-        behind = SettleBehind()
+        behind = SettleBehind() if self.settle_behind else None
         try:
             return self._rounds(behind)
         finally:
-            behind.wait()
+            if behind is not None:
+                behind.wait()
 
-    def _rounds(self, behind: SettleBehind) -> ClaimReport:
+    def _rounds(self, behind: SettleBehind | None) -> ClaimReport:
         total = ClaimReport()
         backoff = ReconnectBackoff()
         recheck = math.inf  # the next pause with a wake-up; short right after work

@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--overrun-grace", type=_positive_float, default=2.0, metavar="SECONDS",
                         help="how long a handler may run past its timeout, keeping its task, before the worker "
                              "restarts its process to stop it (default 2)")
+    worker.add_argument("--no-settle-behind", dest="settle_behind", action="store_false",
+                        help="settle each batch before claiming the next (default: the last settle of a batch "
+                             "runs while the next batch is claimed and run; off helps when the database shares "
+                             "a few busy cores with the workers)")
     worker.add_argument("--idle-poll", type=_positive_float, default=None, metavar="SECONDS",
                         help="seconds between claims while the queues are empty (default: 1, SQLite 0.1); "
                              "on PostgreSQL and Redis an enqueue wakes the worker at once")
@@ -324,6 +328,7 @@ def cmd_worker(args: argparse.Namespace, url: str) -> int:
     queues = args.queues or []
     config = WorkerConfig(queues=queues, batch_size=args.batch, lease_seconds=args.lease, concurrency=args.concurrency,
                           overrun_grace_seconds=args.overrun_grace, idle_poll_seconds=args.idle_poll,
+                          settle_behind=args.settle_behind,
                           schedules_file=args.schedules_file, schedules_every_seconds=max(args.schedules_every, 0.0))
     signals = _SignalCount()
     with _open_storage(url) as storage:

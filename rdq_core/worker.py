@@ -113,6 +113,11 @@ class WorkerConfig:
     idle_poll_seconds: float | None = None
     #: Listen for enqueues (PostgreSQL LISTEN/NOTIFY, Redis pub/sub) to end an idle wait early.
     wake_up: bool = True
+    #: Write each batch's last settle on a thread of its own while the next batch is claimed and
+    #: run. It pays when the store has cores of its own (+23 % for one PostgreSQL worker here);
+    #: where workers and database share a few cores and every core is busy, the extra concurrent
+    #: statement costs more than the overlap gains (BENCHMARKS.md): turn it off there.
+    settle_behind: bool = True
     #: How long past its timeout a handler may keep running (and its task held) before the
     #: worker stops so that its process can be restarted.
     overrun_grace_seconds: float = 2.0
@@ -161,7 +166,7 @@ class Worker:
             storage, self.runner, queues=self._queues, batch_size=config.batch_size,
             lease_seconds=lambda: config.lease_seconds, should_stop=self.stop_event.is_set, ledger=self.ledger,
             telemetry=self.telemetry, idle_pause=idle_poll, health=self.health, clock=clock,
-            wait=self.stop_event.wait, wake=self.wake,
+            wait=self.stop_event.wait, wake=self.wake, settle_behind=config.settle_behind,
         )
         #: None while running or after a requested stop; ``HANDLER_OVERRAN`` when the worker
         #: stopped itself because a handler could not be stopped.
@@ -233,13 +238,14 @@ class Worker:
     def drain(self) -> int:
         """Claim and run batches until a round finds nothing it can start, with the claim loop
         of ``run_forever`` (each batch's last settle written while the next batch is claimed and
-        run), and return the number of tasks started once every batch is settled. No idling, no
-        reaper: for a burst job or a benchmark. The lease heartbeat is the caller's to run
-        (``run_forever`` runs its own)."""
+        run, unless ``settle_behind`` is off), and return the number of tasks started once every
+        batch is settled. No idling, no reaper: for a burst job or a benchmark. The lease
+        heartbeat is the caller's to run (``run_forever`` runs its own)."""
         loop = ClaimLoop(
             self.storage, self.runner, queues=self._queues, batch_size=self.config.batch_size,
             lease_seconds=lambda: self.config.lease_seconds, should_stop=self.stop_event.is_set,
             ledger=self.ledger, telemetry=self.telemetry, clock=self.clock,
+            settle_behind=self.config.settle_behind,
         )
         return loop.run().started
 

@@ -187,3 +187,26 @@ def test_the_claim_loop_rides_out_an_outage_with_backoff_and_idles_on_the_wait_i
     assert loop.run().claimed == 0
     assert pauses == [0.5, 1.0, 2.0, 1.0, 1.0]  # reconnect backoff, then the idle pause
     assert health.outages == 1 and health.failures_in_outage == 0  # ended by the first good claim
+
+
+def test_drain_settles_every_batch_with_or_without_settling_behind(tmp_path):
+    """``Worker.drain`` runs the claim loop until the queue is empty; whether each batch's last
+    settle overlaps the next claim or not, every task is SUCCEEDED with one attempt when it
+    returns, and nothing is left held."""
+    from rdq_core.client import Client
+    from rdq_core.handlers import HandlerRegistry
+    from rdq_core.storage import open_storage
+    from rdq_core.worker import Worker, WorkerConfig
+
+    for behind in (True, False):
+        storage = open_storage(f"sqlite:///{tmp_path}/drain-{behind}.db")
+        storage.migrate()
+        Client(storage).enqueue_many("q", [{"handler": "noop", "payload": {"n": i}} for i in range(250)])
+        registry = HandlerRegistry()
+        registry.register("noop", lambda payload, ctx: None, timeout_seconds=5)
+        worker = Worker(storage, WorkerConfig(queues=["q"], batch_size=20, settle_behind=behind), registry=registry)
+        assert worker.drain() == 250
+        stats = storage.stats("q")
+        assert (stats.succeeded, stats.pending, stats.in_flight) == (250, 0, 0), (behind, stats)
+        assert worker.ledger.held() == []
+        storage.close()
