@@ -125,7 +125,7 @@ class ClaimLoop:
             return self._rounds(behind)
         finally:
             if behind is not None:
-                behind.wait()
+                behind.close()
 
     def _rounds(self, behind: SettleBehind | None) -> ClaimReport:
         total = ClaimReport()

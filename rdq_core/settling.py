@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import queue as queue_module
 import threading
 import time
 from dataclasses import dataclass, field
@@ -337,25 +338,40 @@ class SettleBehind:
     else its ``finish`` does) runs on a thread of its own while the loop claims and runs the next
     batch. At most one batch at a time: handing over the next one first waits for this one, so
     settles happen in batch order and a slow store slows the loop down instead of piling up
-    batches. The claims stay in the ledger (renewed) until their settle has returned."""
+    batches. The claims stay in the ledger (renewed) until their settle has returned. One thread
+    serves every batch of the loop (started with the first, ended by ``close``)."""
 
     def __init__(self) -> None:
+        self._finishes: queue_module.SimpleQueue[Callable[[], None] | None] = queue_module.SimpleQueue()
+        self._idle = threading.Event()
+        self._idle.set()
         self._thread: threading.Thread | None = None
 
     def hand_over(self, finish: Callable[[], None]) -> None:
         self.wait()
-        self._thread = threading.Thread(target=self._finish, args=(finish,), name="rdq-settle-behind", daemon=True)
-        self._thread.start()
+        self._idle.clear()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="rdq-settle-behind", daemon=True)
+            self._thread.start()
+        self._finishes.put(finish)
 
     def wait(self) -> None:
         """Until the batch handed over last is finished (its outcomes written or given up on)."""
+        self._idle.wait()
+
+    def close(self) -> None:
+        """Finish what was handed over, then end the thread."""
+        self.wait()
         if self._thread is not None:
+            self._finishes.put(None)
             self._thread.join()
             self._thread = None
 
-    @staticmethod
-    def _finish(finish: Callable[[], None]) -> None:
-        try:
-            finish()
-        except Exception:  # the Settler already logs and accounts for store errors; this is a bug
-            log.exception("unexpected error finishing a batch behind the claim loop")
+    def _serve(self) -> None:
+        while (finish := self._finishes.get()) is not None:
+            try:
+                finish()
+            except Exception:  # the Settler already logs and accounts for store errors; this is a bug
+                log.exception("unexpected error finishing a batch behind the claim loop")
+            finally:
+                self._idle.set()
