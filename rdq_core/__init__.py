@@ -10,6 +10,8 @@ The engine (this package) knows nothing of Lambda. Public surface:
 * ``rdq_core.compliance`` -- the kit every backend must pass.
 """
 
+from typing import TYPE_CHECKING
+
 from .client import Client
 from .errors import (
     ApiUnavailable,
@@ -26,10 +28,24 @@ from .errors import (
     UnsupportedOperation,
 )
 from .handlers import Snooze, TaskContext, handler, registry
-from .http_client import HttpClient
 from .model import Attempt, Backoff, ErrorInfo, Outcome, QueueStats, Task, TaskStatus
 from .retry import PolicyBook, RetryPolicy
 from .storage import open_storage
+
+if TYPE_CHECKING:
+    from .http_client import HttpClient
+
+
+
+def __getattr__(name: str) -> object:
+    # HttpClient (and http.client with it) is imported on first use: a Lambda function or a
+    # worker never needs it, and it is a tenth of their cold import.
+    if name == "HttpClient":
+        from .http_client import HttpClient
+
+        return HttpClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ApiUnavailable", "Attempt", "Backoff", "Client", "ConfigurationError", "ErrorInfo", "HttpClient",

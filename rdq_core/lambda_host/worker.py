@@ -28,7 +28,6 @@ from typing import Any, Callable, Mapping
 from ..claiming import ClaimLoop
 from ..client import Client
 from ..errors import StorageUnavailable
-from ..schedules import fire, scheduled_firing
 from ..handlers import registry
 from ..runner import BatchRunner
 from ..storage.spi import Storage
@@ -120,6 +119,13 @@ def _fire_schedule(event: Mapping[str, Any], storage: Storage, deadline: Invocat
     ``sched.<name>.<scheduled time>``) before working. Idempotent, so a duplicate or retried
     trigger makes no second task. The worker's async invocations are not retried by Lambda
     (EventInvokeConfig), so a store that fails is retried here while time remains."""
+    # The schedules module (a sizeable share of the worker's cold import) is loaded only for a
+    # Scheduler-triggered invocation; the key is rdq_core.schedules.EVENT_KEY.
+    if not isinstance(event, Mapping) or "rdq_schedule" not in event:
+        return None
+    from ..schedules import EVENT_KEY, fire, scheduled_firing
+
+    assert EVENT_KEY == "rdq_schedule"
     firing = scheduled_firing(event)
     if firing is None:
         return None

@@ -11,7 +11,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from rdq_core import Client
+from rdq_core import Client, schedules
 from rdq_core.errors import InvalidInput, StorageUnavailable
 from rdq_core.lambda_host import api, worker
 from rdq_core.lambda_host.local_invoke import api_proxy_event
@@ -221,7 +221,6 @@ def test_the_template_declares_the_group_role_example_and_api_permissions(templa
 
 
 def test_a_trigger_retries_a_store_that_does_not_answer_then_fires(store_url, lambda_context, monkeypatch):
-    from rdq_core import schedules
 
     real_fire = schedules.fire
     calls: list[str] = []
@@ -232,7 +231,7 @@ def test_a_trigger_retries_a_store_that_does_not_answer_then_fires(store_url, la
             raise StorageUnavailable("the store is restarting")
         return real_fire(client, schedule, instant)
 
-    monkeypatch.setattr(worker, "fire", flaky_fire)
+    monkeypatch.setattr(schedules, "fire", flaky_fire)
     schedule = Schedule("tick", "cron(0 * * * ? *)", "scheduled", "quick")
     summary = worker.run_worker_invocation(_scheduler_event(schedule, "2026-12-03T17:00:00Z"),
                                            lambda_context("rdq-worker", 30))
@@ -243,7 +242,7 @@ def test_a_trigger_whose_store_never_answers_fails_the_invocation(store_url, lam
     def down(*_: Any) -> Any:
         raise StorageUnavailable("down")
 
-    monkeypatch.setattr(worker, "fire", down)
+    monkeypatch.setattr(schedules, "fire", down)
     schedule = Schedule("tick", "cron(0 * * * ? *)", "scheduled", "quick")
     with pytest.raises(StorageUnavailable):
         worker.run_worker_invocation(_scheduler_event(schedule, "2026-12-03T17:00:00Z"),
