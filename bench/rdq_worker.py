@@ -3,7 +3,8 @@
 ``python -m bench.rdq_worker URL QUEUE BATCH``: opens the store, connects, starts the lease
 heartbeat like ``rdq worker`` does, prints ``ready``, waits for ``go`` on stdin, then calls
 ``Worker.drain`` (the claim loop of ``rdq worker``: claim a batch, run it, settle it while the
-next batch is claimed and run) until a round finds nothing, and prints one JSON line: tasks run, first-claim / last-settle wall times, round trips, peak RSS.
+next batch is claimed and run) until a round finds nothing, and prints one JSON line: tasks
+run, first-claim / last-settle wall times, claims, round trips, peak RSS.
 """
 
 from __future__ import annotations
