@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends import BackendSession
-from .common import drain_seconds, load_average, median, stop_process
+from .common import drain_seconds, load_average, median, run_on_barrier
 
 PREPARE = """
 import sys
@@ -64,20 +64,8 @@ def run_case(session: BackendSession, backend: str, tree: Path, n: int, workers:
     with session.store_url(backend) as url:
         if _python(tree, PREPARE, url, str(n)) != "ok":
             raise RuntimeError("prepare failed")
-        procs = [subprocess.Popen([sys.executable, "-m", "bench.rdq_worker", url, "bench", str(batch)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env(tree),
-                                  cwd=tree, start_new_session=True) for _ in range(workers)]
-        try:
-            for proc in procs:
-                assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-            for proc in procs:
-                assert proc.stdin is not None
-                proc.stdin.write("go\n")
-                proc.stdin.flush()
-            reports = [json.loads(proc.communicate(timeout=900)[0].strip().splitlines()[-1]) for proc in procs]
-        finally:
-            for proc in procs:
-                stop_process(proc)
+        reports = run_on_barrier(["-m", "bench.rdq_worker", url, "bench", str(batch)], workers,
+                                 env=_env(tree), cwd=str(tree), timeout=900)
         succeeded = int(_python(tree, COUNT, url))
         if succeeded != n:
             raise RuntimeError(f"{tree}: {succeeded} of {n} tasks SUCCEEDED")

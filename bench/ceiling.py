@@ -2,17 +2,17 @@
 plus one bulk status update, no library, psycopg 3 autocommit (the driver rdq uses).
 
 Its Redis counterpart is ``bench/redis_ceiling.py``; both start their clients on one barrier
-(``run_clients``) and time them the same way (``busy_window``)."""
+(``common.run_on_barrier``) and time them the same way (``busy_window``)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from typing import Any
 
-from .common import child_env, stop_process
+from .common import run_on_barrier
+
 
 SETUP_SQL = """
 CREATE TABLE ceiling_jobs (
@@ -64,35 +64,12 @@ def ceiling_run(pg_database_url: str, n: int, clients: int, limit: int = 100) ->
         )
         conn.execute("VACUUM ANALYZE ceiling_jobs")
     try:
-        reports = run_clients(["bench.ceiling", pg_database_url, str(limit)], clients)
+        reports = run_on_barrier(["-m", "bench.ceiling", pg_database_url, str(limit)], clients)
     finally:
         with psycopg.connect(pg_database_url, autocommit=True) as conn:
             conn.execute("DROP TABLE IF EXISTS ceiling_jobs")
     window = busy_window(reports, n)
     return {"store": "postgres", "n": n, "clients": clients, "batch": limit, "rows_per_s": n / window, "seconds": window}
-
-
-def run_clients(module_argv: list[str], clients: int) -> list[dict[str, Any]]:
-    """Start ``clients`` processes of ``python -m <module_argv>``, release them together once
-    every one is connected (a ``ready`` line each, then ``go`` to all), and return each one's
-    last line (``rows``, ``first``, ``last``)."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", *module_argv],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env(), start_new_session=True,
-        )
-        for _ in range(clients)
-    ]
-    try:
-        for proc in procs:
-            assert proc.stdout.readline().strip() == "ready"
-        for proc in procs:
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        return [json.loads(proc.communicate(timeout=300)[0].strip().splitlines()[-1]) for proc in procs]
-    finally:
-        for proc in procs:
-            stop_process(proc)
 
 
 def busy_window(reports: list[dict[str, Any]], n: int) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import platform
@@ -196,3 +197,34 @@ def child_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
     env.update(extra)
     return env
+
+
+def run_on_barrier(argv: list[str], processes: int, *, env: dict[str, str] | None = None, cwd: str | None = None,
+                   timeout: float = 300.0) -> list[dict[str, Any]]:
+    """Start ``processes`` copies of ``python <argv>``, release them together once every one is
+    connected (a ``ready`` line each, then ``go`` to all), and return each one's last output
+    line as JSON. Each process runs in a session of its own and is stopped by PID afterwards."""
+    procs = [
+        subprocess.Popen([sys.executable, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         env=env if env is not None else child_env(), cwd=cwd, start_new_session=True)
+        for _ in range(processes)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().strip()
+            if line != "ready":
+                raise RuntimeError(f"{' '.join(argv[:2])} did not start (said {line!r}, rc={proc.poll()})")
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        reports = []
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+        return reports
+    finally:
+        for proc in procs:
+            stop_process(proc)

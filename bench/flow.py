@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends import BackendSession
-from .common import ROOT, drain_seconds, load_average, machine_facts, median, stop_process
+from .common import ROOT, drain_seconds, load_average, machine_facts, median, run_on_barrier
 
 
 WORKER = str(Path(__file__).with_name("flow_worker.py"))
@@ -42,20 +42,8 @@ def run_case(session: BackendSession, backend: str, tree: Path, case: str, n: in
                              capture_output=True, text=True, timeout=600, cwd=tree)
         if out.stdout.strip() != "ok":
             raise RuntimeError(f"prepare failed: {out.stderr[-2000:]}")
-        procs = [subprocess.Popen([sys.executable, WORKER, "drain", url, case, str(batch)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tree,
-                                  start_new_session=True) for _ in range(workers)]
-        try:
-            for proc in procs:
-                assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-            for proc in procs:
-                assert proc.stdin is not None
-                proc.stdin.write("go\n")
-                proc.stdin.flush()
-            reports = [json.loads(proc.communicate(timeout=600)[0].strip().splitlines()[-1]) for proc in procs]
-        finally:
-            for proc in procs:
-                stop_process(proc)
+        reports = run_on_barrier([WORKER, "drain", url, case, str(batch)], workers, env=env, cwd=str(tree),
+                                 timeout=600)
     window = drain_seconds(reports, n, case)
     claims = sum(r["claims"] for r in reports)
     return {"tasks_per_s": n / window, "claim_ms": 1000 * sum(r["claim_seconds"] for r in reports) / claims,

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -13,7 +10,7 @@ from rdq_core.handlers import HandlerRegistry
 from rdq_core.storage import open_storage
 from rdq_core.worker import Worker, WorkerConfig
 
-from .common import child_env, drain_seconds, stop_process
+from .common import drain_seconds, run_on_barrier
 
 ENQUEUE_CHUNK = 500  # Limits.batch_items: the largest batch enqueue_many takes
 
@@ -32,29 +29,7 @@ def enqueue_noops(storage, queue: str, n: int, chunk: int = ENQUEUE_CHUNK) -> di
 
 
 def drain_with_workers(url: str, queue: str, n: int, workers: int, batch: int, timeout: float) -> dict[str, Any]:
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "bench.rdq_worker", url, queue, str(batch)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env(), start_new_session=True,
-        )
-        for _ in range(workers)
-    ]
-    try:
-        for proc in procs:
-            line = proc.stdout.readline().strip()
-            if line != "ready":
-                raise RuntimeError(f"rdq worker did not start (said {line!r}, rc={proc.poll()})")
-        for proc in procs:
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        reports = []
-        deadline = time.monotonic() + timeout
-        for proc in procs:
-            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            reports.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for proc in procs:
-            stop_process(proc)
+    reports = run_on_barrier(["-m", "bench.rdq_worker", url, queue, str(batch)], workers, timeout=timeout)
     window = drain_seconds(reports, n, "rdq")
     return {
         "seconds": window,

@@ -20,7 +20,8 @@ from typing import Any
 from rdq_core.compliance import servers as provisioning
 
 from . import servers
-from .ceiling import busy_window, run_clients
+from .ceiling import busy_window
+from .common import run_on_barrier
 
 #: KEYS: pending, in-flight. ARGV: job key prefix, limit, lease ms. Returns id, payload, id, ...
 CLAIM_LUA = """
@@ -106,7 +107,7 @@ def redis_ceiling_run(n: int, clients: int, limit: int = 100, redis_url: str = s
     client = redis.Redis.from_url(redis_url)
     try:
         _load(client, prefix, n)
-        reports = run_clients(["bench.redis_ceiling", redis_url, prefix, str(limit)], clients)
+        reports = run_on_barrier(["-m", "bench.redis_ceiling", redis_url, prefix, str(limit)], clients)
         _, in_flight, _ = _keys(prefix)
         if client.zcard(in_flight):  # every claimed job was acked
             raise RuntimeError(f"{client.zcard(in_flight)} jobs left in flight")

@@ -15,18 +15,9 @@ from rdq_core.compliance.support import must_get, wait_until
 from rdq_core.handlers import HandlerRegistry
 from rdq_core.model import Outcome, TaskStatus
 from rdq_core.runner import BatchRunner
-from rdq_core.storage import open_storage
 from rdq_core.worker import HeartbeatLedger
 
 LEASE = 30.0
-
-
-@pytest.fixture
-def storage(tmp_path):
-    store = open_storage(f"sqlite:///{tmp_path}/rdq.db")
-    store.migrate()
-    yield store
-    store.close()
 
 
 @pytest.fixture

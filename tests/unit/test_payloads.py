@@ -16,19 +16,10 @@ from rdq_core.errors import InvalidInput, TaskConflict
 from rdq_core.handlers import HandlerRegistry
 from rdq_core.model import TaskStatus
 from rdq_core.payloads import LocalPayloadStore, PayloadRef
-from rdq_core.storage import open_storage
 from rdq_core.validation import headers as valid_headers
 from rdq_core.worker import Worker, WorkerConfig
 
 SHA = "a" * 64
-
-
-@pytest.fixture
-def storage(tmp_path):
-    store = open_storage(f"sqlite:///{tmp_path}/rdq.db")
-    store.migrate()
-    yield store
-    store.close()
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import logging
 import threading
 import time
 
-import pytest
 
 from rdq_core.claiming import ClaimLoop
 from rdq_core.compliance.support import wait_until
@@ -21,14 +20,6 @@ from rdq_core.storage import open_storage
 from rdq_core.client import Client
 from rdq_core.runner import BatchRunner
 from rdq_core.worker import HANDLER_OVERRAN, Worker, WorkerConfig
-
-
-@pytest.fixture
-def storage(tmp_path):
-    store = open_storage(f"sqlite:///{tmp_path}/rdq.db")
-    store.migrate()
-    yield store
-    store.close()
 
 
 def start(worker: Worker) -> threading.Thread:
@@ -195,7 +186,6 @@ def test_drain_settles_every_batch_with_or_without_settling_behind(tmp_path):
     returns, and nothing is left held."""
     from rdq_core.client import Client
     from rdq_core.handlers import HandlerRegistry
-    from rdq_core.storage import open_storage
     from rdq_core.worker import Worker, WorkerConfig
 
     for behind in (True, False):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -16,19 +15,10 @@ from rdq_core.client import Client
 from rdq_core.compliance.support import wait_until
 from rdq_core.handlers import HandlerRegistry
 from rdq_core.model import TaskStatus
-from rdq_core.storage import open_storage
 from rdq_core.worker import Worker, WorkerConfig
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
-
-
-@pytest.fixture
-def storage(tmp_path):
-    store = open_storage(f"sqlite:///{tmp_path}/rdq.db")
-    store.migrate()
-    yield store
-    store.close()
 
 
 def test_rdq_worker_runs_each_attempt_in_the_enqueuers_trace_with_links(storage, monkeypatch):
