@@ -68,14 +68,13 @@ class ClaimLoop:
     """Claims from ``queues()`` with ``lease_seconds()`` and runs what it claims on ``runner``
     until ``should_stop()`` or ``deadline`` (on ``clock``).
 
-    ``idle_pause``: seconds to wait (with ``wait``) after a round that made no progress; None
-    ends the loop then instead. ``wake``: given, that wait ends early when a task is enqueued
-    into a served queue after the round began (``rdq_core.wakeup``), and right after work it
-    is shorter (``RECHECK_AFTER_WORK_SECONDS``, doubling). ``settle_behind``: each batch's last
-    settle runs on a thread of its own while the next batch is claimed and run (``SettleBehind``).
-    ``health``: given, storage outages
-    and unexpected errors are ridden out with backoff (logged once per outage on its logger);
-    None, they end the loop.
+    ``idle_pause``: seconds to wait (with ``wait``) after a round that made no progress;
+    None ends the loop then instead. ``wake``: given, that wait ends early when a task is
+    enqueued into a served queue after the round began (``rdq_core.wakeup``), and right
+    after work it is shorter (``RECHECK_AFTER_WORK_SECONDS``, doubling). ``settle_behind``:
+    each batch's last settle runs on a thread of its own while the next batch is claimed and
+    run (``SettleBehind``). ``health``: given, storage outages and unexpected errors are
+    ridden out with backoff (logged once per outage on its logger); None, they end the loop.
     """
 
     def __init__(
