@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rdq_core import payloads
 
-from .test_payloads import _files, client, storage, store  # noqa: F401 - fixtures
+from .test_payloads import _files, client, store  # noqa: F401 - fixtures
 
 BIG = 300_000  # over the inline threshold: goes to the payload store
 
