@@ -25,14 +25,11 @@ from .common import drain_seconds, load_average, median, run_on_barrier
 
 PREPARE = """
 import sys
-from rdq_core.client import Client
+from bench.rdq_bench import enqueue_noops
 from rdq_core.storage import open_storage
-url, n = sys.argv[1], int(sys.argv[2])
-storage = open_storage(url)
+storage = open_storage(sys.argv[1])
 storage.migrate()
-client = Client(storage)
-for start in range(0, n, 500):
-    client.enqueue_many("bench", [{"handler": "noop", "payload": {"n": i}} for i in range(start, min(n, start + 500))])
+enqueue_noops(storage, "bench", int(sys.argv[2]))
 storage.close()
 print("ok")
 """

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from .common import run_on_barrier
+from .common import ready_then_go, run_on_barrier
 
 
 SETUP_SQL = """
@@ -37,8 +37,7 @@ def worker_main() -> None:
 
     dsn, limit = sys.argv[1], int(sys.argv[2])
     conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=None)
-    print("ready", flush=True)
-    if sys.stdin.readline().strip() != "go":
+    if not ready_then_go():
         return
     first = time.time()
     last, rows = first, 0

@@ -199,6 +199,13 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def ready_then_go() -> bool:
+    """The timed process's side of ``run_on_barrier``: say ``ready`` (connected, set up), then
+    wait for ``go``; False when told anything else (the run was called off)."""
+    print("ready", flush=True)
+    return sys.stdin.readline().strip() == "go"
+
+
 def run_on_barrier(argv: list[str], processes: int, *, env: dict[str, str] | None = None, cwd: str | None = None,
                    timeout: float = 300.0) -> list[dict[str, Any]]:
     """Start ``processes`` copies of ``python <argv>``, release them together once every one is

@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from bench.common import ready_then_go
 from rdq_core.model import NewTask, Outcome, Settlement, TaskStatus
 from rdq_core.storage import open_storage
 
@@ -59,8 +60,7 @@ def drain(url: str, case: str, batch: int) -> None:
         from rdq_core.flow import flow_policy_from_config  # only in a tree with flow control
 
         args = (flow_policy_from_config(policy),)
-    print("ready", flush=True)
-    if sys.stdin.readline().strip() != "go":
+    if not ready_then_go():
         return
     trips = storage.round_trips
     first = last = time.time()

@@ -18,7 +18,7 @@ from rdq_core.handlers import HandlerRegistry
 from rdq_core.storage import open_storage
 from rdq_core.worker import Worker, WorkerConfig
 
-from .common import peak_rss_mb
+from .common import peak_rss_mb, ready_then_go
 
 
 def noop(payload, ctx):
@@ -34,8 +34,7 @@ def main() -> None:
     registry.register("noop", noop, timeout_seconds=10)
     worker = Worker(storage, WorkerConfig(queues=[queue], batch_size=batch, lease_seconds=lease), registry=registry)
     threading.Thread(target=worker._heartbeat_loop, name="rdq-heartbeat", daemon=True).start()
-    print("ready", flush=True)
-    if sys.stdin.readline().strip() != "go":
+    if not ready_then_go():
         return
     trips = storage.round_trips
     claims = 0

@@ -21,7 +21,7 @@ from rdq_core.compliance import servers as provisioning
 
 from . import servers
 from .ceiling import busy_window
-from .common import run_on_barrier
+from .common import ready_then_go, run_on_barrier
 
 #: KEYS: pending, in-flight. ARGV: job key prefix, limit, lease ms. Returns id, payload, id, ...
 CLAIM_LUA = """
@@ -67,8 +67,7 @@ def worker_main() -> None:
     pending, in_flight, job = _keys(prefix)
     client = redis.Redis.from_url(url)
     claim, ack = client.script_load(CLAIM_LUA), client.script_load(ACK_LUA)
-    print("ready", flush=True)
-    if sys.stdin.readline().strip() != "go":
+    if not ready_then_go():
         return
     first = time.time()
     last, rows = first, 0

@@ -375,17 +375,17 @@ def attempt_span(*, task_id: str, queue: str, handler: str, attempt: int, redriv
     Without OpenTelemetry (or with its API but no tracer provider set): no span; yields the stored
     ``traceparent`` (or None), and the handler's own enqueues carry it. An untraced task then costs
     a dictionary lookup and a provider check."""
-    if TRACEPARENT_HEADER not in headers and _recording_trace_api() is None:
+    trace_api = _recording_trace_api()
+    if TRACEPARENT_HEADER not in headers and trace_api is None:
         return _UNTRACED
-    return _attempt_span(task_id=task_id, queue=queue, handler=handler, attempt=attempt,
+    return _attempt_span(trace_api, task_id=task_id, queue=queue, handler=handler, attempt=attempt,
                          redrive_count=redrive_count, headers=headers)
 
 
 @contextmanager
-def _attempt_span(*, task_id: str, queue: str, handler: str, attempt: int, redrive_count: int,
+def _attempt_span(trace_api: Any, *, task_id: str, queue: str, handler: str, attempt: int, redrive_count: int,
                   headers: Mapping[str, str]) -> Iterator[str | None]:
     parent, state = stored(headers)
-    trace_api = _recording_trace_api()
     if trace_api is None:
         # No span to be current: the handler's own enqueues carry the stored context instead.
         trace = {}

@@ -28,7 +28,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from .claiming import ClaimLoop
 from .errors import SchemaMissing, StaleClaim, StorageUnavailable
@@ -162,12 +162,8 @@ class Worker:
         self.stop_event = StopEvent()
         self.wake = WakeSignal(storage, config.queues, self.stop_event) if config.wake_up else None
         idle_poll = config.idle_poll_seconds if config.idle_poll_seconds is not None else storage.idle_poll_seconds
-        self.claim_loop = ClaimLoop(
-            storage, self.runner, queues=self._queues, batch_size=config.batch_size,
-            lease_seconds=lambda: config.lease_seconds, should_stop=self.stop_event.is_set, ledger=self.ledger,
-            telemetry=self.telemetry, idle_pause=idle_poll, health=self.health, clock=clock,
-            wait=self.stop_event.wait, wake=self.wake, settle_behind=config.settle_behind,
-        )
+        self.claim_loop = self._claim_loop(idle_pause=idle_poll, health=self.health, wait=self.stop_event.wait,
+                                           wake=self.wake)
         #: None while running or after a requested stop; ``HANDLER_OVERRAN`` when the worker
         #: stopped itself because a handler could not be stopped.
         self.exit_reason: str | None = None
@@ -241,13 +237,17 @@ class Worker:
         run, unless ``settle_behind`` is off), and return the number of tasks started once every
         batch is settled. No idling, no reaper: for a burst job or a benchmark. The lease
         heartbeat is the caller's to run (``run_forever`` runs its own)."""
-        loop = ClaimLoop(
+        return self._claim_loop().run().started
+
+    def _claim_loop(self, **idling: Any) -> ClaimLoop:
+        """This worker's claim loop: its store, runner, queues, batch, lease, ledger and stop
+        flag; ``idling`` (idle pause, outage health, wait, wake-up) is what differs by use."""
+        return ClaimLoop(
             self.storage, self.runner, queues=self._queues, batch_size=self.config.batch_size,
             lease_seconds=lambda: self.config.lease_seconds, should_stop=self.stop_event.is_set,
             ledger=self.ledger, telemetry=self.telemetry, clock=self.clock,
-            settle_behind=self.config.settle_behind,
+            settle_behind=self.config.settle_behind, **idling,
         )
-        return loop.run().started
 
     def _queues(self) -> Sequence[str]:
         if self.config.queues:

@@ -106,6 +106,11 @@ def run_worker_invocation(
 
 
 # -- schedules (rdq_core.schedules) ----------------------------------------------------------
+#: The key of a Scheduler-triggered invocation's event (``rdq_core.schedules.EVENT_KEY``; a test
+#: holds them equal). The schedules module itself, a sizeable share of the worker's cold import,
+#: is loaded only for such an invocation.
+SCHEDULE_EVENT_KEY = "rdq_schedule"
+
 @dataclass(frozen=True)
 class _FiredHere:
     schedule: str
@@ -119,13 +124,10 @@ def _fire_schedule(event: Mapping[str, Any], storage: Storage, deadline: Invocat
     ``sched.<name>.<scheduled time>``) before working. Idempotent, so a duplicate or retried
     trigger makes no second task. The worker's async invocations are not retried by Lambda
     (EventInvokeConfig), so a store that fails is retried here while time remains."""
-    # The schedules module (a sizeable share of the worker's cold import) is loaded only for a
-    # Scheduler-triggered invocation; the key is rdq_core.schedules.EVENT_KEY.
-    if not isinstance(event, Mapping) or "rdq_schedule" not in event:
+    if not isinstance(event, Mapping) or SCHEDULE_EVENT_KEY not in event:
         return None
-    from ..schedules import EVENT_KEY, fire, scheduled_firing
+    from ..schedules import fire, scheduled_firing
 
-    assert EVENT_KEY == "rdq_schedule"
     firing = scheduled_firing(event)
     if firing is None:
         return None

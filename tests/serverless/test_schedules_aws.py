@@ -247,3 +247,8 @@ def test_a_trigger_whose_store_never_answers_fails_the_invocation(store_url, lam
     with pytest.raises(StorageUnavailable):
         worker.run_worker_invocation(_scheduler_event(schedule, "2026-12-03T17:00:00Z"),
                                      lambda_context("rdq-worker", 11))
+
+
+def test_the_worker_knows_a_scheduler_event_by_the_schedules_key():
+    # The Lambda worker recognises a Scheduler invocation without importing rdq_core.schedules.
+    assert worker.SCHEDULE_EVENT_KEY == schedules.EVENT_KEY
