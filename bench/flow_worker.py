@@ -16,7 +16,6 @@ import sys
 import time
 from typing import Any
 
-from bench.common import ready_then_go
 from rdq_core.model import NewTask, Outcome, Settlement, TaskStatus
 from rdq_core.storage import open_storage
 
@@ -60,7 +59,10 @@ def drain(url: str, case: str, batch: int) -> None:
         from rdq_core.flow import flow_policy_from_config  # only in a tree with flow control
 
         args = (flow_policy_from_config(policy),)
-    if not ready_then_go():
+    # The barrier handshake written out (not bench.common.ready_then_go): this script runs with
+    # an older tree first on PYTHONPATH, whose bench package may not have it.
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() != "go":
         return
     trips = storage.round_trips
     first = last = time.time()
