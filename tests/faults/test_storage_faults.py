@@ -123,7 +123,12 @@ def test_worker_connections_killed_between_claim_and_settle(tagged_store, queue,
         outcomes = audit(store, ids, executions)
     assert outcomes.get("LEASE_EXPIRED", 0) == 0, "a killed idle connection must not cost a lease"
     assert outage_lines(caplog) == [], "nothing failed, so the worker must not report an outage"
-    assert len(incident_lines(caplog.records)) == tagged_store.idle_kill_lines, incident_lines(caplog.records)
+    # The idle connections' notices, and at most one retried write: the previous batch's settle,
+    # written behind the claim (settle behind), may have been on a killed connection.
+    lines = incident_lines(caplog.records)
+    retried = [line for line in lines if "succeeded on attempt" in line]
+    assert len(retried) <= 1, lines
+    assert len(lines) - len(retried) == tagged_store.idle_kill_lines, lines
 
 
 def test_settle_killed_while_in_flight_is_retried_on_a_new_connection(shared_pg_database, queue, caplog):
