@@ -22,7 +22,16 @@ budgets, joining a caller's transaction, a URL for an unreachable server). ``ser
 owns and stops the servers the tests and the benchmarks use.
 """
 
-from .capabilities import Capabilities, PerTask
-from .suite import StorageCompliance
+import pkgutil
+
+import pytest
+
+# The kit's checks are plain asserts in an installed package, which pytest rewrites only when
+# told to: without this a failing check says "AssertionError" and nothing of what it compared.
+# The package itself is already importing, so its submodules are named one by one.
+pytest.register_assert_rewrite(*(f"{__name__}.{module.name}" for module in pkgutil.iter_modules(__path__)))
+
+from .capabilities import Capabilities, PerTask  # noqa: E402 - after the rewrite is registered
+from .suite import StorageCompliance  # noqa: E402
 
 __all__ = ["Capabilities", "PerTask", "StorageCompliance"]

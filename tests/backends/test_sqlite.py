@@ -88,3 +88,32 @@ def test_a_held_write_lock_fails_the_call_within_the_url_busy_timeout(tmp_path):
 def test_busy_timeout_from_the_url_must_be_bounded(tmp_path, timeout):
     with pytest.raises(ValueError):
         open_storage(f"sqlite:///{tmp_path}/rdq.db?timeout={timeout}")
+
+
+def test_opening_a_new_file_waits_for_another_opener_within_the_busy_timeout(tmp_path):
+    """Switching a new file to WAL needs it to itself, and while another opener holds the write
+    lock SQLite refuses at once instead of calling the busy handler: workers started together on
+    a new file (each auto-migrating) must wait for each other within the busy timeout, like any
+    writer, not fail their first call."""
+    import time
+
+    from rdq_core.errors import StorageUnavailable
+
+    path = tmp_path / "rdq.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another opener, first to the new, empty file
+    store = open_storage(f"sqlite:///{path}?timeout=0.3")
+    try:
+        started = time.monotonic()
+        with pytest.raises(StorageUnavailable):
+            store.migrate()
+        assert 0.25 <= time.monotonic() - started < 3
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    store.migrate()
+    assert store.stats("q").pending == 0
+    store.close()
+    check = sqlite3.connect(path)
+    assert check.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    check.close()

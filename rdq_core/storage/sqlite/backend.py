@@ -117,9 +117,13 @@ class SQLiteStorage(StorageCore):
             conn = sqlite3.connect(
                 self.path, timeout=self.busy_timeout_seconds, isolation_level=None, check_same_thread=False
             )
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA foreign_keys=ON")
+            try:
+                self._enter_wal_mode(conn)
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA foreign_keys=ON")
+            except BaseException:
+                conn.close()
+                raise
             self._local.conn = conn
             with self._lock:
                 self._all_connections.append(conn)
@@ -129,6 +133,26 @@ class SQLiteStorage(StorageCore):
                 if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
                     self.migrate()
         return conn
+
+    def _enter_wal_mode(self, conn: sqlite3.Connection) -> None:
+        """Switch a file to WAL, waiting out other openers like any writer would.
+
+        Switching needs the file to itself and SQLite answers "database is locked" at once
+        instead of calling the busy handler, so processes opening a new file together (workers
+        started at once, each auto-migrating) retry here, within the busy timeout. A file
+        already in WAL mode (every one after its first opening) answers without a lock.
+        """
+        deadline = time.monotonic() + self.busy_timeout_seconds
+        pause = 0.001
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if not self.is_transient(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     @contextmanager
     def _write(self) -> Iterator[tuple[sqlite3.Connection, int]]:
