@@ -151,6 +151,27 @@ class FencingCompliance:
         assert [(a.attempt_no, a.outcome) for a in task.attempts] == [
             (1, Outcome.RETRYABLE_FAILURE), (2, Outcome.PERMANENT_FAILURE)]
 
+    def test_settle_takes_outcome_and_status_by_name_and_refuses_unknown_ones(self, storage: Storage) -> None:
+        """A caller may name the outcome and status ("SNOOZED", "DEAD"): the checks hold for the
+        names as for the members (a snooze goes back to PENDING), and an unknown name is
+        InvalidInput that changes nothing -- never a store's error, never a partial batch."""
+        enqueue_n(storage, "named", 3)
+        a, b, c = storage.claim("named", 3, 30)
+        for outcome, status in (("SNOOZED", "DEAD"), ("SUCCESS", "RUNNING"), ("WON", "SUCCEEDED")):
+            with pytest.raises(InvalidInput):
+                storage.settle([success(a), Settlement(b.task.id, b.claim_token, outcome, status)])  # type: ignore[arg-type]
+            assert {must_get(storage, x.task.id).status for x in (a, b)} == {TaskStatus.IN_FLIGHT}
+        storage.settle([
+            Settlement(a.task.id, a.claim_token, "SUCCESS", "SUCCEEDED"),  # type: ignore[arg-type]
+            Settlement(b.task.id, b.claim_token, "SNOOZED", "PENDING", retry_delay_seconds=600),  # type: ignore[arg-type]
+            Settlement(c.task.id, c.claim_token, "PERMANENT_FAILURE", "DEAD", error=ErrorInfo("x")),  # type: ignore[arg-type]
+        ])
+        snoozed = must_get(storage, b.task.id)
+        assert must_get(storage, a.task.id).status is TaskStatus.SUCCEEDED
+        assert snoozed.status is TaskStatus.PENDING and snoozed.attempt_count == 0
+        assert [x.outcome for x in snoozed.attempts] == [Outcome.SNOOZED]
+        assert must_get(storage, c.task.id).status is TaskStatus.DEAD
+
     def test_settle_keeps_error_text_verbatim(self, storage: Storage) -> None:
         enqueue_n(storage, "verbatim", 1)
         (claimed,) = storage.claim("verbatim", 1, 30)

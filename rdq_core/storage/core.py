@@ -468,6 +468,7 @@ class StorageCore(Storage, abc.ABC):
         if not items:
             return
         _require_refs(items)
+        items = [_with_enums(item) for item in items]
         for item in items:
             if item.status not in _SETTLED_STATUSES:
                 raise InvalidInput(f"cannot settle task {item.task_id} as {item.status}", field="status")
@@ -751,6 +752,18 @@ def _storable(item: Settlement) -> Settlement:
     """The settlement with its error text repaired; stores that keep JSON as text repair the
     result when they encode it (``storable_json``)."""
     return item if item.error is None else replace(item, error=storable_error(item.error))
+
+
+def _with_enums(item: Settlement) -> Settlement:
+    """The settlement with its outcome and status as the enums (a caller may pass their names):
+    the checks and every backend compare members, and an unknown name is refused here."""
+    if type(item.outcome) is Outcome and type(item.status) is TaskStatus:
+        return item
+    try:
+        return replace(item, outcome=Outcome(item.outcome), status=TaskStatus(item.status))
+    except ValueError:
+        raise InvalidInput(f"task {item.task_id}: unknown outcome {item.outcome!r} or status {item.status!r}",
+                           field="outcome") from None
 
 
 def _require_refs(refs: Sequence[ClaimRef] | Sequence[Settlement]) -> None:
