@@ -34,6 +34,7 @@ from rdq_core.storage.postgres import (  # noqa: E402 - after importorskip
     PostgresStorage,
     page_statement,
 )
+from rdq_core.storage.postgres.backend import settle_document  # noqa: E402 - after importorskip
 
 
 @pytest.fixture
@@ -190,9 +191,9 @@ def test_hot_plans_hold_without_statistics(storage, sql_conn):
     claim_plan = _plan(sql_conn, CLAIM_SQL, {"queue": "q", "limit": 100, "lease_seconds": 30.0})
     assert "rdq_tasks_pending_claim_idx" in claim_plan and "rdq_tasks_queue_idx" not in claim_plan, claim_plan
     fenced = {"task_ids": [c.task.id for c in claimed], "claim_tokens": [c.claim_token for c in claimed]}
-    settle_params = {**fenced, "outcomes": ["SUCCESS"] * 100, "statuses": ["SUCCEEDED"] * 100,
-                     "retry_delays": [0.0] * 100, "errors": [None] * 100, "results": [None] * 100,
-                     "event_statuses": [], "with_payload": False}
+    settle_params = {"settlements": settle_document([
+        Settlement(c.task.id, c.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED) for c in claimed]),
+        "event_statuses": [], "with_payload": False}
     for name, params in (("settle", settle_params), ("extend_leases", {**fenced, "lease_seconds": 30.0}),
                          ("release", fenced)):
         plan = _plan(sql_conn, QUERIES[name], params)

@@ -16,6 +16,7 @@ puts rdq's tables in a schema of their own (migrations create objects in the cur
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import replace
 from collections.abc import Iterator, Mapping, Sequence
@@ -290,13 +291,7 @@ class PostgresStorage(StorageCore):
 
     def _settle(self, settlements: Sequence[Settlement]) -> set[str]:
         params = {
-            "task_ids": [s.task_id for s in settlements],
-            "claim_tokens": [s.claim_token for s in settlements],
-            "outcomes": [Outcome(s.outcome).value for s in settlements],
-            "statuses": [TaskStatus(s.status).value for s in settlements],
-            "retry_delays": [float(s.retry_delay_seconds or 0.0) for s in settlements],
-            "errors": [_error_json(s.error) for s in settlements],
-            "results": [storable_json(s.result) for s in settlements],
+            "settlements": settle_document(settlements),
             # Lifecycle events written by the same statement (none when events are off).
             "event_statuses": list(self.events.settled_statuses),
             "with_payload": self.events.include_payload,
@@ -505,6 +500,15 @@ def _spliced(statement: str, selection: Selection, where: str) -> str:
 def _text(value: str) -> str:
     """Text PostgreSQL can hold: U+0000 becomes U+FFFD (no text column can store it)."""
     return value.replace("\x00", "\ufffd")
+
+
+def settle_document(settlements: Sequence[Settlement]) -> str:
+    """The settle statement's batch: one JSON array, an item per settlement (see queries.sql)."""
+    return json.dumps([
+        [s.task_id, s.claim_token, Outcome(s.outcome).value, TaskStatus(s.status).value,
+         float(s.retry_delay_seconds or 0.0), _error_json(s.error), storable_json(s.result)]
+        for s in settlements
+    ], separators=(",", ":"), ensure_ascii=False)
 
 
 def _error_json(error: ErrorInfo | None) -> str | None:

@@ -370,14 +370,16 @@ RETURNING ref.ord
 -- MAX + 1) -- never from attempt_count, which redrive resets. claimed_at is the attempt's
 -- started_at. dead_at uses clock_timestamp() so tasks dead-lettered by one statement still get
 -- distinct, ordered DLQ positions. A SNOOZED attempt spends no budget.
+--
+-- The batch arrives as one JSON array of [task_id, claim_token, outcome, status,
+-- retry_delay_seconds, error, result] (error and result as JSON text, error null for none):
+-- one text parameter, where seven arrays cost the client a Python array dumper per element;
+-- jsonb, parsed once, unpacks faster than the arrays did (json would re-parse per field).
 WITH decision AS (
-    SELECT *
-    FROM unnest(
-        %(task_ids)s::text[], %(claim_tokens)s::text[], %(outcomes)s::text[],
-        %(statuses)s::text[], %(retry_delays)s::float8[], %(errors)s::text[],
-        %(results)s::text[]
-    ) WITH ORDINALITY AS d(task_id, claim_token, outcome, status, retry_delay_seconds,
-                           error, result, ord)
+    SELECT e.item ->> 0 AS task_id, e.item ->> 1 AS claim_token, e.item ->> 2 AS outcome,
+           e.item ->> 3 AS status, (e.item ->> 4)::float8 AS retry_delay_seconds,
+           e.item ->> 5 AS error, e.item ->> 6 AS result, e.ord
+    FROM jsonb_array_elements(%(settlements)s::jsonb) WITH ORDINALITY AS e(item, ord)
 ),
 settled AS (
     UPDATE rdq_tasks AS t
@@ -399,7 +401,7 @@ settled AS (
         updated_at = now()
     FROM decision AS d
     WHERE t.id = ANY (ARRAY(
-        SELECT id FROM rdq_tasks WHERE id = ANY(%(task_ids)s::text[]) ORDER BY id FOR UPDATE
+        SELECT id FROM rdq_tasks WHERE id = ANY(ARRAY(SELECT task_id FROM decision)) ORDER BY id FOR UPDATE
     ))
       AND t.id = d.task_id
       AND t.claim_token = d.claim_token
