@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import logging
 import math
 import os
@@ -32,8 +33,10 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import pq
+from psycopg.adapt import AdaptersMap
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
+from psycopg.types.json import set_json_loads
 
 from ...errors import ConfigurationError, StorageUnavailable
 
@@ -290,6 +293,7 @@ class ConnectionPool:
             detail = _QUOTED_URL.sub("<the URL>", str(exc).strip())
             raise ConfigurationError(f"malformed PostgreSQL URL: {detail}") from None
         self._max_idle = max_idle
+        self._adapters = json_adapters()
         self._idle: list[psycopg.Connection] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -325,7 +329,8 @@ class ConnectionPool:
             # No server-side prepared statements: they break behind PgBouncer in transaction
             # mode and pin sessions in RDS Proxy, the usual fronts for Lambda fleets.
             return psycopg.connect(
-                self._conninfo, autocommit=True, prepare_threshold=None, **self._connect_kwargs
+                self._conninfo, autocommit=True, prepare_threshold=None, context=self._adapters,
+                **self._connect_kwargs
             )
         except psycopg.OperationalError as exc:
             raise StorageUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
@@ -372,6 +377,25 @@ class ConnectionPool:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+_decode_json = json.JSONDecoder().decode
+
+
+def _json_from_server(data: str | bytes) -> Any:
+    """A json/jsonb value as the server sends it: UTF-8 text. ``json.loads`` on bytes first
+    guesses their encoding, twice per claimed task (payload, headers); the empty object, the
+    usual headers, is the most common value of all and needs no parsing."""
+    if data == b"{}":
+        return {}
+    return _decode_json(data.decode("utf-8") if isinstance(data, bytes) else data)
+
+
+def json_adapters() -> AdaptersMap:
+    """psycopg's adapters, as they are when called, with JSON read by ``_json_from_server``."""
+    adapters = AdaptersMap(psycopg.adapters)
+    set_json_loads(_json_from_server, adapters)
+    return adapters
 
 
 def _probably_alive(conn: psycopg.Connection) -> bool:
