@@ -12,7 +12,6 @@ local event_statuses, with_payload = ',' .. ARGV[2] .. ',', ARGV[3]
 
 local now = now_us()
 local refused, plan, seen = {}, {}, {}
-local spends = {}  -- attempt_count increments: SNOOZED ones are 0
 for o = 4, #ARGV, 8 do
   local id, token, outcome, status = ARGV[o], ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
   local error_json, error_type, result_json = ARGV[o + 5], ARGV[o + 6], ARGV[o + 7]
@@ -26,15 +25,17 @@ for o = 4, #ARGV, 8 do
     if type(decoded) ~= 'table' or type(decoded['type']) ~= 'string' then invalid('error must be an object with a type') end
   end
   local key = task_key(id)
-  local held = redis.call('HMGET', key, 'status', 'claim_token', 'lease_expires_at', 'claimed_at', 'concurrency_key')
+  local held = redis.call('HMGET', key, 'status', 'claim_token', 'lease_expires_at', 'claimed_at', 'concurrency_key',
+    'attempt_count', 'priority', 'group')
   local valid = not seen[id] and held[1] == 'IN_FLIGHT' and held[2] == token
   if valid and outcome == 'LEASE_EXPIRED' and (tonumber(held[3]) or 0) > now then valid = false end
   if valid then
     -- attempt_no = MAX(attempt_no) + 1 over the history, never derived from attempt_count.
     local attempt_no = last_attempt_no(id)
-    spends[id] = outcome == 'SNOOZED' and 0 or 1  -- a SNOOZED attempt spends no budget
+    local spent = outcome == 'SNOOZED' and 0 or 1  -- a SNOOZED attempt spends no budget
     seen[id] = true
     plan[#plan + 1] = {id = id, key = key, status = status, delay = delay, error_json = error_json, ckey = held[5],
+      attempt_count = (tonumber(held[6]) or 0) + spent, lane = lane_of(held[7], held[8]),
       error_type = error_type, result_json = result_json, attempt_no = attempt_no + 1,
       attempt = '{"outcome":"' .. outcome .. '","started_at":"' .. (held[4] or '') .. '","finished_at":"' ..
         us(now) .. '","error":' .. (error_json ~= '' and error_json or 'null') .. '}'}
@@ -43,30 +44,50 @@ for o = 4, #ARGV, 8 do
   end
 end
 
+-- Phase 2: per task one history entry, one HDEL and one HSET of every field it changes; the
+-- status indexes are written once per batch (variadic ZREM/ZADD), not once per task.
+local at = us(now)
+local left_in_flight, finished = {}, {SUCCEEDED = {}, DEAD = {}}
 for _, p in ipairs(plan) do
   local id, key = p.id, p.key
   redis.call('HSETNX', attempts_key(id), tostring(p.attempt_no), p.attempt)
-  redis.call('ZREM', INFLIGHT, id)
+  left_in_flight[#left_in_flight + 1] = id
   if p.ckey then redis.call('ZREM', key_in_flight(p.ckey), id) end
   redis.call('HDEL', key, 'claim_token', 'claimed_at', 'lease_expires_at', 'dead_at')
-  redis.call('HINCRBY', key, 'attempt_count', spends[id])  -- 0 for SNOOZED
-  redis.call('HSET', key, 'status', p.status, 'updated_at', us(now))
+  local fields = {'status', p.status, 'updated_at', at, 'attempt_count', tostring(p.attempt_count)}
   if p.error_json ~= '' then
-    redis.call('HSET', key, 'last_error', p.error_json, 'error_type', p.error_type)
+    fields[#fields + 1] = 'last_error'; fields[#fields + 1] = p.error_json
+    fields[#fields + 1] = 'error_type'; fields[#fields + 1] = p.error_type
   end
   if p.status == 'PENDING' then
     local next_at = us(now + p.delay)
-    redis.call('HSET', key, 'next_attempt_at', next_at)
-    index_pending(id, next_at)
+    fields[#fields + 1] = 'next_attempt_at'; fields[#fields + 1] = next_at
+    index_pending(id, next_at, p.lane)
   elseif p.status == 'SUCCEEDED' then
-    if p.result_json ~= '' then redis.call('HSET', key, 'result', p.result_json) end
-    redis.call('ZADD', SUCCEEDED, us(now), id)
+    if p.result_json ~= '' then fields[#fields + 1] = 'result'; fields[#fields + 1] = p.result_json end
   else
-    redis.call('HSET', key, 'dead_at', us(now))
-    redis.call('ZADD', DEAD, us(now), id)
+    fields[#fields + 1] = 'dead_at'; fields[#fields + 1] = at
   end
+  redis.call('HSET', key, unpack(fields))
+  if p.status ~= 'PENDING' then
+    local into = finished[p.status]
+    into[#into + 1] = at; into[#into + 1] = id
+  end
+end
+-- (unpack passes at most a few thousand values: a batch is sent in chunks.)
+for first = 1, #left_in_flight, 1000 do
+  redis.call('ZREM', INFLIGHT, unpack(left_in_flight, first, math.min(first + 999, #left_in_flight)))
+end
+for status, pairs_ in pairs(finished) do
+  local zset = status == 'SUCCEEDED' and SUCCEEDED or DEAD
+  for first = 1, #pairs_, 1000 do
+    redis.call('ZADD', zset, unpack(pairs_, first, math.min(first + 999, #pairs_)))
+  end
+end
+-- The events read the fields just written, so they come last.
+for _, p in ipairs(plan) do
   if string.find(event_statuses, ',' .. p.status .. ',', 1, true) then
-    task_event(id, string.lower(p.status), p.attempt_no, us(now), with_payload)
+    task_event(p.id, string.lower(p.status), p.attempt_no, at, with_payload)
   end
 end
 return refused
