@@ -57,8 +57,14 @@ def epoch_millis(value: int | str | None) -> datetime | None:
 
 # -- how stores keep JSON values ----------------------------------------------------------------
 
+_decode_json = json.JSONDecoder().decode
+
+
 def json_text(value: Any) -> Any:
-    """A JSON value kept as text; anything already decoded (a sub-document) is taken as is."""
+    """A JSON value kept as text; anything already decoded (a sub-document) is taken as is.
+    The empty object (the usual headers) is the most common value and needs no parsing."""
+    if type(value) is str:
+        return {} if value == "{}" else _decode_json(value)
     if isinstance(value, (str, bytes, bytearray)):
         return json.loads(value)
     return value
@@ -95,21 +101,32 @@ class RecordCodec:
     time: Callable[[Any], datetime | None]
     document: Callable[[Any], Any] = json_text
     keys: Mapping[str, str] = field(default_factory=dict)
-    _key: dict[str, str] = field(init=False, repr=False, compare=False)  # set in __post_init__
+    #: The fields this store keeps under another key (model name -> store key); set in __post_init__.
+    _key: dict[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Resolved once: mapping a record is on every claim's path (tens of thousands a second).
-        object.__setattr__(self, "_key", {name: self.keys.get(name, name) for name in _FIELDS})
+        key = {name: self.keys.get(name, name) for name in _FIELDS}
+        object.__setattr__(self, "_key", {name: stored for name, stored in key.items() if stored != name})
+
+    def _named(self, record: Record) -> Record:
+        """The record under the model's field names: as it is, for a store that uses them."""
+        if not self._key:
+            return record
+        renamed = dict(record)
+        for name, stored in self._key.items():
+            renamed[name] = record.get(stored)
+        return renamed
 
     def attempt(self, record: Record) -> Attempt:
-        key, time = self._key, self.time
-        get: Callable[[str], Any] = record.get  # a store's values are untyped
-        error = get(key["error"])
+        time = self.time
+        get: Callable[[str], Any] = self._named(record).get  # a store's values are untyped
+        error = get("error")
         return Attempt(
-            attempt_no=int(get(key["attempt_no"])),
-            outcome=Outcome(get(key["outcome"])),
-            started_at=time(get(key["started_at"])),
-            finished_at=time(get(key["finished_at"])),
+            attempt_no=int(get("attempt_no")),
+            outcome=Outcome(get("outcome")),
+            started_at=time(get("started_at")),
+            finished_at=time(get("finished_at")),
             error=None if error is None else ErrorInfo.from_dict(self.document(error)),
         )
 
@@ -121,48 +138,48 @@ class RecordCodec:
 
     def task(self, record: Record, attempts: Iterable[Record] | None = None) -> Task:
         """``attempts`` defaults to the record's own ``attempts`` (empty on claim paths)."""
-        key, time, document = self._key, self.time, self.document
-        get: Callable[[str], Any] = record.get  # a store's values are untyped
+        time, document = self.time, self.document
+        get: Callable[[str], Any] = self._named(record).get  # a store's values are untyped
         # Inline rather than helper calls: this runs once per claimed task.
-        payload, headers, backoff = get(key["payload"]), get(key["headers"]), get(key["backoff"])
-        result, last_error = get(key["result"]), get(key["last_error"])
-        max_attempts = get(key["max_attempts"])
+        payload, headers, backoff = get("payload"), get("headers"), get("backoff")
+        result, last_error = get("result"), get("last_error")
+        max_attempts = get("max_attempts")
         return _trusted_task(
-            id=get(key["id"]),
-            queue=get(key["queue"]),
-            handler=get(key["handler"]),
+            id=get("id"),
+            queue=get("queue"),
+            handler=get("handler"),
             payload=None if payload is None else document(payload),
-            status=TaskStatus(get(key["status"])),
+            status=TaskStatus(get("status")),
             headers=dict(document(headers) or {}) if headers is not None else {},
-            attempt_count=int(get(key["attempt_count"]) or 0),
-            redrive_count=int(get(key["redrive_count"]) or 0),
+            attempt_count=int(get("attempt_count") or 0),
+            redrive_count=int(get("redrive_count") or 0),
             max_attempts=None if max_attempts in (None, "") else int(max_attempts),
             backoff=None if backoff is None else Backoff.from_dict(document(backoff)),
-            next_attempt_at=time(get(key["next_attempt_at"])),
-            lease_expires_at=time(get(key["lease_expires_at"])),
-            created_at=time(get(key["created_at"])),
-            updated_at=time(get(key["updated_at"])),
-            dead_at=time(get(key["dead_at"])),
+            next_attempt_at=time(get("next_attempt_at")),
+            lease_expires_at=time(get("lease_expires_at")),
+            created_at=time(get("created_at")),
+            updated_at=time(get("updated_at")),
+            dead_at=time(get("dead_at")),
             result=None if result is None else document(result),
             last_error=None if last_error is None else ErrorInfo.from_dict(document(last_error)),
-            attempts=self.attempts(get(key["attempts"]) if attempts is None else attempts),
-            priority=int(get(key["priority"]) or 0),
-            concurrency_key=get(key["concurrency_key"]) or None,
-            rate_key=get(key["rate_key"]) or None,
-            group=get(key["group"]) or None,
-            dedupe_key=get(key["dedupe_key"]) or None,
+            attempts=self.attempts(get("attempts") if attempts is None else attempts),
+            priority=int(get("priority") or 0),
+            concurrency_key=get("concurrency_key") or None,
+            rate_key=get("rate_key") or None,
+            group=get("group") or None,
+            dedupe_key=get("dedupe_key") or None,
         )
 
     def claimed(self, record: Record) -> ClaimedTask:
         """A task as a claim (or the expired-lease scan) hands it out: with its claim, no history."""
-        key = self._key
+        record = self._named(record)
         get: Callable[[str], Any] = record.get  # a store's values are untyped
-        lease = self.time(get(key["lease_expires_at"]))
-        claimed_at = self.time(get(key["claimed_at"]))
+        lease = self.time(get("lease_expires_at"))
+        claimed_at = self.time(get("claimed_at"))
         assert lease is not None and claimed_at is not None, "a claimed record carries its lease"
         return ClaimedTask(
             task=self.task(record, attempts=()),
-            claim_token=get(key["claim_token"]),
+            claim_token=get("claim_token"),
             claimed_at=claimed_at,
             lease_expires_at=lease,
         )
