@@ -30,9 +30,8 @@ import os
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any, Iterator, TextIO
+from typing import Any, TextIO
 
 from .errors import InvalidInput
 from .text import printable
@@ -101,16 +100,22 @@ def configured_format() -> str | None:
 _current = threading.local()
 
 
-@contextmanager
-def task_log_keys(**keys: Any) -> Iterator[None]:
+class task_log_keys:
     """While active, every record logged on this thread carries ``keys`` (e.g. ``task_id``,
-    ``queue``, ``attempt``): as ``key=value`` in text, as fields in JSON."""
-    previous = getattr(_current, "keys", None)
-    _current.keys = {**(previous or {}), **keys}
-    try:
-        yield
-    finally:
-        _current.keys = previous
+    ``queue``, ``attempt``): as ``key=value`` in text, as fields in JSON. A class rather than a
+    generator: it wraps every attempt, and costs half of what ``@contextmanager`` did (timeit)."""
+
+    __slots__ = ("keys", "previous")
+
+    def __init__(self, **keys: Any) -> None:
+        self.keys = keys
+
+    def __enter__(self) -> None:
+        self.previous = previous = getattr(_current, "keys", None)
+        _current.keys = {**previous, **self.keys} if previous else self.keys
+
+    def __exit__(self, *exc_info: object) -> None:
+        _current.keys = self.previous
 
 
 def current_task_keys() -> dict[str, Any]:
