@@ -541,15 +541,18 @@ def handler_outcome(item: ClaimedTask, result: Any, policies: PolicyBook) -> Set
     inline is written to the store first (its reference is the task's result); a handler's own
     use of the reserved key is an ``rdq.InvalidResult`` failure; a success tags the payload object."""
     task = item.task
-    problem = reserved_result_problem(result)
-    if problem is not None:
-        return outcomes.failed_attempt(policies, task, item.claim_token, Outcome.RETRYABLE_FAILURE,
-                                       outcomes.truncated_error(outcomes.INVALID_RESULT, problem))
-    try:
-        result = stored_result(task, result)
-    except Exception as exc:  # noqa: BLE001 - the bucket failed: a retryable failed attempt
-        return outcomes.from_exception(item, exc, policies)
-    settlement = outcomes.from_result(item, result, policies)
+    if result is None:  # most handlers: nothing to check or store (7 -> 2 us per task, timeit)
+        settlement = Settlement(task.id, item.claim_token, Outcome.SUCCESS, TaskStatus.SUCCEEDED)
+    else:
+        problem = reserved_result_problem(result)
+        if problem is not None:
+            return outcomes.failed_attempt(policies, task, item.claim_token, Outcome.RETRYABLE_FAILURE,
+                                           outcomes.truncated_error(outcomes.INVALID_RESULT, problem))
+        try:
+            result = stored_result(task, result)
+        except Exception as exc:  # noqa: BLE001 - the bucket failed: a retryable failed attempt
+            return outcomes.from_exception(item, exc, policies)
+        settlement = outcomes.from_result(item, result, policies)
     if settlement.status is TaskStatus.SUCCEEDED and REF_HEADER in task.headers:
         finished(task)
     return settlement
