@@ -184,7 +184,8 @@ class _Watch:
     __slots__ = ("active", "conn", "deadline", "fired", "seconds")
 
     def __init__(self, conn: psycopg.Connection, seconds: float) -> None:
-        self.conn, self.seconds = conn, seconds
+        self.conn: psycopg.Connection | None = conn  # None once done: a finished watch holds nothing
+        self.seconds = seconds
         self.deadline = time.monotonic() + seconds
         self.active, self.fired = True, False
 
@@ -218,7 +219,12 @@ class Watchdog:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="rdq-pg-watchdog", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            # Woken only when this deadline is now the first: otherwise the thread already
+            # wakes earlier than this watch needs (every call watches for the same time, so
+            # that is nearly always). Not waking it per call spares a thread switch per call;
+            # the finished watches it would have popped wait in the heap until they come up.
+            if self._heap[0][2] is watch:
+                self._cond.notify()
         return watch
 
     def refresh(self, conn: psycopg.Connection) -> None:
@@ -235,6 +241,7 @@ class Watchdog:
             watch.active = False
             if self._by_conn.get(id(watch.conn)) is watch:
                 del self._by_conn[id(watch.conn)]
+            watch.conn = None
             return watch.fired
 
     def _run(self) -> None:
@@ -256,7 +263,8 @@ class Watchdog:
                     continue
                 # Still under the lock: done() cannot return the connection (and its fd) meanwhile.
                 watch.fired = True
-                _shut_down_socket(watch.conn)
+                if watch.conn is not None:  # always, for an active watch
+                    _shut_down_socket(watch.conn)
 
 
 def _shut_down_socket(conn: psycopg.Connection) -> None:
