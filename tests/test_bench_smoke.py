@@ -91,3 +91,19 @@ def test_smoke_latency_and_steady_load(tmp_path):
     assert {r["backend"] for r in data["steady"]} == {"sqlite", "postgres", "redis", "mongo"}
     assert all(r["start"]["n"] == r["n"] and r["done"]["n"] == r["n"] for r in data["steady"])
     assert "Steady mixed load" in (out / "results.md").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_ab_cpu_mode_reports_cpu_per_task_for_each_tree(tmp_path):
+    """``python -m bench.ab --cpu`` drains with one worker process per tree and reports its CPU
+    time per task (this checkout as both trees, on SQLite: no server needed)."""
+    out = tmp_path / "ab-cpu.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.ab", "--cpu", "--tree", f"a={ROOT}", "--tree", f"b={ROOT}",
+         "--backends", "sqlite", "--n", "1000", "--runs", "1", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["cpu_rows"]
+    assert sorted(r["tree"] for r in rows) == ["a", "b"]
+    assert all(r["user_us_per_task"] > 0 and r["tasks_per_s"] > 0 for r in rows)
+    assert "median CPU per task" in done.stdout
