@@ -40,7 +40,7 @@ from ...errors import (
 )
 from ...flow import PRIORITIES, Candidate, FlowPolicy, FlowState, candidate_count, choose
 from ...flow import full_keys as flow_full_keys
-from ...model import ClaimRef, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus
+from ...model import ClaimRef, ErrorInfo, NewTask, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, decoded, instant
 from ..core import ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore, dedupe_states_of
 from ..querytext import migrations, named_queries
@@ -505,7 +505,7 @@ def _text(value: str) -> str:
 def settle_document(settlements: Sequence[Settlement]) -> str:
     """The settle statement's batch: one JSON array, an item per settlement (see queries.sql)."""
     return json.dumps([
-        [s.task_id, s.claim_token, Outcome(s.outcome).value, TaskStatus(s.status).value,
+        [s.task_id, s.claim_token, s.outcome.value, s.status.value,
          float(s.retry_delay_seconds or 0.0), _error_json(s.error), storable_json(s.result)]
         for s in settlements
     ], separators=(",", ":"), ensure_ascii=False)

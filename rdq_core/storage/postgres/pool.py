@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import json
 import logging
 import math
 import os
@@ -39,6 +38,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import set_json_loads
 
 from ...errors import ConfigurationError, StorageUnavailable
+from ..codec import json_text
 
 log = logging.getLogger(__name__)
 
@@ -387,16 +387,10 @@ class ConnectionPool:
             conn.close()
 
 
-_decode_json = json.JSONDecoder().decode
-
-
 def _json_from_server(data: str | bytes) -> Any:
     """A json/jsonb value as the server sends it: UTF-8 text. ``json.loads`` on bytes first
-    guesses their encoding, twice per claimed task (payload, headers); the empty object, the
-    usual headers, is the most common value of all and needs no parsing."""
-    if data == b"{}":
-        return {}
-    return _decode_json(data.decode("utf-8") if isinstance(data, bytes) else data)
+    guesses their encoding, twice per claimed task (payload, headers)."""
+    return json_text(data.decode("utf-8") if isinstance(data, bytes) else data)
 
 
 def json_adapters() -> AdaptersMap:
