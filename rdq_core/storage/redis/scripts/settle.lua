@@ -47,7 +47,7 @@ end
 -- Phase 2: per task one history entry, one HDEL and one HSET of every field it changes; the
 -- status indexes are written once per batch (variadic ZREM/ZADD), not once per task.
 local at = us(now)
-local left_in_flight, finished = {}, {SUCCEEDED = {}, DEAD = {}}
+local left_in_flight, finished = {}, {}  -- finished: zset -> {score, id, ...}
 for _, p in ipairs(plan) do
   local id, key = p.id, p.key
   redis.call('HSETNX', attempts_key(id), tostring(p.attempt_no), p.attempt)
@@ -70,7 +70,9 @@ for _, p in ipairs(plan) do
   end
   redis.call('HSET', key, unpack(fields))
   if p.status ~= 'PENDING' then
-    local into = finished[p.status]
+    local zset = STATUS_ZSETS[p.status]
+    local into = finished[zset] or {}
+    finished[zset] = into
     into[#into + 1] = at; into[#into + 1] = id
   end
 end
@@ -78,10 +80,9 @@ end
 for first = 1, #left_in_flight, 1000 do
   redis.call('ZREM', INFLIGHT, unpack(left_in_flight, first, math.min(first + 999, #left_in_flight)))
 end
-for status, pairs_ in pairs(finished) do
-  local zset = status == 'SUCCEEDED' and SUCCEEDED or DEAD
-  for first = 1, #pairs_, 1000 do
-    redis.call('ZADD', zset, unpack(pairs_, first, math.min(first + 999, #pairs_)))
+for zset, scored in pairs(finished) do
+  for first = 1, #scored, 1000 do
+    redis.call('ZADD', zset, unpack(scored, first, math.min(first + 999, #scored)))
   end
 end
 -- The events read the fields just written, so they come last.
