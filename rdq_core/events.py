@@ -6,13 +6,20 @@ script; MongoDB: on the task document in the same update, moved to the outbox co
 after). The reaper then delivers the outbox in batches (``deliver_events``) to EventBridge and
 removes an event only once EventBridge accepted it, so delivery is **at least once**: a crash
 between the write and the delivery, or between the delivery and the removal, delivers the event
-(again) on a later pass. Every event id is deterministic per state change, so a consumer
-deduplicates a redelivery by ``id``::
+(again) on a later pass. An event's id names one state change: a redelivery carries the id it was
+written with, and no other change ever gets that id, so a consumer deduplicates by ``id``::
 
-    rdq.task.dead           <task id>:dead:<attempt number>
-    rdq.task.succeeded      <task id>:succeeded:<attempt number>      (opt-in)
-    rdq.task.redriven       <task id>:redriven:<redrive count after>
+    rdq.task.dead           <task id>:dead:<attempt number>:<incarnation>
+    rdq.task.succeeded      <task id>:succeeded:<attempt number>:<incarnation>      (opt-in)
+    rdq.task.redriven       <task id>:redriven:<redrive count after>:<incarnation>
     rdq.operation.finished  op:<operation id>:finished
+
+``<incarnation>`` tells apart two tasks that had the same id one after the other: a task id may
+be used again once its task is purged (or removed by retention), and the new task's events never
+repeat an id of the old one's. It is fixed when the task is created and is opaque to consumers:
+PostgreSQL, SQLite and Redis write the task's ``created_at`` in microseconds since the Unix epoch
+(by the store's clock), MongoDB the random incarnation of the task's document
+(``task_event_id``).
 
 Events are written only when switched on (``RDQ_EVENTS=on``, or ``RDQ_EVENT_BUS`` set): a store
 without a consumer never pays for them. Payloads are left out unless
@@ -141,6 +148,16 @@ def put_events_entry(event: OutboxEvent, settings: EventSettings) -> dict[str, A
     if settings.bus:
         entry["EventBusName"] = settings.bus
     return entry
+
+
+def task_event_id(task_id: str, kind: str, number: int, incarnation: str | int) -> str:
+    """The id of a task event: ``kind`` is ``dead``, ``succeeded`` or ``redriven``; ``number``
+    the attempt number (a redrive: the redrive count after it); ``incarnation`` the stamp the
+    task was created with (see the module's docstring).
+
+    The SQL and Lua stores build the same text inside the write that changes the task; the id
+    is stored with the event, so every redelivery carries it unchanged."""
+    return f"{task_id}:{kind}:{number}:{incarnation}"
 
 
 def operation_finished_event(operation: Any) -> OutboxEvent:

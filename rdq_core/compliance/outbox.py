@@ -14,9 +14,30 @@ from ..model import DeadFilter, Outcome, Settlement, TaskStatus
 from ..storage.spi import Storage
 from .bounds import _prepare
 from .capabilities import Capabilities
-from .support import OpenStore, dead_letter, enqueue_n, fail_permanently, must_get, retry, success, wait_until
+from .support import (OpenStore, dead_letter, enqueue_n, fail_permanently, must_get, new_task, retry, success,
+                      wait_until)
 
 ON = EventSettings(enabled=True, succeeded=True)
+
+
+def _change(event_id: str) -> str:
+    """A task event's id without its incarnation stamp: ``<task id>:<kind>:<number>``."""
+    head, _, stamp = event_id.rpartition(":")
+    assert head and stamp, f"{event_id!r} carries no incarnation stamp"
+    return head
+
+
+def _changes(events: list[OutboxEvent]) -> list[str]:
+    return [_change(e.id) for e in events]
+
+
+def _die(storage: Storage, queue: str, task_id: str, *, attempts: int = 1) -> None:
+    """Enqueue ``task_id`` and settle it DEAD at its ``attempts``-th attempt."""
+    storage.enqueue([new_task(queue, id=task_id, max_attempts=attempts)])
+    for attempt in range(1, attempts + 1):
+        (claimed,) = storage.claim(queue, 1, 30)
+        assert claimed.task.id == task_id
+        storage.settle([fail_permanently(claimed) if attempt == attempts else retry(claimed)])
 
 
 def _all_events(storage: Storage, lease_seconds: float = 60.0) -> list[OutboxEvent]:
@@ -47,7 +68,7 @@ class OutboxCompliance:
         claimed = {c.task.id: c for c in storage.claim("ev-settle", 3, 30)}
         died, won, retried = (claimed[i] for i in ids)
         storage.settle([fail_permanently(died, "smtp.Refused"), success(won, {"ok": True}), retry(retried, delay=60)])
-        events = {e.id: e for e in _all_events(storage)}
+        events = {_change(e.id): e for e in _all_events(storage)}
         assert set(events) == {f"{ids[0]}:dead:1", f"{ids[1]}:succeeded:1"}, "a retry writes no event"
         dead, succeeded = events[f"{ids[0]}:dead:1"], events[f"{ids[1]}:succeeded:1"]
         assert (dead.type, dead.queue, dead.task_id) == (TASK_DEAD, "ev-settle", ids[0])
@@ -70,7 +91,7 @@ class OutboxCompliance:
             storage.settle([fail_permanently(first)])  # the first claim's token is spent
         assert _all_events(storage) == [], "no change, no event"
         storage.settle([fail_permanently(second)])
-        assert [e.id for e in _all_events(storage)] == [f"{task_id}:dead:2"]
+        assert _changes(_all_events(storage)) == [f"{task_id}:dead:2"]
         with pytest.raises(StaleClaim):
             storage.settle([fail_permanently(second)])
         assert [e.id for e in storage.take_events(10, lease_seconds=30)] == []
@@ -92,10 +113,72 @@ class OutboxCompliance:
         storage.ack_events([e.id for e in _all_events(storage)])
         assert storage.redrive("ev-redrive", DeadFilter(ids=(ids[0], ids[1]))) == 2
         events = _all_events(storage)
-        assert sorted(e.id for e in events) == sorted(f"{i}:redriven:1" for i in ids[:2])
+        assert sorted(_changes(events)) == sorted(f"{i}:redriven:1" for i in ids[:2])
         assert all(e.type == TASK_REDRIVEN and e.to_dict()["redrive_count"] == 1 for e in events)
         assert storage.redrive("ev-redrive", DeadFilter(ids=(ids[0],))) == 0, "not dead any more: no event"
         assert storage.take_events(10, lease_seconds=30) == []
+
+    def test_a_task_id_used_again_after_a_purge_names_new_events(self, storage: Storage) -> None:
+        # order-X dies, is purged, is enqueued again with the same id and dies again: a consumer
+        # that deduplicates by id must see two deaths, whether the first was delivered or not.
+        storage.configure_events(ON)
+        queue, task_id = "ev-reuse", "order-X"
+        _die(storage, queue, task_id)
+        assert storage.purge_dead(queue, DeadFilter()) == 1
+        _die(storage, queue, task_id)
+        undelivered = _all_events(storage)
+        assert _changes(undelivered) == [f"{task_id}:dead:1", f"{task_id}:dead:1"], "both deaths are in the outbox"
+        assert len({e.id for e in undelivered}) == 2, "two incarnations, two ids"
+        assert storage.ack_events([e.id for e in undelivered]) == 2
+        assert storage.purge_dead(queue, DeadFilter()) == 1
+        _die(storage, queue, task_id)
+        (third,) = _all_events(storage)
+        assert _change(third.id) == f"{task_id}:dead:1" and third.id not in {e.id for e in undelivered}
+
+    def test_every_redrive_and_every_incarnations_redrive_has_its_own_event_id(self, storage: Storage) -> None:
+        storage.configure_events(ON)
+        queue, task_id = "ev-reuse-redrive", "order-R"
+        _die(storage, queue, task_id)
+        redriven: list[OutboxEvent] = []
+        for _ in range(2):
+            assert storage.redrive(queue, DeadFilter()) == 1
+            (claimed,) = storage.claim(queue, 1, 30)
+            storage.settle([fail_permanently(claimed)])
+            taken = _all_events(storage)
+            redriven += [e for e in taken if e.type == TASK_REDRIVEN]
+            storage.ack_events([e.id for e in taken])
+        assert _changes(redriven) == [f"{task_id}:redriven:1", f"{task_id}:redriven:2"]
+        # The same id again, purged first: its first redrive is a new event, not redriven:1 again.
+        assert storage.purge_dead(queue, DeadFilter()) == 1
+        _die(storage, queue, task_id)
+        assert storage.redrive(queue, DeadFilter()) == 1
+        again = [e for e in _all_events(storage) if e.type == TASK_REDRIVEN]
+        assert _changes(again) == [f"{task_id}:redriven:1"]
+        assert len({e.id for e in redriven + again}) == 3, "no two redrives share an id"
+
+    def test_a_task_id_used_again_after_retention_names_new_succeeded_events(self, storage: Storage) -> None:
+        storage.configure_events(ON)
+        queue, task_id = "ev-reuse-ok", "order-S"
+        seen: list[OutboxEvent] = []
+        for _ in range(2):
+            storage.enqueue([new_task(queue, id=task_id)])
+            (claimed,) = storage.claim(queue, 1, 30)
+            storage.settle([success(claimed)])
+            wait_until(lambda: storage.purge_succeeded(0, 100) or storage.get(task_id) is None,
+                       what="retention to remove the finished task")
+            assert storage.get(task_id) is None
+            seen += _all_events(storage)
+        assert _changes(seen) == [f"{task_id}:succeeded:1", f"{task_id}:succeeded:1"]
+        assert len({e.id for e in seen}) == 2
+
+    def test_an_event_keeps_its_id_on_every_redelivery(self, storage: Storage) -> None:
+        storage.configure_events(ON)
+        dead_letter(storage, "ev-stable", 2)
+        first = storage.take_events(10, lease_seconds=self.short_lease)
+        again = wait_until(lambda: storage.take_events(10, lease_seconds=self.short_lease), what="the lease to pass")
+        assert sorted(e.id for e in again) == sorted(e.id for e in first)
+        assert [e.to_dict() for e in sorted(again, key=lambda e: e.id)] == [
+            e.to_dict() for e in sorted(first, key=lambda e: e.id)], "the same event, not a rewritten one"
 
     def test_one_tasks_events_are_taken_in_the_order_they_were_written(self, storage: Storage) -> None:
         storage.configure_events(ON)
@@ -106,7 +189,7 @@ class OutboxCompliance:
                 (claimed,) = storage.claim(queue, 1, 30)
                 storage.settle([fail_permanently(claimed)])
                 storage.redrive(queue, DeadFilter())
-        taken = [e.id for e in _all_events(storage)]
+        taken = _changes(_all_events(storage))
         for tid in (task_id, other):
             mine = [i for i in taken if i.startswith(tid + ":")]
             assert mine == [f"{tid}:dead:1", f"{tid}:redriven:1", f"{tid}:dead:2", f"{tid}:redriven:2",
@@ -145,7 +228,8 @@ class OutboxCompliance:
         dying.close()  # delivered, perhaps, but never acknowledged
         successor = open_another()
         retaken = wait_until(lambda: successor.take_events(10, lease_seconds=60), what="the dead deliverer's lease to pass")
-        assert sorted(e.id for e in retaken) == sorted(f"{i}:dead:1" for i in ids), "the same events, same ids"
+        assert sorted(_changes(retaken)) == sorted(f"{i}:dead:1" for i in ids)
+        assert sorted(e.id for e in retaken) == sorted(e.id for e in taken), "the same events, same ids"
         assert successor.ack_events([e.id for e in retaken]) == 4
 
     def test_recorded_events_are_kept_once_per_id(self, storage: Storage) -> None:
@@ -164,7 +248,7 @@ class OutboxCompliance:
         (claimed,) = storage.claim("ev-payload", 1, 30)
         storage.settle([Settlement(claimed.task.id, claimed.claim_token, Outcome.PERMANENT_FAILURE, TaskStatus.DEAD)])
         (event,) = _all_events(storage)
-        assert event.id == f"{task_id}:dead:1" and event.to_dict()["payload"] == {"n": 0}
+        assert _change(event.id) == f"{task_id}:dead:1" and event.to_dict()["payload"] == {"n": 0}
 
     @pytest.mark.parametrize("operation", ("settle", "redrive"))
     def test_events_cost_what_the_backend_declares(self, storage: Storage, operation: str) -> None:

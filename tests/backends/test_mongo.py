@@ -167,7 +167,8 @@ def test_events_left_on_a_task_by_a_settle_that_died_are_moved_by_the_next_take(
     crash_at()
     assert storage.get(task_id).status is TaskStatus.DEAD, "the change committed"
     assert storage._tasks.find_one({"_id": task_id})["pending_events"], "its event is on the task"
-    assert [e.id for e in storage.take_events(10, lease_seconds=30)] == [f"{task_id}:dead:1"]
+    incarnation = storage._tasks.find_one({"_id": task_id})["incarnation"]
+    assert [e.id for e in storage.take_events(10, lease_seconds=30)] == [f"{task_id}:dead:1:{incarnation}"]
     assert "pending_events" not in storage._tasks.find_one({"_id": task_id}), "moved, then cleared"
     assert storage._outbox.count_documents({}) == 1
 
@@ -183,7 +184,8 @@ def test_a_redrive_that_died_before_moving_its_events_loses_none(storage, crash_
         storage.redrive("q", DeadFilter())
     crash_at()
     taken = storage.take_events(10, lease_seconds=30)
-    assert sorted(e.id for e in taken) == sorted(f"{i}:redriven:1" for i in ids)
+    incarnations = {d["_id"]: d["incarnation"] for d in storage._tasks.find({"_id": {"$in": ids}})}
+    assert sorted(e.id for e in taken) == sorted(f"{i}:redriven:1:{incarnations[i]}" for i in ids)
 
 
 def test_two_settles_in_a_row_dying_between_their_writes_lose_no_attempt(storage, crash_at):

@@ -45,18 +45,19 @@ def test_a_dead_task_and_its_redrive_are_logged_and_served_in_order(dev: DevServ
         return mine or None
 
     (dead,) = wait_until(events_of_task, 30, what="the dead task's event")
-    assert (dead["id"], dead["type"], dead["queue"], dead["attempt"]) == ("ev-dead-1:dead:1", "rdq.task.dead", "evdev", 1)
+    change, _, incarnation = dead["id"].rpartition(":")
+    assert (change, dead["type"], dead["queue"], dead["attempt"]) == ("ev-dead-1:dead:1", "rdq.task.dead", "evdev", 1)
     assert dead["error"]["message"] == "rejected on purpose" and "stack" not in dead["error"]
     status, _, _ = call(dev, "POST", "/v1/queues/evdev/dlq:redrive", {"ids": ["ev-dead-1"]})
     assert status == 200
     mine = wait_until(lambda: (found := events_of_task()) and len(found) >= 3 and found, 30,
                       what="the redrive's event and the second death")
-    assert [e["id"] for e in mine[:3]] == ["ev-dead-1:dead:1", "ev-dead-1:redriven:1", "ev-dead-1:dead:2"]
+    assert [e["id"] for e in mine[:3]] == [f"ev-dead-1:{c}:{incarnation}" for c in ("dead:1", "redriven:1", "dead:2")]
     # Paging: after the first event's number, the first is not served again.
     status, _, page = call(dev, "GET", f"/v1/events?after={mine[0]['seq']}&limit=1000")
     assert mine[0]["id"] not in [e["id"] for e in page["events"]] and page["next_after"] >= mine[2]["seq"]
     log = (dev.out.read_text(errors="replace") + dev.err.read_text(errors="replace"))
-    assert "rdq.task.dead ev-dead-1:dead:1" in log, "one log line per event"
+    assert f"rdq.task.dead ev-dead-1:dead:1:{incarnation}" in log, "one log line per event"
 
 
 @pytest.mark.parametrize("query", ["?after=-1", "?limit=0", "?limit=1001", "?after=x", "?cursor=1", "?limit=1&limit=2"])

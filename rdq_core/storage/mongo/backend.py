@@ -28,6 +28,7 @@ from pymongo.errors import (
 )
 
 from ...errors import ConfigurationError, StorageUnavailable, TaskConflict
+from ...events import task_event_id
 from ...flow import FlowPolicy
 from ...model import ClaimRef, DedupeMode, NewTask, Outcome, Settlement, TaskStatus
 from ..codec import RecordCodec, epoch_millis
@@ -59,7 +60,7 @@ _RETAINED_STATUSES = [TaskStatus.SUCCEEDED.value, TaskStatus.CANCELLED.value]
 _WITHOUT_HISTORY = {"pending_attempts": 0, "last_attempt": 0, "pending_events": 0}
 #: What a task event is built from (``_events_on_task``).
 _EVENT_FIELDS = {"queue": 1, "handler": 1, "redrive_count": 1, "payload_json": 1, "last_error": 1,
-                 "pending_events": 1, "event_no": 1}
+                 "pending_events": 1, "event_no": 1, "incarnation": 1, "created_at_ms": 1}
 _CLAIM_FIELDS = {"claim_token": "", "claimed_at_ms": "", "lease_expires_at_ms": ""}
 
 # Tests set this to simulate a process dying between two writes: it is called with the name of
@@ -469,7 +470,12 @@ class MongoStorage(StorageCore):
                   "redrive_count": int(doc.get("redrive_count") or 0) + (1 if kind == "redriven" else 0),
                   "error": None if kind == "succeeded" else error,
                   "payload": json.loads(doc["payload_json"]) if self.events.include_payload and doc.get("payload_json") else None}
-        event = {"_id": f"{doc['_id']}:{kind}:{number}", "type": f"rdq.task.{kind}", "queue": doc.get("queue"),
+        # Named by the document's incarnation too, so a task id reused after a purge names new
+        # events (created_at is only milliseconds here; a document older than the incarnation
+        # field falls back to it).
+        incarnation = doc.get("incarnation") or int(doc.get("created_at_ms") or 0) * 1000
+        event_id = task_event_id(doc["_id"], kind, number, incarnation)
+        event = {"_id": event_id, "type": f"rdq.task.{kind}", "queue": doc.get("queue"),
                  "task_id": doc["_id"], "at_ms": now_ms, "event_no": event_no, "detail_json": storable_json(detail),
                  "leased_until_ms": 0}
         return {"pending_events": [*(doc.get("pending_events") or []), event], "events_write": events_write,

@@ -64,6 +64,13 @@ jsonb_build_object('handler', s.handler, 'attempt', s.attempt_no, 'redrive_count
                    'error', CASE WHEN s.status <> 'SUCCEEDED' THEN s.last_error END,
                    'payload', CASE WHEN %(with_payload)s THEN s.payload END)
 
+-- name: task_event_incarnation
+-- The changed task's creation instant in microseconds since the epoch (s: the changed task):
+-- the part of a task event's id that tells apart two tasks that had the same id one after the
+-- other (rdq_core/events.py task_event_id). Exact: extract() is numeric, and a double would
+-- still round back to the integer it stands for.
+(extract(epoch FROM s.created_at) * 1000000)::bigint
+
 -- name: now
 SELECT now()
 
@@ -406,14 +413,15 @@ settled AS (
       AND t.id = d.task_id
       AND t.claim_token = d.claim_token
       AND (d.outcome <> 'LEASE_EXPIRED' OR t.lease_expires_at <= now())
-    RETURNING d.ord, t.id, t.status, t.queue, t.handler, t.redrive_count, t.payload, t.last_error,
+    RETURNING d.ord, t.id, t.status, t.queue, t.handler, t.redrive_count, t.payload, t.last_error, t.created_at,
               (t.attempts -> -1 ->> 'attempt_no')::integer AS attempt_no
 ),
 -- The lifecycle events of this settle (rdq_core/events.py), in the same statement: none unless
 -- event_statuses names the task's new status.
 events AS (
     INSERT INTO rdq_outbox (id, type, queue, task_id, at, detail)
-    SELECT s.id || ':' || lower(s.status) || ':' || s.attempt_no, 'rdq.task.' || lower(s.status), s.queue, s.id, now(),
+    SELECT s.id || ':' || lower(s.status) || ':' || s.attempt_no || ':' || {{task_event_incarnation}},
+           'rdq.task.' || lower(s.status), s.queue, s.id, now(),
            {{task_event_detail}}
     FROM settled AS s
     WHERE s.status = ANY(%(event_statuses)s::text[])
@@ -531,12 +539,13 @@ WITH redriven AS (
     SET status = 'PENDING', attempt_count = 0, redrive_count = t.redrive_count + 1,
         next_attempt_at = now(), dead_at = NULL, updated_at = now()
     WHERE {where}
-    RETURNING t.id, t.queue, t.handler, t.redrive_count, t.payload, t.last_error, 'PENDING' AS status,
+    RETURNING t.id, t.queue, t.handler, t.redrive_count, t.payload, t.last_error, t.created_at, 'PENDING' AS status,
               (t.attempts -> -1 ->> 'attempt_no')::integer AS attempt_no
 ),
 events AS (
     INSERT INTO rdq_outbox (id, type, queue, task_id, at, detail)
-    SELECT s.id || ':redriven:' || s.redrive_count, 'rdq.task.redriven', s.queue, s.id, now(), {{task_event_detail}}
+    SELECT s.id || ':redriven:' || s.redrive_count || ':' || {{task_event_incarnation}}, 'rdq.task.redriven', s.queue,
+           s.id, now(), {{task_event_detail}}
     FROM redriven AS s
     WHERE %(redriven_events)s
     ORDER BY s.id

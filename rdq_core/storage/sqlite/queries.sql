@@ -278,15 +278,17 @@ SELECT key, version, body FROM rdq_documents WHERE kind = ? AND key > ? ORDER BY
 -- name: task_events
 -- The lifecycle events of tasks this transaction just changed (rdq_core/events.py), inserted in
 -- the same transaction: a settle's DEAD (and, when asked, SUCCEEDED) tasks, a redrive's PENDING
--- ones. The id is the task id, the kind and the attempt number (a redrive: the new redrive
--- count), so writing one change twice is one event.
+-- ones. The id is the task id, the kind, the attempt number (a redrive: the new redrive count)
+-- and the task's creation instant (µs), so writing one change twice is one event and a task id
+-- reused after a purge names new events (rdq_core/events.py task_event_id).
 INSERT OR IGNORE INTO rdq_outbox (id, type, queue, task_id, at, detail)
-SELECT e.id || ':' || e.kind || ':' || CASE e.kind WHEN 'redriven' THEN e.redrive_count ELSE e.attempt END,
+SELECT e.id || ':' || e.kind || ':' || CASE e.kind WHEN 'redriven' THEN e.redrive_count ELSE e.attempt END
+            || ':' || e.created_at,
        'rdq.task.' || e.kind, e.queue, e.id, :now,
        json_object('handler', e.handler, 'attempt', e.attempt, 'redrive_count', e.redrive_count,
                    'error', json(CASE WHEN e.kind = 'succeeded' THEN NULL ELSE e.last_error END),
                    'payload', CASE WHEN :with_payload THEN json(e.payload) END)
-  FROM (SELECT t.id, t.queue, t.handler, t.redrive_count, t.last_error, t.payload,
+  FROM (SELECT t.id, t.queue, t.handler, t.redrive_count, t.last_error, t.payload, t.created_at,
                CASE t.status WHEN 'PENDING' THEN 'redriven' ELSE lower(t.status) END AS kind,
                COALESCE((SELECT MAX(h.attempt_no) FROM rdq_attempts AS h WHERE h.task_id = t.id), 0) AS attempt
           FROM rdq_tasks AS t

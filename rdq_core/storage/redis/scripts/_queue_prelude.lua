@@ -61,13 +61,15 @@ local function outbox_put(id, event_type, queue, task_id, at, detail_json)
 end
 
 -- A task event (dead, succeeded, redriven) from the task's stored fields; the id is the task id,
--- the kind and the attempt number (a redrive: the new redrive count).
+-- the kind, the attempt number (a redrive: the new redrive count) and the task's created_at (µs),
+-- so a task id reused after a purge names new events (rdq_core/events.py task_event_id).
 local function task_event(task_id, kind, attempt_no, at, with_payload)
-  local held = redis.call('HMGET', task_key(task_id), 'handler', 'redrive_count', 'last_error', 'payload', 'queue')
+  local held = redis.call('HMGET', task_key(task_id), 'handler', 'redrive_count', 'last_error', 'payload', 'queue',
+    'created_at')
   local error_json = (kind ~= 'succeeded' and held[3]) or 'null'
   local payload_json = (with_payload == '1' and held[4]) or 'null'
   local number = kind == 'redriven' and (held[2] or '0') or tostring(attempt_no)
-  outbox_put(task_id .. ':' .. kind .. ':' .. number, 'rdq.task.' .. kind, held[5], task_id, at,
+  outbox_put(task_id .. ':' .. kind .. ':' .. number .. ':' .. (held[6] or '0'), 'rdq.task.' .. kind, held[5], task_id, at,
     '{"handler":' .. cjson.encode(held[1] or '') .. ',"attempt":' .. tostring(attempt_no) ..
     ',"redrive_count":' .. (held[2] or '0') .. ',"error":' .. error_json .. ',"payload":' .. payload_json .. '}')
 end
