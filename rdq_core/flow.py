@@ -14,6 +14,7 @@ aging) keeps the claim what it always was: due tasks by priority, then due time,
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -97,6 +98,17 @@ def parse_rate(text: Any, where: str = "rate_limit") -> RateLimit:
     return RateLimit(count=count, period_seconds=period)
 
 
+def unknown_key_error(where: str, key: object, valid: Sequence[str]) -> ConfigurationError:
+    """The refusal of a policy key nothing reads, naming the valid spelling nearest to it: a
+    misspelled limit that is skipped would leave the queue running with no limit at all."""
+    text = str(key)
+    # "rate-limit", "Rate_Limit": the same words in another spelling.
+    normalised = re.sub(r"[\s-]+", "_", text.strip()).lower()
+    nearest = [normalised] if normalised in valid else difflib.get_close_matches(normalised, valid, n=1, cutoff=0.6)
+    hint = f" (did you mean {nearest[0]!r}?)" if nearest else ""
+    return ConfigurationError(f"{where}unknown key {text!r}{hint}; the valid keys are {', '.join(valid)}")
+
+
 def _positive_int(value: Any, where: str) -> int:
     if type(value) is not int or value < 1:
         raise ConfigurationError(f"{where} must be a positive integer, not {value!r}")
@@ -104,15 +116,16 @@ def _positive_int(value: Any, where: str) -> int:
 
 
 def flow_policy_from_config(raw: Mapping[str, Any], queue: str = "") -> FlowPolicy:
-    """One queue's policy object (the flow keys of it; other keys are the retry policy's)."""
+    """One queue's policy object (the flow keys of it; other keys are the retry policy's, and a
+    key neither reads is refused by ``rdq_core.retry.policy_book_from_config``)."""
     where = f"policy for queue {queue!r}: " if queue else ""
     limit: int | None = None
     overrides: dict[str, int] = {}
     concurrency = raw.get("concurrency_limit")
     if isinstance(concurrency, Mapping):
-        unknown = set(concurrency) - {"default", "keys"}
+        unknown = sorted(set(concurrency) - {"default", "keys"}, key=str)
         if unknown:
-            raise ConfigurationError(f"{where}concurrency_limit takes default and keys, not {sorted(unknown)}")
+            raise unknown_key_error(f"{where}concurrency_limit: ", unknown[0], ("default", "keys"))
         if concurrency.get("default") is not None:
             limit = _positive_int(concurrency["default"], f"{where}concurrency_limit.default")
         keys = concurrency.get("keys") or {}

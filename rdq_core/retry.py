@@ -17,11 +17,18 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from .errors import ConfigurationError
-from .flow import FlowBook, FlowPolicy, flow_book_from_config
+from .flow import FLOW_POLICY_KEYS, FlowBook, FlowPolicy, flow_book_from_config, unknown_key_error
 from .model import Backoff, Task
 
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_BACKOFF = Backoff()
+
+#: The policy keys this module reads.
+RETRY_POLICY_KEYS = ("max_attempts", "backoff", "retry_on", "dead_on")
+#: Every key a queue's policy may hold (``RDQ_QUEUE_POLICIES``): any other is refused.
+POLICY_KEYS = RETRY_POLICY_KEYS + FLOW_POLICY_KEYS
+#: The keys of a policy's ``backoff`` object.
+BACKOFF_KEYS = tuple(DEFAULT_BACKOFF.to_dict())
 
 
 @dataclass(frozen=True)
@@ -118,11 +125,23 @@ def _exception_names(queue: str, key: str, raw: object) -> frozenset[str]:
     return frozenset(raw)
 
 
+def _backoff(queue: str, raw: object) -> Backoff:
+    if not isinstance(raw, Mapping):
+        raise ConfigurationError(f"policy for queue {queue!r}: backoff must be an object of {', '.join(BACKOFF_KEYS)}")
+    for key in raw:
+        if key not in BACKOFF_KEYS:
+            raise unknown_key_error(f"policy for queue {queue!r}: backoff: ", key, BACKOFF_KEYS)
+    return Backoff(**{**DEFAULT_BACKOFF.to_dict(), **dict(raw)})
+
+
 def policy_book_from_config(config: Mapping[str, object] | None) -> PolicyBook:
     """Build a PolicyBook from JSON-shaped config, e.g. ``RDQ_QUEUE_POLICIES``::
 
         {"emails": {"max_attempts": 8, "backoff": {"initial_seconds": 5},
                     "dead_on": ["ValueError"], "retry_on": ["TimeoutError", "myapp.Throttled"]}}
+
+    A key no policy reads (``POLICY_KEYS``; ``concurrency_limt``, ``rate-limit``) is refused with
+    a ``ConfigurationError`` naming the queue, the key and its nearest valid spelling.
     """
     if not config:
         return PolicyBook()
@@ -130,9 +149,10 @@ def policy_book_from_config(config: Mapping[str, object] | None) -> PolicyBook:
     for queue, raw in config.items():
         if not isinstance(raw, Mapping):
             raise ConfigurationError(f"policy for queue {queue!r} must be an object")
-        backoff = DEFAULT_BACKOFF
-        if raw.get("backoff") is not None:
-            backoff = Backoff(**{**DEFAULT_BACKOFF.to_dict(), **dict(raw["backoff"])})
+        for key in raw:
+            if key not in POLICY_KEYS:
+                raise unknown_key_error(f"policy for queue {str(queue)!r}: ", key, POLICY_KEYS)
+        backoff = DEFAULT_BACKOFF if raw.get("backoff") is None else _backoff(str(queue), raw["backoff"])
         retry_on = raw.get("retry_on")
         queues[str(queue)] = RetryPolicy(
             max_attempts=int(raw.get("max_attempts", DEFAULT_MAX_ATTEMPTS)), backoff=backoff,

@@ -6,6 +6,7 @@ import json
 import os
 from dataclasses import dataclass
 
+from ..errors import ConfigurationError
 from ..retry import PolicyBook, policy_book_from_config
 
 
@@ -64,7 +65,7 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> "Settings":
-        return cls(
+        settings = cls(
             handler_modules=_names("RDQ_HANDLERS"),
             queues=_names("RDQ_QUEUES"),
             policies_json=os.environ.get("RDQ_QUEUE_POLICIES", ""),
@@ -85,6 +86,14 @@ class Settings:
             auth_mode=os.environ.get("RDQ_AUTH_MODE", "iam"),
             auto_migrate=_flag("RDQ_AUTO_MIGRATE", False),
         )
+        # Parsed here, as the function starts: a bad policy (a misspelled key) fails the start
+        # with its own message instead of waiting for the first invocation that has work.
+        settings.policy_book()
+        return settings
 
     def policy_book(self) -> PolicyBook:
-        return policy_book_from_config(json.loads(self.policies_json) if self.policies_json else None)
+        try:
+            config = json.loads(self.policies_json) if self.policies_json else None
+        except ValueError as exc:
+            raise ConfigurationError(f"RDQ_QUEUE_POLICIES is not valid JSON: {exc}") from None
+        return policy_book_from_config(config)
