@@ -322,17 +322,29 @@ def cmd_dev(args: argparse.Namespace, url: str) -> int:
 
 
 def cmd_worker(args: argparse.Namespace, url: str) -> int:
+    from . import process_tree
     from .worker import HANDLER_OVERRAN, Worker, WorkerConfig
 
+    # What was under this process before any handler ran is not the handlers' to end. After a
+    # restart, a process the old image's handlers started in the instant before the exec (after
+    # the sweep below) is under this one now: ended here, before anything is claimed.
+    inherited = process_tree.inherited_pids()
+    if process_tree.descendants(exclude=inherited):
+        ended = process_tree.end_descendants(exclude=inherited)
+        log.warning("ended %d process(es) the previous worker image's handlers left running: %s",
+                    len(ended), ", ".join(map(str, ended)))
     _import_handler_modules(_module_list(args.handlers))
     queues = args.queues or []
     config = WorkerConfig(queues=queues, batch_size=args.batch, lease_seconds=args.lease, concurrency=args.concurrency,
                           overrun_grace_seconds=args.overrun_grace, idle_poll_seconds=args.idle_poll,
                           settle_behind=args.settle_behind,
                           schedules_file=args.schedules_file, schedules_every_seconds=max(args.schedules_every, 0.0))
+    # Before the store is opened: a bad policy (a misspelled key) stops the start with its own
+    # message, whatever state the store is in.
+    policies = _policies()
     signals = _SignalCount()
     with _open_storage(url) as storage:
-        worker = Worker(storage, config, policies=_policies())
+        worker = Worker(storage, config, policies=policies)
 
         def on_signal(count: int) -> None:
             if count == 1:
@@ -353,8 +365,13 @@ def cmd_worker(args: argparse.Namespace, url: str) -> int:
             settling.start()
             settling.join(5.0)
             running = worker.running()
+            # The running handlers' tasks will run again once their leases lapse: what those
+            # handlers started must not outlive this process and run beside them.
+            worker.drop_late_outcomes()
+            ended = process_tree.end_descendants(exclude=inherited)
             log.warning("stopping at once: released %s unstarted claim(s); %d running task(s) will be retried "
-                        "when their lease expires", result[0] if result else "no", len(running))
+                        "when their lease expires%s", result[0] if result else "no", len(running),
+                        f"; ended {len(ended)} process(es) their handlers started" if ended else "")
             logging.shutdown()
             os._exit(EXIT_STOPPED_AT_ONCE)
 
@@ -366,6 +383,18 @@ def cmd_worker(args: argparse.Namespace, url: str) -> int:
                  _redact(url), ", ".join(queues) or "every queue", ", ".join(registry.names()),
                  args.batch, args.lease, args.concurrency)
         worker.run_forever()
+        abandoned = worker.overruns()
+        if abandoned:
+            # Their outcomes, should the kill below make them return, must not be written.
+            worker.drop_late_outcomes()
+    if abandoned:
+        # An overrunning handler's thread ends with this process image, but the processes it
+        # started do not: killed now, while its lease is still fresh, so the task's next attempt
+        # (once the lease lapses) never runs beside them.
+        ended = process_tree.end_descendants(exclude=inherited)
+        if ended:
+            log.error("ended %d process(es) started by the overrunning handler(s): %s",
+                      len(ended), ", ".join(map(str, ended)))
     if worker.exit_reason == HANDLER_OVERRAN:
         # Stop signals are held from here until the new image has its handlers: one sent in
         # between stays pending across exec (the blocked mask and pending signals survive it)
@@ -377,6 +406,7 @@ def cmd_worker(args: argparse.Namespace, url: str) -> int:
             # and is retried; nothing can run it while the old handler still does.
             log.error("restarting this worker process to stop the overrunning handler")
             logging.shutdown()
+            process_tree.carry_inherited(inherited)
             os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     log.info("worker stopped")

@@ -136,6 +136,8 @@ class HandlerExecution:
         self._overruns: dict[str, Overrun] = {}
         #: Handlers running now (task id -> handler name), for a host that reports what it waits for.
         self._running: dict[str, str] = {}
+        #: Set by a host about to end its overrunning handlers (``drop_late_outcomes``).
+        self._dropping_late_outcomes = False
 
     def running(self) -> dict[str, str]:
         """Task id -> handler name of every handler running now (overrunning ones included)."""
@@ -146,6 +148,14 @@ class HandlerExecution:
         """Handlers running past their timeout right now; their tasks are still held."""
         with self._lock:
             return list(self._overruns.values())
+
+    def drop_late_outcomes(self) -> None:
+        """From now on, an overrunning handler that returns has its outcome dropped, not settled.
+        For a host about to kill what its overrunning handlers started: a handler whose child was
+        killed under it may well return "success", and the task must instead be retried once
+        its lease lapses."""
+        with self._lock:
+            self._dropping_late_outcomes = True
 
     def close(self) -> None:
         """Let idle helper threads exit (overrunning ones exit when their handler returns)."""
@@ -234,6 +244,16 @@ class HandlerExecution:
         # Overran: the claim stayed in the ledger (the heartbeat renewed it) while the batch
         # went on without it; its real outcome is written now. Only once the host has ended
         # the process can the lease lapse, so two executions of one task never overlap.
+        with self._lock:
+            dropped = self._dropping_late_outcomes
+        if dropped:
+            with self._lock:
+                self._overruns.pop(task.id, None)
+                self._running.pop(task.id, None)
+            log.warning("overrunning handler %r of task %s returned as the worker ended it; its outcome (%s) is "
+                        "dropped and the task is retried once its lease lapses",
+                        spec.name, task.id, settlement.outcome.value)
+            raise _Abandoned
         outcomes.log_outcome(task, settlement, self.policies, None)
         try:
             settle_late(settlement)

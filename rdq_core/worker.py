@@ -8,9 +8,11 @@ settled or released.
 A handler that overruns its ``timeout_seconds`` keeps its task (Python cannot stop a thread):
 the batch goes on without it, and if it has still not returned ``overrun_grace_seconds`` later
 the worker stops claiming, settles and releases everything else, and ends with
-``exit_reason = "handler_overran"``; ``rdq worker`` then restarts its process, which is what
-stops the handler for real. Only after that can its lease lapse, so two executions of one task
-never overlap.
+``exit_reason = "handler_overran"``; ``rdq worker`` then kills every process under it (what
+the handlers started: ``rdq_core.process_tree``) and restarts its process, which is what stops
+the handler's thread. Only after that can its lease lapse, so two executions of one task never
+overlap (a process that left the worker's process tree, by a double fork, is the limit: see
+docs/running-workers.md).
 
 The worker also reaps expired leases itself (every ``reap_interval_seconds``, one bounded,
 fenced pass), so a crashed worker's tasks come back without a separate ``rdq reaper``.
@@ -210,6 +212,11 @@ class Worker:
 
     def overruns(self) -> list[Overrun]:
         return self.runner.overruns()
+
+    def drop_late_outcomes(self) -> None:
+        """Before the host ends the overrunning handlers' processes: their outcomes, should they
+        return now, are dropped; their tasks come back when their leases lapse."""
+        self.runner.execution.drop_late_outcomes()
 
     def _check_overruns(self) -> None:
         if self.stop_event.is_set():
