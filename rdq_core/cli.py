@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 from urllib.parse import urlsplit
 
-from . import tracecontext
+from . import tracecontext, validation
 from .client import FLOW_FIELDS, Client
 from .console import server as console_server
 from .http_client import ApiKey, Auth, BearerToken, HttpClient, SigV4
@@ -33,7 +33,7 @@ from .handlers import registry
 from .logs import configure_logging
 from .events import EventSettings, deliver_events, publisher_from_settings
 from .operations import drive_operations
-from .reaper import reap_expired_leases, reap_forever
+from .reaper import PassReport, ReapReport, maintenance_pass, reap_expired_leases, reap_forever
 from .model import TaskStatus
 from .retry import PolicyBook, policy_book_from_config
 from .storage import default_storage_url, open_storage, redact_url as _redact
@@ -243,7 +243,7 @@ def _selection_arguments(action: argparse.ArgumentParser, *, confirm: bool) -> N
     action.add_argument("--error-type")
     action.add_argument("--handler", dest="filter_handler")
     action.add_argument("--dry-run", action="store_true", help="say how many tasks match, change nothing")
-    action.add_argument("--rate", type=_positive_float, metavar="PER_SECOND",
+    action.add_argument("--rate", type=_operation_rate, metavar="PER_SECOND",
                         help="run as a background operation acting on at most this many tasks a second")
     action.add_argument("--background", action="store_true",
                         help="run as a background operation and return at once (rdq operations show ID follows it)")
@@ -429,26 +429,39 @@ def cmd_reaper(args: argparse.Namespace, url: str) -> int:
 
         publisher = publisher_from_settings(EventSettings.from_env())
 
-        def between_passes() -> int:
-            # The outbox first (when a bus is configured; a bounded share of the interval), then
-            # bulk operations advance until the next pass is due (or a stop), at their own rate.
-            if publisher is not None:
-                deliver_events(storage, publisher, deadline=time.monotonic() + args.interval / 4)
-            drive_operations(storage, deadline=time.monotonic() + args.interval,
-                             clock=lambda: math.inf if stopping else time.monotonic(),
-                             sleep=lambda seconds: time.sleep(min(seconds, 0.5)))
-            return apply_retention()
+        def after_reaping() -> PassReport:
+            # Bulk operations advance for most of the interval (at their own rate), then the outbox
+            # (theirs included) gets the rest, then retention. Each step is guarded: one that
+            # raises is logged and the next still runs.
+            started = time.monotonic()
+            return maintenance_pass([
+                ("operations", lambda: drive_operations(
+                    storage, deadline=started + args.interval * 0.75,
+                    clock=lambda: math.inf if stopping else time.monotonic(),
+                    sleep=lambda seconds: time.sleep(min(seconds, 0.5)))),
+                ("events", lambda: None if publisher is None else deliver_events(
+                    storage, publisher, deadline=max(time.monotonic(), started + args.interval * 0.75)
+                    + args.interval / 4)),
+                ("retention", apply_retention),
+            ])
 
         if args.once:
-            report = reap_expired_leases(storage, policies, batch_size=args.batch)
-            purged = apply_retention()
-            print(json.dumps({"reaped": report.expired, "rescheduled": report.rescheduled,
-                              "dead_lettered": report.dead_lettered, "retention_deleted": purged}))
-            return 0
+            reaping = maintenance_pass([("reap", lambda: reap_expired_leases(storage, policies, batch_size=args.batch))])
+            rest = after_reaping()
+            report = reaping.result("reap", ReapReport())
+            operations, delivery = rest.result("operations"), rest.result("events")
+            print(json.dumps({
+                "reaped": report.expired, "rescheduled": report.rescheduled, "dead_lettered": report.dead_lettered,
+                "retention_deleted": rest.result("retention", 0),
+                "operation_chunks": operations.chunks if operations else 0,
+                "operations_failed": len(operations.failed) if operations else 0,
+                "events_delivered": delivery.delivered if delivery else 0,
+                "failed_steps": sorted([*reaping.failed, *rest.failed])}))
+            return 1 if reaping.failed or rest.failed else 0
         log.info("reaper on %s: a pass every %gs, retention %gh", _redact(url), args.interval, args.retention_hours)
         # Long-running: survives storage outages with backoff (one log line per incident).
         reap_forever(storage, policies, interval=args.interval, batch_size=args.batch,
-                     should_stop=lambda: bool(stopping), between_passes=between_passes)
+                     should_stop=lambda: bool(stopping), between_passes=after_reaping)
     return 0
 
 
@@ -1071,6 +1084,18 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be a positive integer")
     return value
+
+
+def _operation_rate(text: str) -> float:
+    """``--rate``: the same bounds the API and the client hold an operation's rate to."""
+    try:
+        rate = validation.operation_rate(float(text), "--rate")
+    except (ValueError, InvalidInput) as exc:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of tasks a second in {validation.Limits.operation_rate_min:g}.."
+            f"{validation.Limits.operation_rate_max:g}") from exc
+    assert rate is not None
+    return rate
 
 
 def _positive_float(text: str) -> float:

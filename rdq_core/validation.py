@@ -44,6 +44,11 @@ class Limits:
     json_depth = 64
     error_message_chars = 2_000
     error_stack_chars = 8_000
+    #: A bulk operation's rate, in tasks a second. The floor keeps one chunk's slot (one task at
+    #: the slowest rate) at 100 s: an operation always makes progress a maintenance pass can see,
+    #: and its slot arithmetic stays far from any date or duration overflow.
+    operation_rate_min = 0.01
+    operation_rate_max = 100_000
 
 
 #: run_at is clamped into this range (see ``run_at``).
@@ -277,6 +282,17 @@ def backoff(value: Any) -> Backoff | None:
             raise InvalidInput(f"backoff.{key} must be a number in {low:g}..{high:g}", "backoff")
         fields[key] = float(item)
     return Backoff(**fields)
+
+
+def operation_rate(value: Any, field: str = "rate_per_second") -> float | None:
+    """A bulk operation's rate (tasks a second), or None for "as fast as chunks go"."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not Limits.operation_rate_min <= value <= Limits.operation_rate_max:
+        raise InvalidInput(f"{field} must be a number of tasks a second in "
+                           f"{Limits.operation_rate_min:g}..{Limits.operation_rate_max:g}", field)
+    return float(value)
 
 
 def page_size(value: Any) -> int:

@@ -14,6 +14,7 @@ one promise of the storage SPI (see ``spi.py``); a backend's test class subclass
 | ``operator.py``       | get, cancel, stats, queues, retention                               |
 | ``browsing.py``       | listings by status, counts, cancel by filter, pause, the audit trail |
 | ``documents.py``      | engine documents: compare-and-set, delete, paging               |
+| ``operations_lock.py`` | bulk operations: one per queue under racing starters, the finished event |
 | ``outbox.py``         | lifecycle events: written with the change, leased, acked, ordered   |
 | ``flow_control.py``  | priority, aging, concurrency and rate limits, fair groups           |
 | ``dedupe_snooze.py``  | snooze without spending budget, retry_on / dead_on              |
@@ -47,6 +48,7 @@ from .fencing import FencingCompliance
 from .history import HistoryCompliance
 from .leases import LeaseCompliance
 from .lifecycle import LifecycleCompliance
+from .operations_lock import OperationLockCompliance
 from .operator import OperatorCompliance
 from .outbox import OutboxCompliance
 from .runner_paths import RunnerPathsCompliance
@@ -65,6 +67,7 @@ class StorageCompliance(
     OperatorCompliance,
     BrowsingCompliance,
     DocumentCompliance,
+    OperationLockCompliance,
     OutboxCompliance,
     FlowControlCompliance,
     DedupeSnoozeCompliance,

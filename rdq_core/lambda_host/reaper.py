@@ -1,4 +1,7 @@
-"""The reaper function: reap expired leases in bounded batches, then publish queue gauges.
+"""The reaper function, one maintenance pass per invocation: reap expired leases in bounded
+batches, publish queue gauges, advance bulk operations, deliver the outbox, and (when
+``RDQ_RETENTION_HOURS`` is set) apply retention. Each step is guarded: one that raises is logged
+and the rest of the pass still runs.
 
 Gauges per queue (dimension ``queue``) and totals (dimension ``service`` only, which the
 template's alarms watch): ``QueueDepth`` (pending), ``DeadTasks``, ``OldestPendingAge`` (seconds).
@@ -6,14 +9,17 @@ template's alarms watch): ``QueueDepth`` (pending), ``DeadTasks``, ``OldestPendi
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from typing import Any, Callable
 
 from aws_lambda_powertools.metrics import MetricUnit
 
 from ..events import DeliveryReport, EventSettings, Publisher, deliver_events, publisher_from_settings
-from ..operations import drive_operations
-from ..reaper import reap_expired_leases
+from ..operations import DriveReport, drive_operations
+from ..reaper import ReapReport, maintenance_pass, reap_expired_leases
+from ..storage.spi import Storage
 from .connection import shared_storage
 from .invocation import InvocationClock, ModulePin, configured_timeout
 from .observability import MetricsTelemetry, add_metric, log_invocation, logger, metrics, publish_queue_gauge, tracer
@@ -28,45 +34,93 @@ def run_reaper_invocation(
     invocation = InvocationClock(context, configured_timeout(), clock)
     storage = shared_storage(settings)
     deadline = invocation.check() - settings.settle_reserve_seconds
-    report = reap_expired_leases(
-        storage, settings.policy_book(), batch_size=settings.reaper_batch_size, deadline=deadline,
-        telemetry=MetricsTelemetry(), clock=clock,
-    )
-    depth = dead = 0
-    oldest = 0.0
-    queues = storage.list_queues()
-    for queue in queues:
-        if clock() >= deadline:
-            break
-        stats = storage.stats(queue)
-        depth += stats.pending
-        dead += stats.dead
-        oldest = max(oldest, stats.oldest_pending_age_seconds)
-        publish_queue_gauge(queue, "QueueDepth", stats.pending)
-        publish_queue_gauge(queue, "DeadTasks", stats.dead)
-        publish_queue_gauge(queue, "OldestPendingAge", stats.oldest_pending_age_seconds, MetricUnit.Seconds)
-    add_metric("QueueDepth", MetricUnit.Count, depth)
-    add_metric("DeadTasks", MetricUnit.Count, dead)
-    add_metric("OldestPendingAge", MetricUnit.Seconds, oldest)
-    # Bulk operations (redrive, purge, cancel as jobs) advance in what is left of the invocation,
-    # capped so the next scheduled reaping is not delayed, and leaving the events their share.
     publisher = event_publisher()
     event_share = settings.event_seconds if publisher is not None else 0.0
-    operations = drive_operations(storage, deadline=min(deadline - event_share, clock() + settings.operation_seconds),
-                                  clock=clock)
-    # Then the outbox (operations' own rdq.operation.finished included), bounded the same way.
-    delivery = DeliveryReport() if publisher is None else deliver_events(
-        storage, publisher, deadline=min(deadline, clock() + settings.event_seconds), clock=clock)
+    retention_hours = _retention_hours()
+    gauges = _Gauges()
+    # Each step is guarded (rdq_core.reaper.maintenance_pass): one that raises is logged and the
+    # next still runs, so a bad operation never stops delivery, nor a bad event retention.
+    report = maintenance_pass([
+        ("reap", lambda: reap_expired_leases(
+            storage, settings.policy_book(), batch_size=settings.reaper_batch_size, deadline=deadline,
+            telemetry=MetricsTelemetry(), clock=clock)),
+        ("gauges", lambda: gauges.publish(storage, deadline, clock)),
+        # Bulk operations (redrive, purge, cancel as jobs) advance in what is left of the invocation,
+        # capped so the next scheduled reaping is not delayed, and leaving the events their share.
+        ("operations", lambda: drive_operations(
+            storage, deadline=min(deadline - event_share, clock() + settings.operation_seconds), clock=clock)),
+        # Then the outbox (operations' own rdq.operation.finished included), bounded the same way.
+        ("events", lambda: DeliveryReport() if publisher is None else deliver_events(
+            storage, publisher, deadline=min(deadline, clock() + settings.event_seconds), clock=clock)),
+        # Retention only where it is asked for (RDQ_RETENTION_HOURS); otherwise `rdq reaper` runs it.
+        ("retention", lambda: 0 if retention_hours is None else _apply_retention(
+            storage, retention_hours, deadline, clock)),
+    ])
+    reaped: ReapReport = report.result("reap", ReapReport())
+    operations: DriveReport = report.result("operations", DriveReport())
+    delivery: DeliveryReport = report.result("events", DeliveryReport())
     summary = {
-        "expired": report.expired, "rescheduled": report.rescheduled, "dead_lettered": report.dead_lettered,
-        "contended": report.contended, "batches": report.batches, "queues": len(queues),
-        "pending": depth, "dead": dead, "oldest_pending_age_seconds": oldest,
+        "expired": reaped.expired, "rescheduled": reaped.rescheduled, "dead_lettered": reaped.dead_lettered,
+        "contended": reaped.contended, "batches": reaped.batches, "queues": gauges.queues,
+        "pending": gauges.depth, "dead": gauges.dead, "oldest_pending_age_seconds": gauges.oldest,
         "operation_chunks": operations.chunks, "operation_tasks": operations.acted,
-        "operations_finished": len(operations.finished),
+        "operations_finished": len(operations.finished), "operations_failed": len(operations.failed),
         "events_delivered": delivery.delivered, "events_refused": delivery.refused, "events_left": delivery.left,
+        "retention_deleted": report.result("retention", 0), "failed_steps": sorted(report.failed),
     }
-    log_invocation("reaper invocation done", summary, busy=bool(report.expired))
+    log_invocation("reaper invocation done", summary, busy=bool(reaped.expired))
     return summary
+
+
+class _Gauges:
+    """Queue gauges per queue (dimension ``queue``) and totals; a queue whose stats cannot be read
+    is logged and left out, and the others are still published."""
+
+    def __init__(self) -> None:
+        self.depth = self.dead = self.queues = 0
+        self.oldest = 0.0
+
+    def publish(self, storage: Storage, deadline: float, clock: Callable[[], float]) -> None:
+        queues = storage.list_queues()
+        self.queues = len(queues)
+        for queue in queues:
+            if clock() >= deadline:
+                break
+            try:
+                stats = storage.stats(queue)
+            except Exception as exc:  # noqa: BLE001 - one queue must not hide the others' gauges
+                logger.error("queue stats failed", extra={"queue": queue, "error_type": type(exc).__name__})
+                continue
+            self.depth += stats.pending
+            self.dead += stats.dead
+            self.oldest = max(self.oldest, stats.oldest_pending_age_seconds)
+            publish_queue_gauge(queue, "QueueDepth", stats.pending)
+            publish_queue_gauge(queue, "DeadTasks", stats.dead)
+            publish_queue_gauge(queue, "OldestPendingAge", stats.oldest_pending_age_seconds, MetricUnit.Seconds)
+        add_metric("QueueDepth", MetricUnit.Count, self.depth)
+        add_metric("DeadTasks", MetricUnit.Count, self.dead)
+        add_metric("OldestPendingAge", MetricUnit.Seconds, self.oldest)
+
+
+def _retention_hours() -> float | None:
+    """``RDQ_RETENTION_HOURS`` when set to a positive number: finished tasks older than that are
+    deleted by this function too. Unset (the default), retention is left to ``rdq reaper``."""
+    text = os.environ.get("RDQ_RETENTION_HOURS", "").strip()
+    if not text:
+        return None
+    try:
+        hours = float(text)
+    except ValueError:
+        logger.error("RDQ_RETENTION_HOURS is not a number; retention skipped", extra={"value": text[:40]})
+        return None
+    return hours if math.isfinite(hours) and hours > 0 else None
+
+
+def _apply_retention(storage: Storage, hours: float, deadline: float, clock: Callable[[], float]) -> int:
+    purged = 0
+    while clock() < deadline and (batch := storage.purge_succeeded(hours * 3600, 1000)):
+        purged += batch
+    return purged
 
 
 #: Where the outbox is delivered: EventBridge when ``RDQ_EVENT_BUS`` is set (made on first use and

@@ -37,7 +37,7 @@ from ..errors import InvalidInput
 from ..model import EnqueueResult, NewTask
 from ..problems import ApiProblem
 from ..schedules import schedule_body
-from ..validation import Limits
+from ..validation import Limits, operation_rate
 from .connection import shared_storage
 from .invoker import invoker
 from .observability import logger
@@ -261,9 +261,8 @@ def _selection(request: ApiRequest) -> dict[str, Any]:
     for name in ("error_type", "handler"):
         if name in body and not isinstance(body[name], str):
             raise InvalidInput(f"{name} must be a string", name)
-    rate = body.get("rate_per_second")
-    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))):
-        raise InvalidInput("rate_per_second must be a number", "rate_per_second")
+    # Bounded here, before anything is counted or started (422 naming the field and the range).
+    rate = operation_rate(body.get("rate_per_second"))
     return {"ids": body.get("ids"), "error_type": body.get("error_type"), "handler": body.get("handler"),
             "all": bool(body.get("all", False)), "dry_run": bool(body.get("dry_run", False)),
             "background": bool(body.get("background", False)), "rate_per_second": rate}
