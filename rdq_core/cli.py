@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from . import tracecontext, validation
 from .client import FLOW_FIELDS, Client
 from .console import server as console_server
-from .http_client import ApiKey, Auth, BearerToken, HttpClient, SigV4
+from .http_client import ApiKey, Auth, BearerToken, HttpClient, SigV4, plaintext_credential_warning
 from .errors import (
     ConfigurationError, InvalidInput, RdqError, StorageUnavailable, TaskConflict, TaskNotFound, UnsupportedOperation,
 )
@@ -752,6 +752,9 @@ def _client(args: argparse.Namespace, url: str) -> Client | HttpClient:
         auth = BearerToken(args.token)
     else:
         auth = SigV4(profile=args.profile, region=args.region)
+    warning = plaintext_credential_warning(args.api, auth)
+    if warning:
+        print(f"rdq: {warning}", file=sys.stderr, flush=True)
     return HttpClient(args.api, auth=auth)
 
 

@@ -315,7 +315,7 @@ class Client:
                     continue
                 assert store is not None
                 try:
-                    ref = payload_objects.offload_payload(store, queue, item.get("payload"))
+                    ref = payload_objects.offload_payload(store, queue, item.get("payload"), new_tasks[index].id)
                 except InvalidInput as exc:
                     raise (exc if single else
                            InvalidInput(f"tasks[{index}]: {exc}", f"tasks[{index}].{exc.field}")) from None

@@ -387,7 +387,12 @@ class GuardedRequestHandler(BaseHTTPRequestHandler):
             pass
 
     def _framing_refusal(self) -> tuple[int, str] | None:
-        """Why the headers alone refuse this request (before a byte of body is read), or None."""
+        """Why the request line and headers alone refuse this request (before a byte of body is
+        read), or None."""
+        if not self.path.isascii() or not self.path.isprintable():
+            # Raw bytes past ASCII (the stdlib reads them as Latin-1) name no route, and would
+            # fail later where the path is encoded again: a clear 400 instead.
+            return 400, "the request target must be ASCII; percent-encode other characters"
         if sum(len(name) + len(value) for name, value in self.headers.items()) > MAX_HEADER_BYTES:
             return 431, f"the request headers exceed {MAX_HEADER_BYTES} bytes"
         if self.headers.get_all("Transfer-Encoding"):
@@ -425,8 +430,15 @@ class GuardedRequestHandler(BaseHTTPRequestHandler):
     def _send(self, status: int, headers: Any, payload: bytes, *, unread: bool = False) -> None:
         """One answer; ``unread``: the request's body was not read, so the connection closes."""
         self.send_response(status)
+        given: set[str] = set()
         for name, value in (headers.items() if hasattr(headers, "items") else headers):
             if name.lower() not in ("content-length", "connection"):
+                self.send_header(name, value)
+                given.add(name.lower())
+        # Answers are per caller and per moment, and never to be sniffed into HTML; the static
+        # files say their own Cache-Control.
+        for name, value in (("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff")):
+            if name.lower() not in given:
                 self.send_header(name, value)
         self.send_header("Content-Length", str(len(payload)))
         if unread:
@@ -459,8 +471,25 @@ def _host_refusal(headers: Any) -> tuple[int, str] | None:
     DNS rebinding: a web page on ``attacker.example`` re-points that name at 127.0.0.1 once
     loaded, and its scripts then reach this server as a same-origin site -- with
     ``Host: attacker.example:PORT``. Binding to loopback does not stop it; naming the host does.
+    A page on another loopback port is another origin too: without a token nothing else tells
+    its requests from the console's own, so its ``Origin`` is refused as well.
     """
-    return loopback_refusal(headers, "without RDQ_API_TOKEN the dev API")
+    return (loopback_refusal(headers, "without RDQ_API_TOKEN the dev API")
+            or cross_origin_refusal(headers, "without RDQ_API_TOKEN the dev API"))
+
+
+def cross_origin_refusal(headers: Any, who: str) -> tuple[int, str] | None:
+    """The refusal (403, reason) of a request a page of another origin sent, even one on another
+    loopback port: an ``Origin`` that is not ``http://<Host>``, or a ``Sec-Fetch-Site`` of
+    ``cross-site``/``same-site``. Requests without either (curl, rdq's clients) pass."""
+    host = (headers.get("Host") or "").strip().lower()
+    for origin in headers.get_all("Origin") or []:
+        if origin.strip().lower().rstrip("/") != f"http://{host}":
+            return 403, f"{who} refuses requests from other origins"
+    site = (headers.get("Sec-Fetch-Site") or "").strip().lower()
+    if site in ("cross-site", "same-site"):
+        return 403, f"{who} refuses requests from other sites"
+    return None
 
 
 def loopback_refusal(headers: Any, who: str) -> tuple[int, str] | None:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import http.client
+import ipaddress
 import json
 import os
 import random
@@ -72,7 +73,7 @@ from .ids import new_task_id
 from .operations import Operation
 from .model import AuditPage, Backoff, DeadPage, EnqueueResult, NewTask, QueueStats, Task, TaskPage, TaskStatus
 
-__all__ = ["ApiKey", "Auth", "BearerToken", "HttpClient", "SigV4"]
+__all__ = ["ApiKey", "Auth", "BearerToken", "HttpClient", "SigV4", "plaintext_credential_warning"]
 
 
 # -- authentication ----------------------------------------------------------------------------
@@ -193,6 +194,7 @@ class HttpClient:
         backoff_max: float = 5.0,
         ssl_context: ssl.SSLContext | None = None,
         payload_threshold_bytes: int | None = None,
+        payload_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         parts = urllib.parse.urlsplit(api_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -211,6 +213,9 @@ class HttpClient:
         self._ssl_context = ssl_context or ssl.create_default_context()  # verifies certificate and host name
         #: Payloads that encode to more than this are uploaded first (None: $RDQ_PAYLOAD_THRESHOLD_BYTES or 200 KiB).
         self.payload_threshold_bytes = payload_threshold_bytes
+        #: rdq dev's payload directory, the only place its file: URLs may point (None: $RDQ_PAYLOAD_DIR,
+        #: else any directory named rdq-payloads); see ``local_object_path``.
+        self.payload_dir = os.fspath(payload_dir) if payload_dir is not None else None
 
     def close(self) -> None:
         """Nothing to release (one connection per request); here for ``Client``'s interface."""
@@ -482,13 +487,14 @@ class HttpClient:
         sha256 = hashlib.sha256(data).hexdigest()
         try:
             offer = self._call("POST", f"/v1/queues/{_segment(queue)}/payloads", IDEMPOTENT,
-                               body={"size": len(data), "sha256": sha256}).json()
+                               body={"size": len(data), "sha256": sha256, "task_id": body["id"]}).json()
         except InvalidInput as exc:
             if "no payload bucket" in str(exc):
                 return body  # inline: the API refuses it (413) if it is over 256 KiB
             raise InvalidInput(str(exc), "payload") from None
         upload = offer["upload"]
-        _transfer(upload["method"], upload["url"], upload.get("headers") or {}, data, self.read_timeout)
+        ref = payload_objects.PayloadRef.from_dict(offer.get("payload_ref"))
+        self._transfer(upload["method"], upload["url"], upload.get("headers") or {}, data, ref)
         slim = {name: value for name, value in body.items() if name != "payload"}
         slim["payload_ref"] = offer["payload_ref"]
         return slim
@@ -502,9 +508,47 @@ class HttpClient:
             entry = objects.get(name)
             if entry:
                 ref = payload_objects.PayloadRef.from_dict(entry["payload_ref"])
-                data = _transfer("GET", entry["url"], {}, b"", self.read_timeout)
+                data = self._transfer("GET", entry["url"], {}, b"", ref)
                 values[name] = payload_objects.checked_value(data, ref, name)
         return replace(task, **values)
+
+    def _transfer(self, method: str, url: str, headers: Mapping[str, str], data: bytes,
+                  ref: payload_objects.PayloadRef) -> bytes:
+        """A presigned transfer of the object ``ref`` names; a ``file:`` URL only as the checks of
+        ``local_object_path`` allow it (``rdq dev`` on loopback, inside its payload directory)."""
+        if urllib.parse.urlsplit(url).scheme == "file":
+            return _local_transfer(method, self.local_object_path(url, ref), data)
+        return _transfer(method, url, headers, data, self.read_timeout)
+
+    def local_object_path(self, url: str, ref: payload_objects.PayloadRef) -> str:
+        """The file a ``file:`` URL from the API names, once it is safe to read or write: the API is
+        ``rdq dev`` on this machine (http on a loopback address), and the file is the object
+        ``ref`` names inside its payload directory -- ``payload_dir`` (``RDQ_PAYLOAD_DIR``) when
+        set, else a directory named ``rdq-payloads``, as ``rdq dev`` names its own -- with no
+        symbolic link or ``..`` leading elsewhere. Anything else is ``ConfigurationError``, and
+        nothing is read or written: a server must not choose which of the caller's files to write."""
+        refused = f"rdq API at {self.api} answered a file: URL for a payload object"
+        if self._scheme != "http" or not _is_loopback(self._host):
+            raise ConfigurationError(f"{refused}; only rdq dev on a loopback address may, not this API")
+        parts = urllib.parse.urlsplit(url)
+        if parts.netloc not in ("", "localhost") or parts.query or parts.fragment:
+            raise ConfigurationError(f"{refused} that names another host, a query or a fragment")
+        path = urllib.request.url2pathname(parts.path)
+        suffix = os.sep + ref.key.replace("/", os.sep)
+        if not os.path.isabs(path) or not path.endswith(suffix) or ".." in path.split(os.sep):
+            raise ConfigurationError(f"{refused} that is not the object {ref.key!r}")
+        root = path[: -len(suffix)]
+        expected = self.payload_dir or os.environ.get("RDQ_PAYLOAD_DIR", "").strip()
+        real_root = os.path.realpath(root)
+        if expected:
+            if real_root != os.path.realpath(expected):
+                raise ConfigurationError(f"{refused} outside the payload directory {expected!r}")
+        elif os.path.basename(root) != _DEV_PAYLOAD_DIR:
+            raise ConfigurationError(f"{refused} outside a {_DEV_PAYLOAD_DIR!r} directory; set payload_dir "
+                                     "(RDQ_PAYLOAD_DIR) to rdq dev's payload directory")
+        if os.path.realpath(path) != os.path.join(real_root, ref.key.replace("/", os.sep)):
+            raise ConfigurationError(f"{refused} whose path leads out of the payload directory (a symbolic link)")
+        return path
 
     # -- the transport ---------------------------------------------------------------------
     def _call(self, method: str, path: str, retry: str, *, body: Any = None, task_id: str | None = None,
@@ -582,40 +626,79 @@ class HttpClient:
             if status == 400 and field == "cursor":
                 return InvalidCursor(detail)
             return InvalidInput(detail, field)
-        if status == 404 and task_id is not None:
+        if status == 404 and task_id is not None and _is_rdq_not_found(response, problem):
             return TaskNotFound(task_id)
         if status == 409:
             return TaskConflict(detail)
         if status in (401, 403):
             return NotAuthorized(f"rdq API at {self.api} refused the credentials ({status}): {detail}")
         if status in (404, 405):
-            # A route the API does not have: most often a URL without its stage (…/prod).
-            return ConfigurationError(f"rdq API at {self.api} answered {status} for one of rdq's routes;"
-                                      " check the API URL and its stage path")
+            # A route the API does not have, or not rdq at all: most often a URL without its
+            # stage (…/prod). Never reported as a missing task, which would hide the mistake.
+            return ConfigurationError(f"rdq API at {self.api} answered {status} for one of rdq's routes"
+                                      " without rdq's not-found problem; check the API URL and its stage path")
         if status >= 500 or status == 429:
             return ApiUnavailable(f"rdq API at {self.api} answered {status}: {detail}")
         return RdqError(f"rdq API at {self.api} answered {status}: {detail}")
 
 
+def plaintext_credential_warning(api_url: str, auth: Auth | None) -> str | None:
+    """A warning for sending an API key or bearer token over plain HTTP to another machine
+    (anyone on the path reads and replays it), else None. Loopback (``rdq dev``) is exempt."""
+    if not isinstance(auth, (ApiKey, BearerToken)):
+        return None
+    parts = urllib.parse.urlsplit(api_url)
+    if parts.scheme != "http" or not parts.hostname or _is_loopback(parts.hostname):
+        return None
+    what = "API key" if isinstance(auth, ApiKey) else "bearer token"
+    return (f"warning: the {what} travels unencrypted to http://{parts.netloc}: anyone on the network path can "
+            "read and reuse it; use https://")
+
+
 # -- presigned transfers (large payloads) ------------------------------------------------------
+#: The name ``rdq dev`` gives its payload directory (next to its store).
+_DEV_PAYLOAD_DIR = "rdq-payloads"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_rdq_not_found(response: _Response, problem: Mapping[str, Any]) -> bool:
+    """Whether a 404 is rdq's own "no such task/operation/schedule" problem (field ``id``), not a
+    route missing under a wrong base URL or another server's page."""
+    content_type = (response.headers.get("content-type") or "").split(";")[0].strip().lower()
+    return (content_type == "application/problem+json" and problem.get("type") == "urn:rdq:problem:not-found"
+            and problem.get("field") == "id")
+
+
+def _local_transfer(method: str, path: str, data: bytes) -> bytes:
+    """A PUT or GET of a checked path in ``rdq dev``'s payload directory; the last component is
+    never followed if it is a symbolic link (it could be made one after the check)."""
+    try:
+        if method == "PUT":
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            with os.fdopen(descriptor, "wb") as file:
+                file.write(data)
+            return b""
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(descriptor, "rb") as file:
+            return file.read()
+    except OSError as exc:
+        raise ApiUnavailable(f"payload store: {method} of a local object failed ({exc.strerror})") from None
+
+
 def _transfer(method: str, url: str, headers: Mapping[str, str], data: bytes, timeout: float) -> bytes:
-    """One presigned PUT or GET (no rdq credentials: the URL carries its own signature), or the
-    same on a ``file:`` URL of ``rdq dev``'s local payload directory."""
+    """One presigned PUT or GET (no rdq credentials: the URL carries its own signature)."""
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme == "file":
-        path = urllib.request.url2pathname(parts.path)
-        try:
-            if method == "PUT":
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                with open(path, "wb") as file:
-                    file.write(data)
-                return b""
-            with open(path, "rb") as file:
-                return file.read()
-        except OSError as exc:
-            raise ApiUnavailable(f"payload store: {method} of a local object failed ({exc.strerror})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ApiUnavailable("payload store: the API answered an upload URL that is not http(s) or file")
+        raise ApiUnavailable("payload store: the API answered an object URL that is not http(s) or file")
     connection: http.client.HTTPConnection = (
         http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout, context=ssl.create_default_context())
         if parts.scheme == "https" else http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout))

@@ -15,9 +15,15 @@ limit) is written to the bucket and the task's result becomes ``{"$rdq_s3": {buc
 sha256}}``; a handler may not return an object with that key itself. ``Client.get(id,
 resolve=True)`` (and ``HttpClient.get(id, resolve=True)``) fetch both.
 
-Objects are named by the store: ``payloads/<queue>/<random>`` and ``results/<queue>/<task id>/<random>``.
-A random name means an idempotent repeat of an enqueue never overwrites the object an existing
-task points at (the repeat's own upload is deleted again).
+Objects are named by the store, under the id of the task they belong to:
+``payloads/<queue>/<task id>/<random>`` and ``results/<queue>/<task id>/<random>``. A random name
+means an idempotent repeat of an enqueue never overwrites the object an existing task points at
+(the repeat's own upload is deleted again). The task id in the name is what makes an object one
+task's own: an HTTP upload is offered for one task id, a reference is accepted only on the task
+it was offered for, and a purge, or a success's retention tag, touches only objects named under
+the task's own id -- so no producer can make one task's purge delete another's payload.
+(``payloads/<queue>/<random>``, the name before task ids were part of it, is still read, but no
+longer accepted from a producer nor deleted by a purge.)
 
 Which store: ``RDQ_PAYLOAD_BUCKET`` (S3, the deployed stack's bucket) or ``RDQ_PAYLOAD_DIR`` (a
 directory; ``rdq dev`` uses ``<store dir>/rdq-payloads``); neither means payloads stay inline and
@@ -37,7 +43,7 @@ import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import outcomes, validation
 from .errors import ConfigurationError, InvalidInput, PermanentError, StorageUnavailable, TaskConflict
@@ -65,7 +71,7 @@ FINISHED_TAG = ("rdq-finished", "true")
 PRESIGN_SECONDS = 900
 
 #: The keys this module issues (``new_key``): nothing else is ever read, written or deleted.
-_KEY = re.compile(r"payloads/[a-z0-9][a-z0-9._-]{0,119}/[0-9a-f]{32}"
+_KEY = re.compile(r"payloads/[a-z0-9][a-z0-9._-]{0,119}/(?:[A-Za-z0-9][A-Za-z0-9._~-]{0,127}/)?[0-9a-f]{32}"
                   r"|results/[a-z0-9][a-z0-9._-]{0,119}/[A-Za-z0-9][A-Za-z0-9._~-]{0,127}/[0-9a-f]{32}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -360,10 +366,17 @@ def should_offload(payload: Any, store: PayloadStore | None) -> bool:
     return size is not None and size > threshold_bytes()
 
 
-def offload_payload(store: PayloadStore, queue: str, payload: Any) -> PayloadRef:
-    """Check ``payload`` (JSON rules, the offload maximum) and write it; its reference."""
+def offload_payload(store: PayloadStore, queue: str, payload: Any, task_id: str) -> PayloadRef:
+    """Check ``payload`` (JSON rules, the offload maximum) and write it as task ``task_id``'s own
+    object; its reference."""
     validation.json_value(payload, max_bytes(), "payload")
-    return store.put(new_key("payloads", queue), encoded(payload))
+    return store.put(new_key("payloads", queue, validation.task_id(task_id)), encoded(payload))
+
+
+def owned_by(task: Task, ref: PayloadRef) -> bool:
+    """Whether ``ref`` names an object issued for ``task`` itself (its queue and id are in the
+    key), the only objects a purge deletes or a success tags for expiry."""
+    return ref.key.startswith((f"payloads/{task.queue}/{task.id}/", f"results/{task.queue}/{task.id}/"))
 
 
 def with_ref(new_task: NewTask, ref: PayloadRef) -> NewTask:
@@ -371,16 +384,20 @@ def with_ref(new_task: NewTask, ref: PayloadRef) -> NewTask:
     return replace(new_task, payload=None, headers={**new_task.headers, REF_HEADER: ref.to_header()})
 
 
-def checked_upload(store: PayloadStore | None, queue: str, data: Any) -> PayloadRef:
-    """A reference an HTTP caller enqueues with: issued for this queue by this store, and the
-    object is there with the size it names (the worker checks the hash). A malformed reference is
-    ``InvalidInput``; one that does not match what the store holds is ``TaskConflict`` (409): the
-    request is well formed, the bucket's state does not allow it (yet)."""
+def checked_upload(store: PayloadStore | None, queue: str, data: Any, task_id: str) -> PayloadRef:
+    """A reference an HTTP caller enqueues task ``task_id`` with: issued by this store for this
+    queue and this very task id, and the object is there with the size it names (the worker
+    checks the hash). A malformed reference is ``InvalidInput``; one that does not match what the
+    store holds is ``TaskConflict`` (409): the request is well formed, the bucket's state does not
+    allow it (yet). Another task's object is refused (409): two tasks never share one."""
     ref = PayloadRef.from_dict(data)
     if store is None:
         raise TaskConflict("this deployment has no payload bucket; send the payload inline")
     if ref.bucket != store.bucket or not ref.key.startswith(f"payloads/{queue}/"):
         raise TaskConflict(f"payload_ref must name an object issued for queue {queue!r} in this deployment's bucket")
+    if not ref.key.startswith(f"payloads/{queue}/{task_id}/"):
+        raise TaskConflict(f"payload_ref must name an object issued for task {task_id!r}: ask for an upload with "
+                           "this task_id (each task has its own object)")
     if ref.size > max_bytes():
         raise InvalidInput(f"payload_ref.size exceeds the {max_bytes()}-byte maximum", "payload_ref")
     size = store.size_of(ref.key)
@@ -391,17 +408,21 @@ def checked_upload(store: PayloadStore | None, queue: str, data: Any) -> Payload
     return ref
 
 
-def upload_offer(store: PayloadStore | None, queue: str, size: Any, sha256: Any) -> dict[str, Any]:
-    """What ``POST /v1/queues/{queue}/payloads`` answers: where to PUT, and the reference."""
+def upload_offer(store: PayloadStore | None, queue: str, size: Any, sha256: Any, task_id: Any) -> dict[str, Any]:
+    """What ``POST /v1/queues/{queue}/payloads`` answers: where to PUT, and the reference, for
+    the payload of task ``task_id`` (the only task that may then be enqueued with it)."""
     queue = validation.queue_name(queue)
     if store is None:
         raise InvalidInput("this deployment has no payload bucket; send the payload inline", "size")
+    if task_id is None:
+        raise InvalidInput("task_id is required: the id of the task this payload is for", "task_id")
+    task_id = validation.task_id(task_id, "task_id")
     size = _whole(size)
     if type(size) is not int or not 0 < size <= max_bytes():
         raise InvalidInput(f"size must be an integer in 1..{max_bytes()}", "size")
     if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
         raise InvalidInput("sha256 must be 64 lowercase hexadecimal digits", "sha256")
-    key = new_key("payloads", queue)
+    key = new_key("payloads", queue, task_id)
     target = store.upload_target(key, size)
     ref = PayloadRef(store.bucket, key, size, sha256)
     return {"upload": {**target, "expires_in_seconds": PRESIGN_SECONDS}, "payload_ref": ref.to_dict()}
@@ -494,8 +515,8 @@ def finished(task: Task, store: PayloadStore | None = None) -> None:
         ref = payload_ref(task)
     except InvalidInput:
         return
-    if ref is None or store is None or ref.bucket != store.bucket:
-        return
+    if ref is None or store is None or ref.bucket != store.bucket or not owned_by(task, ref):
+        return  # another task's object (or one named before task ids were) is not this task's to expire
     try:
         store.mark_finished(ref.key)
     except Exception as exc:  # noqa: BLE001 - a missed tag costs storage, never the outcome
@@ -513,19 +534,22 @@ def resolved(task: Task, store: PayloadStore | None = None) -> Task:
 
 
 def object_refs(tasks: Iterable[Task]) -> list[PayloadRef]:
-    """Every object ``tasks`` point at (payloads and results)."""
+    """Every object ``tasks`` own (payloads and results named under their own ids): what a purge
+    deletes. A reference to anything else is left alone -- whoever wrote it, it is not theirs."""
     refs: list[PayloadRef] = []
     for task in tasks:
-        try:
-            ref = payload_ref(task)
-            if ref is not None:
+        for ref in (_ref_or_none(payload_ref, task), _ref_or_none(result_ref, task.result)):
+            if ref is not None and owned_by(task, ref):
                 refs.append(ref)
-            ref = result_ref(task.result)
-            if ref is not None:
-                refs.append(ref)
-        except InvalidInput:
-            continue
     return refs
+
+
+def _ref_or_none(read: Callable[[Any], PayloadRef | None], source: Any) -> PayloadRef | None:
+    """The reference ``read`` finds in ``source``; None when there is none or it is malformed."""
+    try:
+        return read(source)
+    except InvalidInput:
+        return None
 
 
 def delete_objects(store: PayloadStore | None, refs: Sequence[PayloadRef]) -> int:

@@ -5,14 +5,26 @@ signing each one with the operator's own credentials: SigV4 from the standard AW
 chain by default (``--profile``, ``--region``), or an API key (``--api-key``, ``$RDQ_API_KEY``),
 or a bearer token (``--token``, ``$RDQ_API_TOKEN``). The browser never holds a credential.
 
+Each run makes a secret, the session token, and prints the page's address with it
+(``http://127.0.0.1:8788/?token=…``). The page keeps it in the tab's session storage and sends it
+as ``Authorization: Bearer …``; a ``/v1/`` request without it is refused (401) and nothing is
+forwarded. Any local account can reach a loopback port, so this token -- not the port -- is what
+tells the operator's page from another process. (Not a cookie: cookies are shared by every port of
+127.0.0.1, session storage is not.)
+
 What it refuses, before anything is forwarded:
 
 * a ``Host`` that is not a loopback name (DNS rebinding, as ``rdq dev`` without a token);
+* a request target that is not ASCII (400);
+* a method the API does not have: only GET, POST and DELETE travel (405);
 * an API call from another origin: an ``Origin`` that is not this server's own, or a
   ``Sec-Fetch-Site`` of ``cross-site``/``same-site`` (another local page must not borrow the
   operator's signature); the static page itself may be opened from a link anywhere;
+* an API call without the session token (401);
 * bodies over ``MAX_BODY_BYTES`` (413) and any ``Transfer-Encoding`` (411);
-* paths outside ``/v1/`` that are not static files (404).
+* paths outside ``/v1/`` that are not static files, and paths with a segment that decodes to
+  ``.`` or ``..`` or holds ``/`` or a backslash (``%2e%2e``, ``%2f``, ``%5c``): 404, since a server
+  upstream may resolve them into another resource than the one signed for.
 
 Only ``Accept`` and ``Content-Type`` travel upstream from the browser: never its
 ``Authorization``, cookies or anything else. The API's answers come back as they are (status,
@@ -23,18 +35,22 @@ answer in time a 504.
 from __future__ import annotations
 
 import argparse
+import hmac
 import http.client
 import logging
 import os
+import re
+import secrets
 import signal
 import ssl
+import sys
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Mapping
 
 from ..errors import ConfigurationError, RdqError
-from ..http_client import ApiKey, Auth, BearerToken, SigV4
+from ..http_client import ApiKey, Auth, BearerToken, SigV4, plaintext_credential_warning
 from ..problems import PROBLEM_JSON, problem_json
 from ..text import printable
 from .assets import asset_for
@@ -47,6 +63,10 @@ CONNECT_TIMEOUT_SECONDS = 5.0
 READ_TIMEOUT_SECONDS = 35.0
 #: Response headers passed back from the API besides Content-Type.
 _PASSED_BACK = ("Location", "Retry-After", "Allow", "Accept-Post")
+#: The methods of the API's routes (lambda_host/routes.py): nothing else is signed.
+FORWARDED_METHODS = ("GET", "POST", "DELETE")
+#: The session token in a logged request line.
+_TOKEN_IN_QUERY = re.compile(r"(?i)([?&]token=)[^&\s\"]*")
 
 log = logging.getLogger("rdq.console")
 
@@ -55,7 +75,7 @@ class ConsoleServer:
     """The console's HTTP server on ``127.0.0.1:port`` (0: a free port), forwarding to ``api_url``."""
 
     def __init__(self, api_url: str, auth: Auth | None, port: int = DEFAULT_PORT, *,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, session_token: str | None = None) -> None:
         from ..devhost import BoundedHTTPServer
 
         parts = urllib.parse.urlsplit(api_url)
@@ -72,6 +92,8 @@ class ConsoleServer:
         self.api = f"{parts.scheme}://{parts.netloc}"
         self.auth = auth
         self.ssl_context = ssl_context or ssl.create_default_context()
+        #: This run's secret: what the page proves it is the operator's with (see the module's text).
+        self.session_token = session_token or secrets.token_urlsafe(32)
         self.server = BoundedHTTPServer(("127.0.0.1", port), _handler_class(self))
         self._thread: threading.Thread | None = None
 
@@ -79,6 +101,19 @@ class ConsoleServer:
     def url(self) -> str:
         host, port = self.server.server_address[:2]
         return f"http://{host!s}:{port}/"
+
+    @property
+    def login_url(self) -> str:
+        """The address to open: the page, with this run's session token."""
+        return f"{self.url}?token={self.session_token}"
+
+    def authorized(self, headers: Any) -> bool:
+        """Whether the request carries this run's session token (``Authorization: Bearer …``)."""
+        values = headers.get_all("Authorization") or []
+        if len(values) != 1:
+            return False
+        scheme, _, token = values[0].strip().partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.session_token.encode())
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
@@ -153,20 +188,23 @@ def canonical_query(query: str) -> str:
     return urllib.parse.urlencode(pairs, quote_via=urllib.parse.quote, safe="-_.~")
 
 
-def cross_origin_refusal(headers: Any) -> tuple[int, str] | None:
-    """A request a page of another origin sent (even another loopback port): refused."""
-    host = (headers.get("Host") or "").strip().lower()
-    for origin in headers.get_all("Origin") or []:
-        if origin.strip().lower().rstrip("/") != f"http://{host}":
-            return 403, "the console refuses requests from other origins"
-    site = (headers.get("Sec-Fetch-Site") or "").strip().lower()
-    if site in ("cross-site", "same-site"):
-        return 403, "the console refuses requests from other sites"
+def path_refusal(path: str) -> str | None:
+    """Why ``path`` (as received, percent-encoded) is not forwarded, or None.
+
+    Only ``/v1/...`` travels, and no segment may decode to ``.`` or ``..`` or hold ``/`` or a
+    backslash: a proxy, gateway or server upstream may decode and resolve them, and the signed
+    request would then reach another resource than the one it names."""
+    if not path.startswith("/v1/"):
+        return "the console serves its own files and forwards /v1/ only"
+    for segment in path.split("/"):
+        decoded = urllib.parse.unquote(segment, errors="strict") if "%" in segment else segment
+        if decoded in (".", "..") or "/" in decoded or "\\" in decoded:
+            return "the console does not forward paths with dot segments or encoded slashes"
     return None
 
 
 def _handler_class(console: ConsoleServer) -> type[BaseHTTPRequestHandler]:
-    from ..devhost import GuardedRequestHandler, loopback_refusal
+    from ..devhost import GuardedRequestHandler, cross_origin_refusal, loopback_refusal
 
     class ConsoleRequestHandler(GuardedRequestHandler):
         server_version = "rdq-console"
@@ -181,11 +219,23 @@ def _handler_class(console: ConsoleServer) -> type[BaseHTTPRequestHandler]:
                 asset = asset_for(path)
                 if asset is not None:
                     return self._send(200, asset.headers(), asset.body, unread=self._declares_body())
-            refusal = cross_origin_refusal(self.headers)
+            if self.command not in FORWARDED_METHODS:
+                allowed = ", ".join(FORWARDED_METHODS)
+                return self._refuse(405, f"the rdq API has no {printable(self.command)[:20]} route; use {allowed}",
+                                    {"Allow": allowed})
+            refusal = cross_origin_refusal(self.headers, "the console")
             if refusal:
                 return self._refuse(*refusal)
-            if not path.startswith("/v1/") or any(part in (".", "..") for part in path.split("/")):
-                return self._refuse(404, f"the console serves its own files and forwards /v1/ only, not {printable(path)[:200]}")
+            if not console.authorized(self.headers):
+                # Checked before the path: without the token nothing about the API is answered.
+                return self._refuse(401, "send this run's session token (Authorization: Bearer …); open the address "
+                                         "rdq console printed", {"WWW-Authenticate": 'Bearer realm="rdq console"'})
+            try:
+                reason = path_refusal(path)
+            except UnicodeDecodeError:
+                reason = "the path's percent-encoding is not UTF-8"
+            if reason:
+                return self._refuse(404, f"{reason}, not {printable(path)[:200]}")
             length = self._declared_length(MAX_BODY_BYTES)
             if isinstance(length, tuple):
                 return self._refuse(*length)
@@ -205,7 +255,8 @@ def _handler_class(console: ConsoleServer) -> type[BaseHTTPRequestHandler]:
             return None
 
         def log_message(self, format: str, *args: Any) -> None:  # stdlib signature
-            log.info("%s %s", self.address_string(), printable(format % args))
+            # The page's first request carries the session token in its query: never log it.
+            log.info("%s %s", self.address_string(), printable(_TOKEN_IN_QUERY.sub(r"\1***", format % args)))
 
     return ConsoleRequestHandler
 
@@ -259,6 +310,9 @@ def build(args: argparse.Namespace) -> tuple[ConsoleServer, str]:
     if not api_url:
         raise ConfigurationError("rdq console needs the API's URL: --api URL (or RDQ_API_URL)")
     auth, described = auth_from(args)
+    warning = plaintext_credential_warning(api_url, auth)
+    if warning:
+        print(f"rdq console: {warning}", file=sys.stderr, flush=True)
     try:  # sign one request now, so missing credentials or an unknown profile stop the start
         auth.headers("GET", api_url.rstrip("/") + "/v1/queues", {"Accept": "application/json"}, b"")
     except ConfigurationError:
@@ -287,7 +341,9 @@ def run(args: argparse.Namespace) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: stop_requested.set())
     console.start()
-    print(f"rdq console: {console.url}", flush=True)
+    print(f"rdq console: {console.login_url}", flush=True)
+    print("  open this address: its token is this run's secret (keep it to yourself; it changes at each start)",
+          flush=True)
     print(f"  forwarding /v1/ to {described}; Ctrl-C to stop", flush=True)
     try:
         while not stop_requested.wait(0.5):
@@ -300,8 +356,6 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m rdq_core.console.server``: the same command without the ``rdq`` CLI."""
-    import sys
-
     parser = argparse.ArgumentParser(prog="python -m rdq_core.console.server")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["console", *(sys.argv[1:] if argv is None else argv)])
@@ -316,4 +370,5 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["DEFAULT_PORT", "ConsoleServer", "add_parser", "auth_from", "build", "canonical_query", "run"]
+__all__ = ["DEFAULT_PORT", "FORWARDED_METHODS", "ConsoleServer", "add_parser", "auth_from", "build", "canonical_query",
+           "path_refusal", "run"]

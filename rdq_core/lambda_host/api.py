@@ -109,14 +109,28 @@ def _unauthorized(settings: Settings, event: Mapping[str, Any]) -> dict[str, Any
             "multiValueHeaders": {}, "body": body, "isBase64Encoded": False}
 
 
+#: On every answer of the API: its bodies are per caller and per moment (no cache may keep one),
+#: and JSON must never be sniffed into something a browser would render.
+RESPONSE_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+
+
+def _with_response_headers(result: dict[str, Any]) -> dict[str, Any]:
+    multi = result.get("multiValueHeaders") or {}
+    present = {name.lower() for name in (*multi, *(result.get("headers") or {}))}
+    missing = {name: value for name, value in RESPONSE_HEADERS.items() if name.lower() not in present}
+    if missing:
+        result["headers"] = {**(result.get("headers") or {}), **missing}
+    return result
+
+
 def handle_api_event(event: dict[str, Any], context: Any) -> dict[str, Any]:
     settings = Settings.from_env()
     denied = _unauthorized(settings, event)
     if denied is not None:
-        return denied
+        return _with_response_headers(denied)
     app.append_context(settings=settings)
     try:
-        return app.resolve(event, context)
+        return _with_response_headers(app.resolve(event, context))
     finally:
         app.clear_context()
 

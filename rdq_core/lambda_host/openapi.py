@@ -261,6 +261,9 @@ def _schemas() -> dict[str, Any]:
             "properties": {"entries": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEntry"}},
                            "next_cursor": {"type": ["string", "null"]}},
         },
+        # Pause, resume and an operation's cancel take no parameters, but the body is still
+        # JSON: the Content-Type is what keeps HTML forms and no-cors fetches out.
+        "EmptyObject": {"type": "object", "additionalProperties": False, "maxProperties": 0},
         "TaskSelection": {
             "type": "object", "additionalProperties": False,
             "description": "ids, a filter (error_type and/or handler), or {\"all\": true}; an empty selection is refused."
@@ -302,15 +305,19 @@ def _schemas() -> dict[str, Any]:
             "type": "object", "additionalProperties": False, "required": ["bucket", "key", "size", "sha256"],
             "description": "an object in the payload store, as POST /v1/queues/{queue}/payloads issued it",
             "properties": {"bucket": {"type": "string", "minLength": 1, "maxLength": 255},
-                           "key": {"type": "string", "pattern": "^payloads/[a-z0-9][a-z0-9._-]{0,119}/[0-9a-f]{32}$"},
+                           "key": {"type": "string", "pattern": "^payloads/[a-z0-9][a-z0-9._-]{0,119}/"
+                                                                f"{validation.TASK_ID.pattern}/[0-9a-f]{{32}}$"},
                            "size": {"type": "integer", "minimum": 0, "maximum": payloads.max_bytes()},
                            "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
         },
         "PayloadUploadRequest": {
-            "type": "object", "additionalProperties": False, "required": ["size", "sha256"],
+            "type": "object", "additionalProperties": False, "required": ["size", "sha256", "task_id"],
             "properties": {"size": {"type": "integer", "minimum": 1, "maximum": payloads.max_bytes(),
                                     "description": "bytes of the payload's JSON (UTF-8); at most RDQ_PAYLOAD_MAX_BYTES"},
-                           "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
+                           "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                           "task_id": {"type": "string", "pattern": f"^{validation.TASK_ID.pattern}$",
+                                       "description": "the id of the task this payload is for: only that task may "
+                                                      "be enqueued with the payload_ref"}},
         },
         "PayloadUpload": {
             "type": "object", "required": ["upload", "payload_ref"],

@@ -89,16 +89,20 @@ class ApiRequest:
                 raise ApiProblem(400, "the request body is not valid base64") from None
         return body.encode("utf-8", "surrogatepass") if isinstance(body, str) else bytes(body)
 
+    def require_json_type(self) -> None:
+        """415 unless the request says ``Content-Type: application/json`` (or ``application/*+json``)."""
+        content_type = (self.header("content-type") or "").split(";")[0].strip().lower()
+        if content_type != "application/json" and not (
+                content_type.startswith("application/") and content_type.endswith("+json")):
+            raise ApiProblem(415, "send the body as application/json", headers={"Accept-Post": "application/json"})
+
     def json_body(self) -> dict[str, Any]:
         """The request body as a JSON object, or the precise 4xx for why it is not one."""
         raw = self._raw_body()
         limit = self.settings.max_body_bytes
         if len(raw) > limit:
             raise ApiProblem(413, f"the request body exceeds {limit} bytes")
-        content_type = (self.header("content-type") or "").split(";")[0].strip().lower()
-        if content_type != "application/json" and not (
-                content_type.startswith("application/") and content_type.endswith("+json")):
-            raise ApiProblem(415, "send the body as application/json", headers={"Accept-Post": "application/json"})
+        self.require_json_type()
         if not raw.strip():
             raise ApiProblem(400, "the request body is empty; a JSON object is required")
         try:

@@ -141,10 +141,10 @@ def _reject_unknown_fields(body: Mapping[str, Any], known: set[str]) -> None:
 def enqueue_task(request: ApiRequest, queue: str) -> Reply:
     body = request.json_body()
     _check_payload_size(body, "payload")
-    body, ref = _payload_ref_of(body, queue, "payload_ref")  # a large payload uploaded beforehand
+    body, ref_data = _split_payload_ref(body, "payload_ref")  # a large payload uploaded beforehand
     new_task = build_new_task(queue, body)
-    if ref is not None:
-        new_task = payloads.with_ref(new_task, ref)
+    if ref_data is not None:
+        new_task = payloads.with_ref(new_task, _checked_ref(ref_data, queue, new_task.id, "payload_ref"))
     (new_task,) = tracecontext.stamped([new_task], tracecontext.request_headers(request.header))  # trace context
     result = _client(request).enqueue_new(new_task)  # TaskConflict (409) if the id is taken on another queue
     _wake_worker(request, queue, [new_task], [result])
@@ -167,16 +167,17 @@ def enqueue_batch(request: ApiRequest, queue: str) -> Reply:
     for index, item in enumerate(items[: Limits.batch_items]):
         if isinstance(item, Mapping):
             _check_payload_size(item, f"tasks[{index}].payload")
-    refs: dict[int, payloads.PayloadRef] = {}
+    refs: dict[int, Any] = {}
     if any(isinstance(item, Mapping) and "payload_ref" in item for item in items):
         items = list(items)
         for index, item in enumerate(items[: Limits.batch_items]):
             if isinstance(item, Mapping) and "payload_ref" in item:
-                items[index], ref = _payload_ref_of(item, queue, f"tasks[{index}].payload_ref")
-                if ref is not None:
-                    refs[index] = ref
+                items[index], ref_data = _split_payload_ref(item, f"tasks[{index}].payload_ref")
+                if ref_data is not None:
+                    refs[index] = ref_data
     new_tasks = build_new_tasks(queue, items)
-    for index, ref in refs.items():
+    for index, ref_data in refs.items():
+        ref = _checked_ref(ref_data, queue, new_tasks[index].id, f"tasks[{index}].payload_ref")
         new_tasks[index] = payloads.with_ref(new_tasks[index], ref)
     new_tasks = tracecontext.stamped(new_tasks, tracecontext.request_headers(request.header))  # trace context
     results = _client(request).enqueue_new_many(new_tasks)  # one round trip for the whole batch
@@ -322,7 +323,11 @@ def cancel_operation(request: ApiRequest, operation_id: str) -> Reply:
 
 
 def _no_body(request: ApiRequest) -> None:
-    """Pause and resume take no parameters: an empty body or ``{}``."""
+    """Pause, resume and an operation's cancel take no parameters: an empty body or ``{}``, sent
+    as ``application/json`` all the same. An HTML form or a ``no-cors`` fetch from another page
+    cannot send that type, so the state-changing POSTs stay out of their reach (415) even where
+    nothing else authenticates the caller (``rdq dev`` without a token)."""
+    request.require_json_type()
     if request.event.get("body"):
         _reject_unknown_fields(request.json_body(), set())
 
@@ -381,18 +386,20 @@ def delete_schedule(request: ApiRequest, schedule: str) -> Reply:
 
 
 # -- large payloads (rdq_core.payloads) ---------------------------------------------------------
-def _payload_ref_of(body: Mapping[str, Any], queue: str, field_name: str
-                    ) -> tuple[dict[str, Any], payloads.PayloadRef | None]:
-    """``body`` without its ``payload_ref``, and the reference checked against the store: issued
-    for this queue, and the object is there with the size it names."""
+def _split_payload_ref(body: Mapping[str, Any], field_name: str) -> tuple[dict[str, Any], Any]:
+    """``body`` without its ``payload_ref``, and the reference as sent (None when absent)."""
     rest = dict(body)
     data = rest.pop("payload_ref", None)
-    if data is None:
-        return rest, None
-    if rest.get("payload") is not None:
+    if data is not None and rest.get("payload") is not None:
         raise InvalidInput("give payload or payload_ref, not both", field_name)
+    return rest, data
+
+
+def _checked_ref(data: Any, queue: str, task_id: str, field_name: str) -> payloads.PayloadRef:
+    """The reference checked against the store: issued for this queue and this task's id (the one
+    the upload was asked for), and the object is there with the size it names."""
     try:
-        return rest, payloads.checked_upload(payloads.default_store(), queue, data)
+        return payloads.checked_upload(payloads.default_store(), queue, data, task_id)
     except InvalidInput as exc:
         raise InvalidInput(str(exc), field_name) from None
 
@@ -400,8 +407,9 @@ def _payload_ref_of(body: Mapping[str, Any], queue: str, field_name: str
 def create_payload_upload(request: ApiRequest, queue: str) -> Reply:
     """Where to PUT a large payload (a presigned URL) and the reference to enqueue it with."""
     body = request.json_body()
-    _reject_unknown_fields(body, {"size", "sha256"})
-    offer = payloads.upload_offer(payloads.default_store(), queue, body.get("size"), body.get("sha256"))
+    _reject_unknown_fields(body, {"size", "sha256", "task_id"})
+    offer = payloads.upload_offer(payloads.default_store(), queue, body.get("size"), body.get("sha256"),
+                                  body.get("task_id"))
     logger.info("payload upload offered", extra={"queue": queue, "size": body.get("size")})
     return Reply(201, offer)
 
@@ -458,9 +466,11 @@ ROUTES: tuple[Route, ...] = (
           problems=(*BODY_PROBLEMS, 409, *COMMON_PROBLEMS), request_schema="TaskSelection"),
     Route("POST", "/v1/queues/{queue}:pause", "pauseQueue", pause_queue,
           "Pause a queue: workers claim nothing from it; enqueues are still accepted",
-          responses=((200, "the queue, paused", "QueueStats"),), problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS)),
+          responses=((200, "the queue, paused", "QueueStats"),), problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS),
+          request_schema="EmptyObject"),
     Route("POST", "/v1/queues/{queue}:resume", "resumeQueue", resume_queue, "Resume a paused queue",
-          responses=((200, "the queue, running", "QueueStats"),), problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS)),
+          responses=((200, "the queue, running", "QueueStats"),), problems=(*BODY_PROBLEMS, *COMMON_PROBLEMS),
+          request_schema="EmptyObject"),
     Route("GET", "/v1/operations", "listOperations", list_operations,
           "Bulk operations (background redrive, purge, cancel), newest first",
           responses=((200, "operations", "OperationList"),), problems=(422, *COMMON_PROBLEMS), query=_OPERATIONS_QUERY),
@@ -470,7 +480,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/operations/{operation_id}:cancel", "cancelOperation", cancel_operation,
           "Stop a running bulk operation after its current chunk",
           responses=((200, "the operation, cancelled", "Operation"),),
-          problems=(*BODY_PROBLEMS, 404, 409, *COMMON_PROBLEMS)),
+          problems=(*BODY_PROBLEMS, 404, 409, *COMMON_PROBLEMS), request_schema="EmptyObject"),
     Route("GET", "/v1/audit", "listAudit", list_audit, "Operator actions, newest first, with who took them",
           responses=((200, "one page", "AuditPage"),), problems=(400, 422, *COMMON_PROBLEMS), query=_AUDIT_QUERY),
     Route("GET", "/v1/queues/{queue}/dlq", "listDead", list_dead, "Dead tasks, cursor-paged by (dead_at, id)",
@@ -503,11 +513,24 @@ ROUTES: tuple[Route, ...] = (
           responses=((200, "a URL per stored object (null when inline)", "TaskObjects"),),
           problems=(404, 422, *COMMON_PROBLEMS)),
     Route("GET", "/v1/openapi.json", "openapi", openapi, "This document",
-          responses=((200, "this document", "OpenApiDocument"),)),
+          responses=((200, "this document", "OpenApiDocument"),), problems=(401,)),
 )
 
 
 def allowed_methods(path: str) -> str | None:
-    """The ``Allow`` header for a path the table knows (``"GET, DELETE"``), or ``None``."""
-    methods = list(dict.fromkeys(route.method for route in ROUTES if route.pattern.match(path)))
-    return ", ".join(methods) if methods else None
+    """The ``Allow`` header for a path the table knows (``"GET, DELETE"``), or ``None``.
+
+    Only the most specific template that matches counts: ``/v1/operations/x:cancel`` also
+    matches ``/v1/operations/{operation_id}`` (an id may hold a colon), but the literal
+    ``:cancel`` route is what the path names, and a GET of it can never succeed."""
+    matching = [route for route in ROUTES if route.pattern.match(path)]
+    if not matching:
+        return None
+    best = max(_literal_length(route.path) for route in matching)
+    methods = dict.fromkeys(route.method for route in matching if _literal_length(route.path) == best)
+    return ", ".join(methods)
+
+
+def _literal_length(template: str) -> int:
+    """How much of a path template is literal text (not ``{parameters}``): its specificity."""
+    return len(re.sub(r"\{\w+\}", "", template))

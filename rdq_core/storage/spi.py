@@ -344,7 +344,9 @@ def encode_task_cursor(queue: str, status: TaskStatus, at: datetime, task_id: st
 def decode_task_cursor(queue: str, cursor: str) -> tuple[TaskStatus, int, str]:
     """Returns ``(status, instant_micros, task_id)``; raises ``InvalidCursor`` on anything else."""
     data = _decode_cursor(cursor)
-    if data.get("q") != queue or data.get("s") not in TaskStatus._value2member_map_:
+    # A forged cursor may carry any JSON in "s" (an object is unhashable): check the type first.
+    status = data.get("s")
+    if data.get("q") != queue or not isinstance(status, str) or status not in TaskStatus._value2member_map_:
         raise InvalidCursor()
     return TaskStatus(data["s"]), data["t"], data["id"]
 

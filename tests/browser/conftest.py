@@ -70,11 +70,12 @@ UNNAMED_CONTROLS = """() => [...document.querySelectorAll('input, select, textar
 class Page:
     """One browser page with the helpers the scenarios share; records script errors."""
 
-    def __init__(self, browser: Any, base_url: str) -> None:
+    def __init__(self, browser: Any, base_url: str, query: str = "") -> None:
         self.context = browser.new_context(viewport=DESKTOP)
         self.page = self.context.new_page()
         self.page.set_default_timeout(WAIT_MS)
         self.base_url = base_url
+        self.query = query  # rdq console's ?token=…: the page keeps it and takes it out of the address
         self.script_errors: list[str] = []
         self.page.on("pageerror", lambda error: self.script_errors.append(str(error)))
         self.page.on("console", self._console_message)
@@ -85,7 +86,7 @@ class Page:
             self.script_errors.append(message.text)
 
     def open(self, route: str) -> Any:
-        self.page.goto(f"{self.base_url}/#{route}")
+        self.page.goto(f"{self.base_url}/{self.query}#{route}")
         return self.page
 
     def shoot(self, name: str) -> None:
@@ -162,7 +163,7 @@ class ConsoleProcess:
     """``rdq console --api URL --port 0 …`` (or, with ``global_api``, ``rdq --api URL console …``)
     as a subprocess this test owns."""
 
-    _BANNER = re.compile(r"rdq console: http://127\.0\.0\.1:(\d+)/")
+    _BANNER = re.compile(r"rdq console: http://127\.0\.0\.1:(\d+)/\?token=([A-Za-z0-9_-]+)\n")
 
     def __init__(self, workdir: Path, api_url: str, *options: str, env: dict[str, str] | None = None,
                  global_api: bool = False) -> None:
@@ -184,10 +185,16 @@ class ConsoleProcess:
             if self.process.poll() is not None:
                 raise AssertionError(f"rdq console exited: {self.out.read_text()}{self.err.read_text()[-2000:]}")
             found = self._BANNER.search(self.out.read_text(errors="replace"))
-            return int(found.group(1)) if found else None
+            return (int(found.group(1)), found.group(2)) if found else None
 
-        self.port: int = wait_until(ready, 30, what="rdq console's banner")
+        self.port, self.token = wait_until(ready, 30, what="rdq console's banner")
         self.url = f"http://127.0.0.1:{self.port}"
+        #: What the page sends to prove it is the operator's (the token in the printed address).
+        self.auth = {"Authorization": f"Bearer {self.token}"}
+
+    def page(self, browser: Any) -> "Page":
+        """A browser page opened the way the operator opens it: the printed address, with its token."""
+        return Page(browser, self.url, query=f"?token={self.token}")
 
     def stop(self) -> None:
         stop_process(self.process, timeout=10)

@@ -331,7 +331,7 @@ def test_through_rdq_console_signed_with_sigv4_and_a_wrong_secret_is_refused(
     good = ConsoleProcess(tmp_path / "good", proxy.url, "--region", REGION, env=credentials)
     bad = ConsoleProcess(tmp_path / "bad", proxy.url, "--region", REGION,
                          env={**credentials, "AWS_SECRET_ACCESS_KEY": "not-the-secret"})
-    pages = [Page(browser, good.url), Page(browser, bad.url)]
+    pages = [good.page(browser), bad.page(browser)]
     try:
         signed, refused = pages
         queue, task_id = fresh_queue("signed"), fresh_queue("signed-task")
@@ -438,7 +438,7 @@ def test_the_console_works_under_a_path_prefix_and_rdq_console_keeps_the_apis_st
 
         console = ConsoleProcess(tmp_path / "stage", proxy.url, "--api-key", "unused-by-rdq-dev",  # rdq --api …/prod console
                                  global_api=True)
-        page = Page(browser, console.url)
+        page = console.page(browser)
         try:
             p = page.open(f"/tasks/{task_id}")
             expect(p.locator("dl.summary")).to_contain_text("SUCCEEDED")

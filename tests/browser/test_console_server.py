@@ -110,30 +110,30 @@ def test_rdq_dev_without_a_token_keeps_its_host_check_for_the_console_too(tmp_pa
 
 def test_rdq_console_serves_the_same_files(console: ConsoleProcess) -> None:
     check_static(console.port)
-    assert "rdq console: " + console.url + "/" in console.out.read_text()
+    assert f"rdq console: {console.url}/?token={console.token}" in console.out.read_text()
 
 
 def test_rdq_console_forwards_with_its_own_credentials_only(console: ConsoleProcess, recorder: Proxy) -> None:
     recorder.seen.clear()
     body = json.dumps({"handler": "greet", "payload": {"name": "Lin"}, "delay_seconds": 3600}).encode()
     status, headers, answer = request(console.port, "POST", "/v1/queues/console-forward/tasks", {
-        "Content-Type": "application/json", "Authorization": "Bearer the-browsers-own", "Cookie": "session=abc",
+        "Content-Type": "application/json", **console.auth, "Cookie": "session=abc",
         "X-Forwarded-For": "10.0.0.1", "Origin": f"http://127.0.0.1:{console.port}"}, body)
     assert status == 201 and json.loads(answer)["queue"] == "console-forward"
     assert headers["content-type"] == "application/json"
     arrived = recorder.seen[-1]
     assert arrived["Authorization"] == "Bearer upstream-token-9"
     assert not {"Cookie", "X-Forwarded-For", "Origin"} & set(arrived)
-    assert "the-browsers-own" not in json.dumps(recorder.seen)
+    assert console.token not in json.dumps(recorder.seen)  # the page's session token stays here
 
 
 def test_rdq_console_passes_api_errors_back_as_they_are(console: ConsoleProcess, dev: DevServer) -> None:
     direct = request(dev.port, "GET", "/v1/tasks/no-such-task", {"Authorization": f"Bearer {TOKEN}"})
-    through = request(console.port, "GET", "/v1/tasks/no-such-task")
+    through = request(console.port, "GET", "/v1/tasks/no-such-task", console.auth)
     assert through[0] == direct[0] == 404
     assert json.loads(through[2]) == json.loads(direct[2])
     assert through[1]["content-type"].startswith("application/problem+json")
-    status, _, answer = request(console.port, "GET", "/v1/queues/q/dlq?limit=5&error_type=Some+Error")
+    status, _, answer = request(console.port, "GET", "/v1/queues/q/dlq?limit=5&error_type=Some+Error", console.auth)
     assert status == 200 and json.loads(answer)["tasks"] == []
 
 
@@ -150,7 +150,7 @@ def test_rdq_console_refuses_other_hosts_and_origins(console: ConsoleProcess, re
                                                     headers: dict[str, str], status: int) -> None:
     before = len(recorder.seen)
     answer = request(console.port, "POST", "/v1/queues/refused/tasks",
-                     {"Content-Type": "application/json", **headers}, b'{"handler": "greet"}')
+                     {"Content-Type": "application/json", **console.auth, **headers}, b'{"handler": "greet"}')
     assert answer[0] == status
     assert answer[1]["content-type"] == "application/problem+json"
     assert len(recorder.seen) == before  # nothing was forwarded
@@ -162,18 +162,19 @@ def test_rdq_console_bounds_bodies_and_paths(console: ConsoleProcess, recorder: 
     before = len(recorder.seen)
     with socket.create_connection(("127.0.0.1", console.port), timeout=10) as sock:  # declared, never sent
         sock.sendall(b"POST /v1/queues/big/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 50000000\r\n\r\n" + b"x" * 1024)
+                     + f"Authorization: Bearer {console.token}\r\n".encode()
+                     + b"Content-Length: 50000000\r\n\r\n" + b"x" * 1024)
         assert sock.makefile("rb").readline().split()[1] == b"413"
     try:
         status: int | None = request(console.port, "POST", "/v1/queues/big/tasks",
-                                     {"Content-Type": "application/json"}, b"x" * (3 * 1024 * 1024))[0]
+                                     {"Content-Type": "application/json", **console.auth}, b"x" * (3 * 1024 * 1024))[0]
     except (BrokenPipeError, ConnectionResetError):
         status = None  # it answered 413 and closed while the client was still sending: also a refusal
     assert status in (413, None)
-    assert request(console.port, "GET", "/v2/queues")[0] == 404
-    assert request(console.port, "GET", "/openapi.json")[0] == 404
-    assert request(console.port, "GET", "/v1/../v1/queues")[0] == 404
-    assert request(console.port, "POST", "/v1/queues/x/tasks", {"Transfer-Encoding": "chunked"})[0] == 411
+    assert request(console.port, "GET", "/v2/queues", console.auth)[0] == 404
+    assert request(console.port, "GET", "/openapi.json", console.auth)[0] == 404
+    assert request(console.port, "GET", "/v1/../v1/queues", console.auth)[0] == 404
+    assert request(console.port, "POST", "/v1/queues/x/tasks", {"Transfer-Encoding": "chunked", **console.auth})[0] == 411
     assert len(recorder.seen) == before
 
 
@@ -183,7 +184,7 @@ def test_an_unreachable_api_is_a_502_problem(tmp_path: Path) -> None:
         url = f"http://127.0.0.1:{placeholder.getsockname()[1]}/prod"
         process = ConsoleProcess(tmp_path, url, "--api-key", "key-not-shown-7")
         try:
-            status, headers, body = request(process.port, "GET", "/v1/queues")
+            status, headers, body = request(process.port, "GET", "/v1/queues", process.auth)
         finally:
             process.stop()
     problem: dict[str, Any] = json.loads(body)

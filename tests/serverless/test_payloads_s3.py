@@ -179,30 +179,32 @@ def _api(method, path, body, lambda_context):
 def test_the_api_checks_a_payload_ref_before_enqueueing_it(client, s3, lambda_context):
     data = json.dumps({"k": "v" * 1000}, separators=(",", ":")).encode()
     sha256 = hashlib.sha256(data).hexdigest()
-    status, offer = _api("POST", "/v1/queues/emails/payloads", {"size": len(data), "sha256": sha256}, lambda_context)
+    status, offer = _api("POST", "/v1/queues/emails/payloads", {"size": len(data), "sha256": sha256, "task_id": "by-ref"},
+                         lambda_context)
     assert status == 201 and offer["upload"]["method"] == "PUT" and BUCKET in offer["upload"]["url"]
     ref = offer["payload_ref"]
-    assert ref["key"].startswith("payloads/emails/") and ref["size"] == len(data)
+    assert ref["key"].startswith("payloads/emails/by-ref/") and ref["size"] == len(data)
+    mine = {"handler": "digest", "payload_ref": ref, "id": "by-ref"}
 
     # Not uploaded yet: a conflict with the bucket's state (409), not a malformed request.
-    status, problem = _api("POST", "/v1/queues/emails/tasks", {"handler": "digest", "payload_ref": ref}, lambda_context)
+    status, problem = _api("POST", "/v1/queues/emails/tasks", mine, lambda_context)
     assert status == 409 and "upload it first" in problem["detail"]
     s3.put_object(Bucket=BUCKET, Key=ref["key"], Body=data[:-1])
-    status, problem = _api("POST", "/v1/queues/emails/tasks", {"handler": "digest", "payload_ref": ref}, lambda_context)
+    status, problem = _api("POST", "/v1/queues/emails/tasks", mine, lambda_context)
     assert status == 409 and f"not {len(data)}" in problem["detail"]
-    # Another queue's object (409), or a key this store never issues (422): refused.
-    status, _ = _api("POST", "/v1/queues/other/tasks", {"handler": "digest", "payload_ref": ref}, lambda_context)
+    # Another queue's or another task's object (409), or a key this store never issues (422): refused.
+    status, _ = _api("POST", "/v1/queues/other/tasks", mine, lambda_context)
     assert status == 409
+    status, problem = _api("POST", "/v1/queues/emails/tasks", {"handler": "digest", "payload_ref": ref}, lambda_context)
+    assert status == 409 and "issued for task" in problem["detail"]
     status, _ = _api("POST", "/v1/queues/emails/tasks",
-                     {"handler": "digest", "payload_ref": {**ref, "key": "payloads/emails/../x"}}, lambda_context)
+                     {**mine, "payload_ref": {**ref, "key": "payloads/emails/../x"}}, lambda_context)
     assert status == 422
-    status, problem = _api("POST", "/v1/queues/emails/tasks",
-                           {"handler": "digest", "payload_ref": ref, "payload": {"also": 1}}, lambda_context)
+    status, problem = _api("POST", "/v1/queues/emails/tasks", {**mine, "payload": {"also": 1}}, lambda_context)
     assert status == 422 and "not both" in problem["detail"]
 
     s3.put_object(Bucket=BUCKET, Key=ref["key"], Body=data)
-    status, task = _api("POST", "/v1/queues/emails/tasks", {"handler": "digest", "payload_ref": ref, "id": "by-ref"},
-                        lambda_context)
+    status, task = _api("POST", "/v1/queues/emails/tasks", mine, lambda_context)
     assert status == 201 and task["payload"] is None and json.loads(task["headers"]["rdq.payload_ref"]) == ref
     # A caller cannot set the reserved header itself.
     status, problem = _api("POST", "/v1/queues/emails/tasks",

@@ -942,9 +942,24 @@
       (title || $('view')).focus();
     });
     window.addEventListener('hashchange', route);
+    takeTokenFromUrl();
     refreshTokenButton();
     if (!location.hash) history.replaceState(null, '', '#/queues');
     route();
+  }
+
+  // ``rdq console`` prints this page's address with ``?token=…``: keep the token in this tab's
+  // session storage (it is sent as a bearer token) and take it out of the address bar and history.
+  function takeTokenFromUrl() {
+    const params = new URLSearchParams(location.search);
+    const given = params.get('token');
+    if (given === null) return;
+    if (given) {
+      try { sessionStorage.setItem(TOKEN_KEY, given); } catch (e) { /* storage disabled: the dialog asks */ }
+    }
+    params.delete('token');
+    const rest = params.toString();
+    history.replaceState(null, '', `${location.pathname}${rest ? `?${rest}` : ''}${location.hash}`);
   }
 
   if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', start);
