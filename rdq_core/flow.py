@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .errors import ConfigurationError
 
@@ -293,3 +294,51 @@ def choose(flow: FlowPolicy, state: FlowState, candidates: Sequence[Candidate], 
             else:
                 del queues[name]  # nothing more this group may run now
     return FlowChoice(tuple(taken), served)
+
+
+def keys_filled(flow: FlowPolicy, state: FlowState, candidates: Sequence[Candidate],
+                choice: FlowChoice) -> tuple[set[str], set[str]]:
+    """The concurrency keys at their limit and the rate keys out of budget once ``choice`` is
+    claimed (those already so in ``state`` included)."""
+    by_id = {c.id: c for c in candidates}
+    running = Counter(state.in_flight_by_key)
+    recent = Counter(state.recent_claims)
+    for task_id in choice.ids:
+        candidate = by_id[task_id]
+        if candidate.concurrency_key is not None:
+            running[candidate.concurrency_key] += 1
+        if candidate.rate_key is not None:
+            recent[candidate.rate_key] += 1
+    concurrency, rate = full_keys(flow, FlowState(state.in_flight, running, recent, state.last_group))
+    return set(concurrency), set(rate)
+
+
+#: Reads a claim's candidates: due tasks whose keys are not among the (concurrency, rate) keys given.
+CandidateReader = Callable[[list[str], list[str]], Sequence[Candidate]]
+
+
+def choose_work_conserving(flow: FlowPolicy, state: FlowState, read: CandidateReader, limit: int) -> FlowChoice:
+    """``choose`` over candidates read by ``read``, re-reading while the claim comes back short
+    only because keys filled up *during* the choice.
+
+    A read looks at a bounded number of due tasks whose keys are not known to be full. When most
+    of them belong to a few keys that fill up as the claim takes them, the allowed tasks further
+    back were never read; each re-read leaves out every key found full so far, so it reaches them
+    (docs/flow-control.md#progress). Every re-read adds at least one key to what it leaves out,
+    so the loop ends; a claim that comes back short has no due, allowed task left."""
+    full_concurrency, full_rate = (sorted(keys) for keys in full_keys(flow, state))
+    seen: dict[str, Candidate] = {}
+    while True:
+        for candidate in read(full_concurrency, full_rate):
+            seen.setdefault(candidate.id, candidate)
+        choice = choose(flow, state, list(seen.values()), limit)
+        budget = limit if flow.max_in_flight is None else min(limit, flow.max_in_flight - state.in_flight)
+        if len(choice.ids) >= budget or not seen:
+            return choice
+        filled_concurrency, filled_rate = keys_filled(flow, state, list(seen.values()), choice)
+        new_concurrency = filled_concurrency - set(full_concurrency)
+        new_rate = filled_rate - set(full_rate)
+        if not new_concurrency and not new_rate:
+            return choice
+        full_concurrency = sorted(set(full_concurrency) | new_concurrency)
+        full_rate = sorted(set(full_rate) | new_rate)

@@ -17,6 +17,7 @@ one promise of the storage SPI (see ``spi.py``); a backend's test class subclass
 | ``operations_lock.py`` | bulk operations: one per queue under racing starters, the finished event |
 | ``outbox.py``         | lifecycle events: written with the change, leased, acked, ordered   |
 | ``flow_control.py``  | priority, aging, concurrency and rate limits, fair groups           |
+| ``progress.py``       | a due, allowed task is claimed whatever blocked work is ahead of it |
 | ``dedupe_snooze.py``  | snooze without spending budget, retry_on / dead_on              |
 | ``bounds.py``         | round-trip budgets, an unreachable server                           |
 | ``engine.py``         | the runner on this backend                                          |
@@ -51,6 +52,7 @@ from .lifecycle import LifecycleCompliance
 from .operations_lock import OperationLockCompliance
 from .operator import OperatorCompliance
 from .outbox import OutboxCompliance
+from .progress import ProgressCompliance
 from .runner_paths import RunnerPathsCompliance
 from .stateful import StatefulCompliance
 from .support import OpenStore
@@ -70,6 +72,7 @@ class StorageCompliance(
     OperationLockCompliance,
     OutboxCompliance,
     FlowControlCompliance,
+    ProgressCompliance,
     DedupeSnoozeCompliance,
     BoundsCompliance,
     EngineCompliance,

@@ -18,7 +18,7 @@ redis = pytest.importorskip("redis")
 
 from rdq_core.compliance import Capabilities, StorageCompliance  # noqa: E402 - after importorskip
 from rdq_core.errors import StaleClaim, StorageUnavailable  # noqa: E402 - after importorskip
-from rdq_core.model import ClaimRef, DeadFilter, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus  # noqa: E402 - see above
+from rdq_core.model import ClaimRef, DeadFilter, DedupeMode, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus  # noqa: E402 - see above
 from rdq_core.storage import open_storage  # noqa: E402 - after importorskip
 from rdq_core.storage.redis import RedisStorage  # noqa: E402 - after importorskip
 from rdq_core.storage.spi import to_micros  # noqa: E402 - after importorskip
@@ -534,11 +534,76 @@ def test_a_claim_lane_empties_with_its_tasks_and_limits_leave_no_stray_keys(stor
 
     storage.enqueue(new_tasks(2, priority=3, group="tenant-a", concurrency_key="k"))
     flow = FlowPolicy(concurrency_limit=1, rate_limit=RateLimit(5, 60))
-    (first,) = storage.claim("q", 10, 60, flow)  # the key's limit holds the second back
-    assert redis_client.zcard(f"{redis_prefix}:{{q}}:lane:3:tenant-a") == 1
+    (first,) = storage.claim("q", 10, 60, flow)  # the key's limit holds the second back: parked behind it
+    assert redis_client.zcard(f"{redis_prefix}:{{q}}:lane:3:tenant-a") == 0
+    assert redis_client.zcard(f"{redis_prefix}:{{q}}:park:c k 3:tenant-a") == 1
+    assert redis_client.smembers(f"{redis_prefix}:{{q}}:parks") == {"c k 3:tenant-a"}
+    assert storage.claim("q", 10, 60, flow) == [], "the park is passed over while its key is full"
     settle_one(storage, first, Outcome.SUCCESS, TaskStatus.SUCCEEDED)
     (second,) = storage.claim("q", 10, 60, flow)
     settle_one(storage, second, Outcome.SUCCESS, TaskStatus.SUCCEEDED)
-    leftover = [k for k in keys_under(redis_client, redis_prefix) if ":lane" in k or ":conc:" in k]
+    leftover = [k for k in keys_under(redis_client, redis_prefix) if ":lane" in k or ":conc:" in k or ":park" in k]
     assert leftover == []
     assert redis_client.pttl(f"{redis_prefix}:{{q}}:rate:k") == -2  # no rate key: the tasks had none
+
+
+# -- parking: tasks held back by a full key leave the lane until the key has room ---------------
+
+def _park_sizes(redis_client, redis_prefix) -> dict[str, int]:
+    parks = redis_client.smembers(f"{redis_prefix}:{{q}}:parks")
+    return {park: redis_client.zcard(f"{redis_prefix}:{{q}}:park:{park}") for park in parks}
+
+
+def test_a_full_keys_backlog_is_parked_once_and_comes_back_in_order(storage, redis_client, redis_prefix):
+    from rdq_core.flow import FlowPolicy
+
+    flow = FlowPolicy(concurrency_limit=1)
+    storage.enqueue(new_tasks(300, concurrency_key="hot"))
+    (first,) = storage.claim("q", 10, 60, flow)
+    assert first.task.id == "t00000"
+    assert _park_sizes(redis_client, redis_prefix) == {"c hot 0:": 299}
+    storage.enqueue([NewTask(id="late", queue="q", handler="h", concurrency_key="hot")])  # lane, after the park
+    storage.enqueue(new_tasks(2, prefix="free"))
+    assert sorted(c.task.id for c in storage.claim("q", 10, 60, flow)) == ["free00000", "free00001"]
+    order = []
+    previous = first
+    for _ in range(4):
+        settle_one(storage, previous, Outcome.SUCCESS, TaskStatus.SUCCEEDED)
+        (previous,) = storage.claim("q", 10, 60, flow)
+        order.append(previous.task.id)
+    assert order == ["t00001", "t00002", "t00003", "t00004"], "a key's tasks keep their order through the park"
+
+
+def test_a_parked_task_can_be_cancelled_rescored_and_claimed_without_the_policy(storage, redis_client, redis_prefix):
+    from rdq_core.flow import FlowPolicy
+
+    flow = FlowPolicy(concurrency_limit=1)
+    storage.enqueue(new_tasks(3, concurrency_key="k")
+                    + [NewTask(id="t00003", queue="q", handler="h", concurrency_key="k", dedupe_key="d")])
+    storage.claim("q", 10, 60, flow)
+    assert _park_sizes(redis_client, redis_prefix) == {"c k 0:": 3}
+    storage.cancel("t00001")
+    assert _park_sizes(redis_client, redis_prefix) == {"c k 0:": 2}
+    # A debounced enqueue re-scores its match: back in its lane, out of the park, never in both.
+    storage.enqueue([NewTask(id="again", queue="q", handler="h", concurrency_key="k", dedupe_key="d",
+                             dedupe_mode=DedupeMode.DEBOUNCE)])
+    assert _park_sizes(redis_client, redis_prefix) == {"c k 0:": 1}
+    assert redis_client.zrange(f"{redis_prefix}:{{q}}:lane:0:", 0, -1) == ["t00003"]
+    assert [c.task.id for c in storage.claim("q", 10, 60)] == ["t00002", "t00003"], "no policy: parks are read too"
+    assert _park_sizes(redis_client, redis_prefix) == {}
+    assert storage.stats("q").pending == 0
+
+
+def test_a_rate_parked_task_comes_back_when_the_window_has_room(storage, redis_client, redis_prefix):
+    from rdq_core.flow import FlowPolicy, RateLimit
+
+    flow = FlowPolicy(rate_limit=RateLimit(1, 0.3))
+    storage.enqueue(new_tasks(3, rate_key="r"))
+    assert [c.task.id for c in storage.claim("q", 10, 60, flow)] == ["t00000"]
+    assert _park_sizes(redis_client, redis_prefix) == {"r r 0:": 2}
+    assert storage.claim("q", 10, 60, flow) == []
+    deadline = time.monotonic() + 5
+    while not (claimed := storage.claim("q", 10, 60, flow)):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert [c.task.id for c in claimed] == ["t00001"]

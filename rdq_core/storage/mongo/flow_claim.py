@@ -17,6 +17,12 @@ A task is claimed first (``findAndModify``, as the plain claim), then its slots 
 task whose slot cannot be taken is handed back to PENDING in one update, no attempt spent. An
 over-limit task is therefore never run. Its key is then left out of the rest of the claim's
 reads, so a hot key costs one hand-back per claim, not one per task behind it.
+
+Progress (docs/flow-control.md#progress): before its first read the claim counts the queue's
+IN_FLIGHT tasks per concurrency key (one aggregation over the in-flight tasks, which workers x
+batch bound) and leaves the keys already at their limit out of every read, so busy keys at the
+head cost nothing per task; and it reads on until it has its batch or no candidate is left, so
+a claim that comes back short has left no due task every limit allows.
 """
 
 from __future__ import annotations
@@ -35,9 +41,6 @@ from ...model import TaskStatus
 #: Candidates read per query beyond the claim's limit (tasks another claimer takes first, or
 #: over a limit, are passed over).
 CANDIDATE_MARGIN = 16
-#: Candidate reads per claim (each after leaving out the keys found full): bounds the cost of a
-#: claim whose due tasks are all over their limits.
-MAX_READS = 4
 _CANDIDATE_FIELDS = {"_id": 1, "priority": 1, "next_attempt_at_ms": 1, "concurrency_key": 1, "rate_key": 1, "group": 1}
 _CLAIM_FIELDS = {"claim_token": "", "claimed_at_ms": "", "lease_expires_at_ms": ""}
 
@@ -62,6 +65,8 @@ class FlowClaim:
     _stopped: bool = False
 
     def run(self) -> list[Mapping[str, Any]]:
+        if self.flow.limits_concurrency:
+            self._full_keys |= self._keys_at_limit()
         if not self.flow.fair_groups:
             self._take_from(self._candidates(None), self.limit)
             return self.claimed
@@ -83,14 +88,26 @@ class FlowClaim:
             turn = still
         return self.claimed
 
+    def _keys_at_limit(self) -> set[str]:
+        """Concurrency keys with as many IN_FLIGHT tasks as their limit (a task of a killed holder
+        counts until the reaper settles it, as its slot does). Read without a lock: a key that
+        frees up meanwhile waits for the next claim; one that fills is still caught by its slot."""
+        running = self.tasks.aggregate([
+            {"$match": {"queue": self.queue, "status": TaskStatus.IN_FLIGHT.value, "concurrency_key": {"$type": "string"}}},
+            {"$group": {"_id": "$concurrency_key", "n": {"$sum": 1}}},
+        ])
+        return {row["_id"] for row in running
+                if (limit := self.flow.limit_for(row["_id"])) is not None and row["n"] >= limit}
+
     # -- candidates, in claim order --------------------------------------------------------
     def _due(self) -> dict[str, Any]:
         return {"queue": self.queue, "status": TaskStatus.PENDING.value, "next_attempt_at_ms": {"$lte": self.now_ms}}
 
     def _candidates(self, group: str | None) -> Iterator[Mapping[str, Any]]:
-        """Due tasks (of ``group`` when given) in claim order, re-read up to MAX_READS times
-        leaving out what this claim tried and the keys it found full."""
-        for _ in range(MAX_READS):
+        """Due tasks (of ``group`` when given) in claim order, re-read until none is left,
+        leaving out what this claim tried and the keys it found full (each read after the first
+        follows a hand-back, which adds a key, or a read that was all taken)."""
+        while True:
             query = self._due()
             if group is not None:
                 query["group"] = group if group else {"$in": ["", None]}

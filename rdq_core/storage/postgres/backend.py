@@ -38,8 +38,7 @@ from ...errors import (
     StorageUnavailable,
     UnsupportedOperation,
 )
-from ...flow import PRIORITIES, Candidate, FlowPolicy, FlowState, candidate_count, choose
-from ...flow import full_keys as flow_full_keys
+from ...flow import PRIORITIES, Candidate, FlowPolicy, FlowState, candidate_count, choose_work_conserving
 from ...model import ClaimRef, ErrorInfo, NewTask, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, decoded, instant
 from ..core import ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore, dedupe_states_of
@@ -253,16 +252,17 @@ class PostgresStorage(StorageCore):
             in_flight=sum(in_flight.values()),
             in_flight_by_key={key: n for key, n in in_flight.items() if key},
             recent_claims=row["recent"], last_group=row["last_group"])
-        full_keys, full_rates = flow_full_keys(flow, state)
-        params = {"queue": queue, "now": now, "full_keys": full_keys, "full_rates": full_rates}
-        if flow.fair_groups:
-            candidates = self._fair_candidates(conn, params, limit, state.last_group)
-        else:
+
+        def read(full_keys: list[str], full_rates: list[str]) -> list[Candidate]:
+            params = {"queue": queue, "now": now, "full_keys": full_keys, "full_rates": full_rates}
+            if flow.fair_groups:
+                return [_micros_due(c) for c in self._fair_candidates(conn, params, limit, state.last_group)]
             wanted = candidate_count(limit)
             total = wanted * len(PRIORITIES) if flow.priority_aging_seconds is not None else wanted
-            candidates = [Candidate(**r) for r in self._execute(
+            return [_micros_due(Candidate(**r)) for r in self._execute(
                 conn, QUERIES["flow_candidates"], {**params, "limit": wanted, "total": total}).fetchall()]
-        choice = choose(flow, state, [_micros_due(c) for c in candidates], limit)
+
+        choice = choose_work_conserving(flow, state, read, limit)
         with conn.pipeline():
             rows = self._execute(conn, QUERIES["flow_claim"], {
                 "queue": queue, "now": now, "lease_seconds": lease_seconds, "ids": list(choice.ids),

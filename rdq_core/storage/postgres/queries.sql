@@ -258,16 +258,20 @@ CROSS JOIN LATERAL (
 LIMIT %(total)s
 
 -- name: flow_group_candidates
--- fair_groups: the groups with PENDING tasks after %(after)s and up to %(until)s (by name; a
--- skip scan of the group index, one probe per group, at most %(groups)s), then up to %(limit)s
--- due tasks of each whose keys are not known to be full. Tasks without a group: %(ungrouped)s.
+-- fair_groups: the groups after %(after)s and up to %(until)s (by name) with a due task whose
+-- keys are not known to be full -- a skip scan of the group index, one probe per group found, at
+-- most %(groups)s; a probe walks past the entries of groups holding only delayed or blocked
+-- tasks, so they never take a claim's turn -- then up to %(limit)s such tasks of each. Tasks
+-- without a group: %(ungrouped)s.
 WITH RECURSIVE grp AS (
     (SELECT task_group AS name, 1 AS n FROM rdq_tasks
       WHERE queue = %(queue)s AND status = 'PENDING' AND task_group > %(after)s
+        AND next_attempt_at <= %(now)s AND {{flow_keys_not_full}}
       ORDER BY task_group LIMIT 1)
     UNION ALL
     SELECT (SELECT t.task_group FROM rdq_tasks AS t
              WHERE t.queue = %(queue)s AND t.status = 'PENDING' AND t.task_group > grp.name
+               AND t.next_attempt_at <= %(now)s AND {{flow_keys_not_full}}
              ORDER BY t.task_group LIMIT 1), grp.n + 1
     FROM grp WHERE grp.name IS NOT NULL AND grp.n < %(groups)s
 )

@@ -37,9 +37,8 @@ from ...flow import (
     FlowPolicy,
     FlowState,
     candidate_count,
-    choose,
+    choose_work_conserving,
 )
-from ...flow import full_keys as flow_full_keys
 from ...model import ClaimRef, NewTask, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, epoch_micros
 from ..core import InsertedRecord, QueueCounts, Selection, StorageCore, dedupe_states_of
@@ -273,12 +272,12 @@ class SQLiteStorage(StorageCore):
         if conn.execute(_Q["flow_paused"], {"queue": queue}).fetchone():
             return []
         state = self._flow_state(conn, queue, now, flow)
-        full_keys, full_rates = (json.dumps(keys) for keys in flow_full_keys(flow, state))
-        params = {"queue": queue, "now": now, "full_keys": full_keys, "full_rates": full_rates}
-        if flow.fair_groups:
-            candidates = self._fair_candidates(conn, params, limit, state.last_group)
-        else:
-            candidates = []
+
+        def read(full_keys: list[str], full_rates: list[str]) -> list[Candidate]:
+            params = {"queue": queue, "now": now, "full_keys": json.dumps(full_keys), "full_rates": json.dumps(full_rates)}
+            if flow.fair_groups:
+                return self._fair_candidates(conn, params, limit, state.last_group)
+            candidates: list[Candidate] = []
             wanted = candidate_count(limit)
             for priority in PRIORITIES:
                 # Without aging, the first priorities with due tasks fill the claim; with aging any
@@ -287,7 +286,9 @@ class SQLiteStorage(StorageCore):
                     break
                 candidates += _candidates(conn.execute(_Q["flow_candidates"], {**params, "priority": priority,
                                                                                "limit": wanted}))
-        choice = choose(flow, state, candidates, limit)
+            return candidates
+
+        choice = choose_work_conserving(flow, state, read, limit)
         if not choice.ids:
             return []
         records = _records(self._execute(conn, _Q["flow_claim_ids"].replace("{marks}", _marks(len(choice.ids))),
@@ -319,7 +320,9 @@ class SQLiteStorage(StorageCore):
                          last_group: str | None) -> list[Candidate]:
         """Up to ``limit`` due tasks of each group, groups in name order from the one after
         ``last_group`` (wrapping round), until ``limit`` groups gave some; tasks without a group
-        are one more group ('')."""
+        are one more group (''). A probe finds only a group with a due task whose keys are not
+        known to be full, so groups of delayed or blocked tasks ahead cost a walk of their index
+        entries, never a turn of the claim."""
         found: list[Candidate] = []
         groups = 0
         ungrouped = _candidates(conn.execute(_Q["flow_ungrouped_candidates"], {**params, "limit": limit}))
@@ -330,7 +333,7 @@ class SQLiteStorage(StorageCore):
         after, wrapped, probes = start, False, 0
         while groups < limit and probes < MAX_GROUP_PROBES:
             probes += 1
-            row = conn.execute(_Q["flow_next_group"], {"queue": params["queue"], "after": after}).fetchone()
+            row = conn.execute(_Q["flow_next_group"], {**params, "after": after}).fetchone()
             group = row[0] if row else None
             if group is None or (wrapped and group > start):
                 if wrapped or not start:

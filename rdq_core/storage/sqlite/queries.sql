@@ -106,9 +106,12 @@ SELECT {{flow_candidate_columns}} FROM rdq_tasks
  ORDER BY next_attempt_at, id LIMIT :limit
 
 -- name: flow_next_group
--- fair_groups: the next group (by name) after :after with PENDING tasks, one probe of the group index.
+-- fair_groups: the next group (by name) after :after with a due PENDING task whose keys are not
+-- known to be full: a walk of the group index in name order that stops at the first such task
+-- (a group holding only delayed or blocked tasks is walked past, never served a turn).
 SELECT min(task_group) AS grp FROM rdq_tasks
  WHERE queue = :queue AND status = 'PENDING' AND task_group IS NOT NULL AND task_group > :after
+   AND next_attempt_at <= :now AND {{flow_keys_not_full}}
 
 -- name: flow_group_candidates
 SELECT {{flow_candidate_columns}} FROM rdq_tasks

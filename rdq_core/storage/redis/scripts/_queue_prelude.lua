@@ -169,10 +169,21 @@ end
 -- Flow control (docs/flow-control.md). Every PENDING task is in DUE (the listing index, by
 -- next_attempt_at) and also in the claim lane of its priority and group, `BASE..'lane:<p>:<group>'`
 -- (scored the same; <group> is '' for none), so a claim reads tasks in priority order without
--- walking past others. LANES lists the lanes that hold tasks (a zset at score 0: byte order).
+-- walking past others. LANES lists the lanes that hold tasks, each scored at or before its
+-- head (its earliest entry), so a claim reads only the lanes with a due head: a lane whose tasks
+-- are all in the future costs a claim nothing. (Lanes written before that were scored 0: they
+-- are read, then scored, by the next claim.)
 -- Every write that puts a task into PENDING or takes it out goes through index_pending /
 -- unindex_pending, which keep both together (index_pending also re-scores a task already there).
+--
+-- Parking (docs/redis-backend.md#parking): a claim that walks past a task because its
+-- concurrency key is full or its rate key spent moves the task's lane entry into a *park* of that
+-- key and lane, `BASE..'park:<c|r> <key> <lane>'` (same score), listed in PARKS. A later claim
+-- reads a park like a lane, in the same order, but only while its key has room, so a full key's
+-- backlog costs one check per claim, not one read per task. Every entry of a PENDING task is in
+-- its lane or in one park; a stale entry (a task no longer PENDING) is dropped when read.
 local LANES = BASE .. 'lanes'
+local PARKS = BASE .. 'parks'
 local FLOW_FIELDS = {'priority', 'concurrency_key', 'rate_key', 'group'}
 
 local function need_priority(value)
@@ -208,11 +219,39 @@ local function index_pending(id, score, lane)
   lane = lane or task_lane(id)
   redis.call('ZADD', DUE, score, id)
   redis.call('ZADD', lane_key(lane), score, id)
-  redis.call('ZADD', LANES, 0, lane)
+  local head = redis.call('ZSCORE', LANES, lane)
+  if not head or tonumber(score) < tonumber(head) then redis.call('ZADD', LANES, score, lane) end
 end
 
+-- After entries left a lane: forgotten when empty, else scored at its new head.
 local function forget_lane_if_empty(lane)
-  if redis.call('EXISTS', lane_key(lane)) == 0 then redis.call('ZREM', LANES, lane) end
+  local head = redis.call('ZRANGE', lane_key(lane), 0, 0, 'WITHSCORES')
+  if #head == 0 then
+    redis.call('ZREM', LANES, lane)
+  else
+    redis.call('ZADD', LANES, head[2], lane)
+  end
+end
+
+local function park_key(park) return BASE .. 'park:' .. park end
+
+-- A park's name: kind ('c' concurrency key, 'r' rate key), the key and the lane, space-separated
+-- (keys, groups and lanes hold no space).
+local function park_of(kind, key, lane) return kind .. ' ' .. key .. ' ' .. lane end
+
+local function forget_park_if_empty(park)
+  if redis.call('EXISTS', park_key(park)) == 0 then redis.call('SREM', PARKS, park) end
+end
+
+-- Re-scoring a PENDING task (a debounce) puts it back in its lane: out of any park first.
+local function unpark(id, lane)
+  local held = redis.call('HMGET', task_key(id), 'concurrency_key', 'rate_key')
+  for i, kind in ipairs({'c', 'r'}) do
+    if held[i] then
+      local park = park_of(kind, held[i], lane)
+      if redis.call('ZREM', park_key(park), id) == 1 then forget_park_if_empty(park) end
+    end
+  end
 end
 
 local function unindex_pending(id, lane)
@@ -220,6 +259,7 @@ local function unindex_pending(id, lane)
   redis.call('ZREM', DUE, id)
   redis.call('ZREM', lane_key(lane), id)
   forget_lane_if_empty(lane)
+  unpark(id, lane)
 end
 
 -- The IN_FLIGHT tasks of one concurrency key (scored by the lease expiry they were claimed with):

@@ -51,6 +51,7 @@ for _, other in ipairs(redis.call('ZREVRANGE', index, 0, -1)) do
       local next_at = due
       if max_wait then next_at = math.min(next_at, tonumber(held[2]) + max_wait) end
       redis.call('HSET', task_key(other), 'next_attempt_at', us(next_at), 'updated_at', us(now))
+      unpark(other, task_lane(other))
       index_pending(other, us(next_at))
     end
     return {0, task_reply(other), 1}
