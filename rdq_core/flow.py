@@ -30,12 +30,25 @@ _PERIODS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute
 _RATE = re.compile(r"\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*([a-z]+)\s*")
 
 
+#: How soon after its claim comes back a worker must start a rate-keyed task, or release it
+#: unstarted (which gives its rate slot back). A store counts a rate key's claims over the period
+#: plus this, so starts -- each within this of its claim -- are at most the rate in any window of
+#: the period (docs/flow-control.md, "Rate").
+RATE_START_SLACK = 0.05
+
+
 @dataclass(frozen=True)
 class RateLimit:
-    """At most ``count`` claims per ``period_seconds`` of one rate_key, in any window of that length."""
+    """At most ``count`` starts per ``period_seconds`` of one rate_key, in any window of that length."""
 
     count: int
     period_seconds: float
+
+    @property
+    def window_seconds(self) -> float:
+        """The span a claim counts a rate key's earlier claims over: the period plus the slack a
+        claimed task has to start in."""
+        return self.period_seconds + RATE_START_SLACK
 
     def __str__(self) -> str:
         return f"{self.count}/{self.period_seconds:g}s"

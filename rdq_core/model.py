@@ -92,8 +92,11 @@ class Backoff:
 class Attempt:
     """One row of a task's history, unique on (task_id, attempt_no).
 
-    ``started_at`` is when the claim that led to this attempt was stamped; ``finished_at`` is
-    when it was settled (or reaped). Both come from the backend's clock.
+    ``started_at`` is when the handler started: the claim's time (the backend's clock) plus how
+    long after the claim came back the worker started it (the worker's own clock measures only
+    that interval); the claim's time when the handler never ran (a lease that expired, a task
+    dead-lettered without running). ``finished_at`` is when it was settled (or reaped), by the
+    backend's clock.
     """
 
     attempt_no: int
@@ -303,6 +306,9 @@ class Settlement:
     retry_delay_seconds: float = 0.0
     error: ErrorInfo | None = None
     result: Any = None
+    #: How long after its claim came back the handler started (None: it never ran). The attempt's
+    #: ``started_at`` is the claim's time plus this, never later than the settle.
+    started_after_seconds: float | None = None
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,12 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from . import outcomes
 from .execution import HandlerExecution, Overrun
+from .flow import RATE_START_SLACK
 from .handlers import HandlerRegistry, HandlerSpec, registry as default_registry
 from .model import ClaimedTask, ClaimRef, Settlement
 from .retry import PolicyBook
@@ -46,6 +47,9 @@ class _ActiveBatch:
     report: BatchReport
     ledger: ClaimLedger
     deadline: float
+    #: When the claim came back (this host's clock): a rate-keyed task starts within
+    #: RATE_START_SLACK of it or is released unstarted.
+    received: float
 
 
 class BatchRunner:
@@ -134,14 +138,15 @@ class BatchRunner:
         ``settle_behind``'s, so this returns while the last settle is still on its way (its
         ``stale`` and ``failed_writes`` counts arrive with it). A batch that ends with claims
         not started (stopping, out of time) is finished here, as without it."""
+        received = self.clock()
         ledger = ledger or ClaimLedger()
         ledger.hold(claimed)
         report = BatchReport()
-        cursor = BatchCursor(claimed)
+        cursor = BatchCursor(self._rate_limited_first(claimed))
         buffer = OutcomeBuffer(self.settler, report, ledger, cursor, deadline, settle_batch=self.settle_batch,
                                settle_interval=self.settle_interval, clock=self.clock,
                                write_behind=settle_behind is not None)
-        active = _ActiveBatch(cursor, buffer, report, ledger, deadline)
+        active = _ActiveBatch(cursor, buffer, report, ledger, deadline, received)
         with self._lock:
             self._active_batches.append(active)
         finish = functools.partial(self._finish, active)
@@ -181,10 +186,18 @@ class BatchRunner:
             # Too long for the time left; a quicker task later in the batch may still fit.
             batch.cursor.set_aside(item)
             return True
+        if self._rate_limited(item) and self.clock() - batch.received > RATE_START_SLACK:
+            # Its rate slot was counted from the claim: starting it now could put more starts
+            # in one window than the rate allows. Released, it gives the slot back and is
+            # claimed again (first in its batch, so it starts at once).
+            self.telemetry.count("rate_start_released")
+            batch.cursor.set_aside(item)
+            return True
         batch.report.started += 1
         batch.buffer.watch_while_a_handler_runs()
         began = self.clock()
-        settlement = self._execute(item, spec, batch.deadline, batch.ledger)
+        settlement = replace(self._execute(item, spec, batch.deadline, batch.ledger),
+                             started_after_seconds=max(0.0, began - batch.received))
         batch.report.add(settlement.outcome)
         outcomes.log_outcome(item.task, settlement, self.policies, self.clock() - began)
         # Buffered outcomes are durable within settle_interval even while the next
@@ -192,6 +205,16 @@ class BatchRunner:
         # their leases until then: a finished task is never reaped and run again.
         batch.buffer.add(settlement)
         return True
+
+    def _rate_limited(self, item: ClaimedTask) -> bool:
+        return item.task.rate_key is not None and self.policies.flow_for(item.task.queue).rate_limit is not None
+
+    def _rate_limited_first(self, claimed: Sequence[ClaimedTask]) -> Sequence[ClaimedTask]:
+        """The batch with its rate-limited tasks first (each group in claim order): a rate limit
+        counts starts, and a task can start at its claim only if nothing runs before it."""
+        if not any(self._rate_limited(item) for item in claimed):
+            return claimed
+        return sorted(claimed, key=lambda item: not self._rate_limited(item))
 
     def _execute(self, item: ClaimedTask, spec: HandlerSpec | None, deadline: float,
                  ledger: ClaimLedger) -> Settlement:

@@ -8,8 +8,9 @@ process, and every kill -- against what the store recorded:
 
 * every task SUCCEEDED with exactly one SUCCESS attempt; nothing lost; attempt numbers are
   1..n, unique and gap-free; every other attempt is a LEASE_EXPIRED;
-* each claim is matched to the attempt it caused by the store's own stamp (an attempt's
-  ``started_at`` is its claim's ``claimed_at``), and must have caused exactly what the journal
+* each claim is matched to the attempt it caused by the store's own stamps (a LEASE_EXPIRED
+  attempt's ``started_at`` is its claim's ``claimed_at``; a run's is its handler's start, after
+  its claim and before the task's next claim), and must have caused exactly what the journal
   says happened to it: a settle the store confirmed -> that outcome; a release -> nothing; a
   claim its process still held when killed -> one LEASE_EXPIRED; a settle or release *in flight*
   at the kill (the store may or may not have committed it) -> exactly one of the two, never
@@ -29,6 +30,7 @@ and write times, last lease extensions, how its process died) and the task's ful
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import os
 import subprocess
@@ -294,6 +296,17 @@ class Audit:
     report: str
 
 
+def claim_stamp(attempt: Attempt, claimed_ats: Sequence[int]) -> int:
+    """The ``claimed_at`` of the claim that caused ``attempt``: its own ``started_at`` for a lease
+    that expired (stamped with the claim's time), else the last journaled claim of the task at or
+    before it (a run starts after its claim and settles before the task is claimed again)."""
+    started = to_micros(present(attempt.started_at, "an attempt's start"))
+    if attempt.outcome.value == LE or started in claimed_ats:
+        return started
+    at = bisect.bisect_right(claimed_ats, started)
+    return claimed_ats[at - 1] if at else started
+
+
 def audit(
     storage: Storage,
     task_ids: Sequence[str],
@@ -391,10 +404,11 @@ def audit(
         figures["attempts"] += len(task.attempts)
         figures["lease_expired_attempts"] += outcomes[LE]
 
+        claimed_ats = sorted({claim.claimed_at for claim in claims_by_task[task_id]})
         attempts_by_key: dict[int, list[Attempt]] = defaultdict(list)
         for attempt in task.attempts:
-            attempts_by_key[to_micros(present(attempt.started_at, "an attempt's start"))].append(attempt)
-        keys = {claim.claimed_at for claim in claims_by_task[task_id]} | set(attempts_by_key)
+            attempts_by_key[claim_stamp(attempt, claimed_ats)].append(attempt)
+        keys = set(claimed_ats) | set(attempts_by_key)
         for key in sorted(keys):
             claims = claims_by_key.get((task_id, key), [])
             attempts = attempts_by_key.get(key, [])

@@ -67,3 +67,19 @@ class EngineCompliance:
         assert must_get(storage, long_id).status is TaskStatus.PENDING and must_get(storage, long_id).attempt_count == 0
         assert all(must_get(storage, i).status is TaskStatus.SUCCEEDED for i in quick_ids)
 
+
+    def test_an_attempt_starts_when_its_handler_starts_not_when_its_batch_was_claimed(self, storage: Storage) -> None:
+        registry = HandlerRegistry()
+        registry.register("slow", lambda payload, ctx: time.sleep(0.4), timeout_seconds=5)
+        registry.register("quick", lambda payload, ctx: None, timeout_seconds=5)
+        slow_id = enqueue_n(storage, "starts", 1, handler="slow")[0]
+        time.sleep(0.002)
+        quick_id = enqueue_n(storage, "starts", 1, handler="quick")[0]
+        claimed = storage.claim("starts", 2, 30)
+        assert [c.task.id for c in claimed] == [slow_id, quick_id]
+        BatchRunner(storage, registry=registry, settle_margin=0.1).run(claimed)
+        (slow,) = must_get(storage, slow_id).attempts
+        (quick,) = must_get(storage, quick_id).attempts
+        slow_start, quick_start = present(slow.started_at, "a start"), present(quick.started_at, "a start")
+        assert (quick_start - slow_start).total_seconds() >= 0.35, "the quick task started after the slow one ran"
+        assert quick_start <= present(quick.finished_at, "a finish")

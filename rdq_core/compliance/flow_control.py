@@ -15,12 +15,14 @@ import signal
 import time
 from collections import Counter
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-from ..flow import FlowPolicy, RateLimit
+from ..flow import FlowBook, FlowPolicy, RateLimit
+from ..handlers import HandlerRegistry
 from ..model import ClaimedTask, NewTask, Outcome, Settlement, Task, TaskStatus
 from ..reaper import reap_expired_leases
 from ..retry import PolicyBook, RetryPolicy
+from ..runner import BatchRunner
 from ..storage import open_storage
 from ..storage.spi import Storage
 from .capabilities import Capabilities
@@ -236,6 +238,56 @@ class FlowControlCompliance:
         assert storage.claim("rated", 20, 30, flow) == [], "settling does not give back a rate budget"
         later = wait_until(lambda: storage.claim("rated", 20, 30, flow), timeout=5, what="the period to pass")
         assert ids(later) == ["r03", "r04", "r05"]
+
+    def test_a_released_claim_gives_its_rate_slot_back(self, storage: Storage) -> None:
+        """A rate limit counts starts: a claim released unstarted was never one."""
+        storage.enqueue([flow_task(f"s{n}", "rate-release", rate_key="api") for n in range(3)])
+        flow = FlowPolicy(rate_limit=RateLimit(count=2, period_seconds=3600))
+        first = storage.claim("rate-release", 5, 30, flow)
+        assert ids(first) == ["s0", "s1"]
+        storage.release([first[1].ref])
+        again = storage.claim("rate-release", 5, 30, flow)
+        assert ids(again) == ["s1"], "the released claim's slot is free again, and only that one"
+        storage.settle(done([first[0], *again]))
+        assert storage.claim("rate-release", 5, 30, flow) == [], "settled claims keep their slots for the period"
+        stale = storage.claim("rate-release", 5, 30, FlowPolicy())
+        assert ids(stale) == ["s2"]
+        storage.release([stale[0].ref])  # claimed without the policy: its release frees nothing
+        assert storage.claim("rate-release", 5, 30, flow) == []
+
+    def test_a_rate_limit_holds_for_handler_starts_whatever_runs_before_them_in_a_batch(self, storage: Storage) -> None:
+        """One worker at batch 5 under 5/s: a slow task first in a batch must not make the rest of
+        it start together with the next batch (what is limited is starts, not claims)."""
+        queue = "rate-starts"
+        starts: list[tuple[float, str]] = []
+        registry = HandlerRegistry()
+
+        def record(seconds: float) -> Callable[[Any, Any], None]:
+            def handler(payload: Any, ctx: Any) -> None:
+                starts.append((time.monotonic(), ctx.task_id))
+                time.sleep(seconds)
+            return handler
+
+        registry.register("slow", record(0.6))
+        registry.register("fast", record(0.0))
+        names = ["slow", "fast", "fast", "fast", "fast", "fast", "fast", "fast", "fast", "slow"]
+        storage.enqueue([NewTask(id=f"t{n:02d}", queue=queue, handler=name, rate_key="api") for n, name in enumerate(names)])
+        flow = FlowPolicy(rate_limit=RateLimit(count=5, period_seconds=1.0))
+        runner = BatchRunner(storage, PolicyBook(flows=FlowBook({queue: flow})), registry)
+        deadline = time.monotonic() + 20
+        while storage.stats(queue).succeeded < len(names):
+            assert time.monotonic() < deadline, f"only {len(starts)} starts in 20 s"
+            claimed = storage.claim(queue, 5, 30, flow)
+            if claimed:
+                runner.run(claimed)
+            else:
+                time.sleep(0.005)
+        assert len(starts) == len(names), "each task started once"
+        instants = sorted(at for at, _ in starts)
+        # Two consecutive windows' worth of starts must span at least a period; a few ms of
+        # slack for this host's clock against the store's.
+        crowded = [(instants[i], instants[i + 5]) for i in range(len(instants) - 5) if instants[i + 5] - instants[i] < 0.99]
+        assert not crowded, f"more than 5 starts within a second: {crowded}"
 
     def test_eight_claimer_processes_never_start_more_than_the_rate_in_any_window(self, storage: Storage,
                                                                                storage_url: str) -> None:

@@ -415,7 +415,7 @@ class MongoStorage(StorageCore):
                 "task_id": settlement.task_id,
                 "attempt_no": attempt_no,
                 "outcome": settlement.outcome.value,
-                "started_at_ms": doc.get("claimed_at_ms"),
+                "started_at_ms": _started_at_ms(doc.get("claimed_at_ms"), settlement, now_ms),
                 "finished_at_ms": now_ms,
                 "error": settlement.error.to_dict() if settlement.error else None,
                 "claim_token": settlement.claim_token,
@@ -546,6 +546,8 @@ class MongoStorage(StorageCore):
                         "status": TaskStatus.PENDING.value,
                         "updated_at_ms": now_ms,
                         "release_write_id": write_id,
+                        # A rate slot this claim took is free again: it never started.
+                        "released_claim": ref.claim_token,
                     },
                     "$unset": _CLAIM_FIELDS,
                 },
@@ -985,6 +987,13 @@ def _settle_update(
         # last_attempt: the single recovery copy of schema 1 documents, now in pending_attempts.
         "$unset": {**_CLAIM_FIELDS, "last_attempt": ""},
     }
+
+
+def _started_at_ms(claimed_at_ms: int | None, settlement: Settlement, now_ms: int) -> int | None:
+    """The attempt's start: the claim's time plus how long after it the handler started."""
+    if claimed_at_ms is None or settlement.started_after_seconds is None:
+        return claimed_at_ms
+    return min(claimed_at_ms + round(settlement.started_after_seconds * 1000), now_ms)
 
 
 def _held_by(ref: ClaimRef) -> dict[str, Any]:

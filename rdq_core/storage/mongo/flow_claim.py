@@ -197,8 +197,8 @@ class FlowClaim:
         start_ms = max(doc["claimed_at_ms"], freed_at + 1)
         rate = self.flow.rate_limit
         if rate_key is not None and rate is not None:
-            period_ms = round(rate.period_seconds * 1000)
-            if not self._take_rate_slot(f"{self.queue} r {rate_key}", rate.count, period_ms, start_ms):
+            period_ms = round(rate.window_seconds * 1000)
+            if not self._take_rate_slot(f"{self.queue} r {rate_key}", rate.count, period_ms, start_ms, doc):
                 self._spent_rates.add(rate_key)
                 return False
         if start_ms > doc["claimed_at_ms"]:
@@ -245,21 +245,35 @@ class FlowClaim:
                 return released_at
         return None
 
-    def _take_rate_slot(self, family: str, count: int, period_ms: int, at_ms: int) -> bool:
-        """Stamp a rate slot of ``family`` last used at least ``period_ms`` before ``at_ms`` (the
-        claim's recorded start) with ``at_ms``."""
-        slots = {s["_id"]: s for s in self.slots.find({"family": family}, {"at_ms": 1})}
+    def _take_rate_slot(self, family: str, count: int, period_ms: int, at_ms: int, doc: Mapping[str, Any]) -> bool:
+        """Stamp a rate slot of ``family`` with ``at_ms`` (the claim's recorded start) and ``doc``'s
+        claim: a slot last used at least ``period_ms`` before ``at_ms``, or one whose claim was
+        released unstarted (its task names that claim as released: a rate limit counts starts,
+        and a released task never started)."""
+        slots = {s["_id"]: s for s in self.slots.find({"family": family}, {"at_ms": 1, "holder": 1, "task_id": 1})}
+        mine = {"at_ms": at_ms, "holder": doc["claim_token"], "task_id": doc["_id"]}
+
+        def take(slot_id: str, seen: Mapping[str, Any]) -> bool:
+            # Compare-and-set on what was read: of two claimers taking this slot, one wins.
+            return bool(self.slots.update_one({"_id": slot_id, "at_ms": seen.get("at_ms"), "holder": seen.get("holder")},
+                                              {"$set": mine}).modified_count)
+
         for index in range(count):
             slot_id = f"{family} {index}"
             slot = slots.get(slot_id)
             if slot is None:
                 try:
-                    self.slots.insert_one({"_id": slot_id, "family": family, "at_ms": at_ms})
+                    self.slots.insert_one({"_id": slot_id, "family": family, **mine})
                     return True
                 except DuplicateKeyError:
                     continue
-            if slot.get("at_ms", 0) <= at_ms - period_ms and self.slots.update_one(
-                    {"_id": slot_id, "at_ms": slot.get("at_ms")}, {"$set": {"at_ms": at_ms}}).modified_count:
+            if slot.get("at_ms", 0) <= at_ms - period_ms and take(slot_id, slot):
+                return True
+        holder_ids = sorted({s["task_id"] for s in slots.values() if s.get("task_id")})
+        released = {t["_id"]: t.get("released_claim") for t in self.tasks.find(
+            {"_id": {"$in": holder_ids}}, {"released_claim": 1})} if holder_ids else {}
+        for slot_id, slot in sorted(slots.items()):
+            if slot.get("holder") and released.get(slot.get("task_id")) == slot["holder"] and take(slot_id, slot):
                 return True
         return False
 

@@ -234,7 +234,7 @@ class PostgresStorage(StorageCore):
         says (in-flight counts, the rate log, the fairness cursor) stays true until COMMIT, and
         each statement's snapshot is taken after the lock is held; ``rdq_core.flow.choose``
         decides."""
-        period = flow.rate_limit.period_seconds if flow.rate_limit is not None else None
+        period = flow.rate_limit.window_seconds if flow.rate_limit is not None else None
         with conn.pipeline():
             self._execute(conn, "BEGIN")
             self._execute(conn, QUERIES["flow_lock"], {"namespace": FLOW_LOCK_NAMESPACE, "queue": queue})
@@ -506,7 +506,7 @@ def settle_document(settlements: Sequence[Settlement]) -> str:
     """The settle statement's batch: one JSON array, an item per settlement (see queries.sql)."""
     return json.dumps([
         [s.task_id, s.claim_token, s.outcome.value, s.status.value,
-         float(s.retry_delay_seconds or 0.0), _error_json(s.error), storable_json(s.result)]
+         float(s.retry_delay_seconds or 0.0), _error_json(s.error), storable_json(s.result), s.started_after_seconds]
         for s in settlements
     ], separators=(",", ":"), ensure_ascii=False)
 

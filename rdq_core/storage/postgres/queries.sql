@@ -358,20 +358,31 @@ WHERE t.id = ANY (ARRAY(
 RETURNING ref.ord, t.id, t.lease_expires_at
 
 -- name: release
--- Back to PENDING without an attempt: budget and next_attempt_at are left as they were.
+-- Back to PENDING without an attempt: budget and next_attempt_at are left as they were. A
+-- released task never started, so its claim leaves the rate log too (the claim's row: same key,
+-- same claim time, same task): a rate limit counts starts.
 WITH ref AS (
     SELECT *
     FROM unnest(%(task_ids)s::text[], %(claim_tokens)s::text[])
          WITH ORDINALITY AS ref(task_id, claim_token, ord)
+),
+released AS (
+    UPDATE rdq_tasks AS t
+    SET status = 'PENDING', claim_token = NULL, lease_expires_at = NULL, updated_at = now()
+    FROM ref
+    WHERE t.id = ANY (ARRAY(
+            SELECT id FROM rdq_tasks WHERE id = ANY(%(task_ids)s::text[]) ORDER BY id FOR UPDATE
+        ))
+      AND t.id = ref.task_id AND t.claim_token = ref.claim_token
+    RETURNING ref.ord, t.id, t.queue, t.rate_key, t.claimed_at
+),
+unlogged AS (
+    DELETE FROM rdq_rate_log AS l
+    USING released AS r
+    WHERE r.rate_key IS NOT NULL AND l.queue = r.queue AND l.rate_key = r.rate_key
+      AND l.claimed_at = r.claimed_at AND l.task_id = r.id
 )
-UPDATE rdq_tasks AS t
-SET status = 'PENDING', claim_token = NULL, lease_expires_at = NULL, updated_at = now()
-FROM ref
-WHERE t.id = ANY (ARRAY(
-        SELECT id FROM rdq_tasks WHERE id = ANY(%(task_ids)s::text[]) ORDER BY id FOR UPDATE
-    ))
-  AND t.id = ref.task_id AND t.claim_token = ref.claim_token
-RETURNING ref.ord
+SELECT ord FROM released
 
 -- name: settle
 -- One statement for the whole batch. The row lock serialises racing settles of one task; a
@@ -389,7 +400,7 @@ RETURNING ref.ord
 WITH decision AS (
     SELECT e.item ->> 0 AS task_id, e.item ->> 1 AS claim_token, e.item ->> 2 AS outcome,
            e.item ->> 3 AS status, (e.item ->> 4)::float8 AS retry_delay_seconds,
-           e.item ->> 5 AS error, e.item ->> 6 AS result, e.ord
+           e.item ->> 5 AS error, e.item ->> 6 AS result, (e.item ->> 7)::float8 AS started_after, e.ord
     FROM jsonb_array_elements(%(settlements)s::jsonb) WITH ORDINALITY AS e(item, ord)
 ),
 settled AS (
@@ -405,7 +416,9 @@ settled AS (
                           ELSE coalesce(d.error::jsonb, t.last_error) END,
         attempts = t.attempts || jsonb_build_array(jsonb_build_object(
             'attempt_no', coalesce((t.attempts -> -1 ->> 'attempt_no')::integer, 0) + 1,
-            'outcome', d.outcome, 'started_at', t.claimed_at, 'finished_at', now(),
+            'outcome', d.outcome,
+            'started_at', LEAST(t.claimed_at + coalesce(d.started_after, 0) * interval '1 second', now()),
+            'finished_at', now(),
             'error', d.error::jsonb)),
         claim_token = NULL,
         lease_expires_at = NULL,

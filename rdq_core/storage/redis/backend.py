@@ -673,7 +673,7 @@ def _flow_args(flow: FlowPolicy) -> tuple[Any, ...]:
         "" if flow.concurrency_limit is None else flow.concurrency_limit,
         _json(dict(flow.concurrency_overrides)) if flow.concurrency_overrides else "",
         "" if rate is None else rate.count,
-        "" if rate is None else _micros(rate.period_seconds),
+        "" if rate is None else _micros(rate.window_seconds),
     )
 
 
@@ -688,6 +688,7 @@ def _settle_args(s: Settlement) -> tuple[Any, ...]:
         _json(error.to_dict()) if error else "",
         error.type if error else "",
         _json(s.result) if s.status is TaskStatus.SUCCEEDED else "",
+        "" if s.started_after_seconds is None else _micros(s.started_after_seconds),
     )
 
 

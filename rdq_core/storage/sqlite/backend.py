@@ -308,7 +308,7 @@ class SQLiteStorage(StorageCore):
                     by_key[row[0]] = row[1]
         recent: dict[str, int] = {}
         if flow.rate_limit is not None:
-            conn.execute(_Q["flow_rate_trim"], {"queue": queue, "since": now - int(flow.rate_limit.period_seconds * 1_000_000)})
+            conn.execute(_Q["flow_rate_trim"], {"queue": queue, "since": now - int(flow.rate_limit.window_seconds * 1_000_000)})
             recent = {row[0]: row[1] for row in conn.execute(_Q["flow_rate_counts"], {"queue": queue})}
         last_group = None
         if flow.fair_groups:
@@ -366,12 +366,14 @@ class SQLiteStorage(StorageCore):
                 "outcome": item.outcome.value, "delay_us": int(item.retry_delay_seconds * 1_000_000),
                 "result": storable_json(item.result) if item.status is TaskStatus.SUCCEEDED else None,
                 "error_type": item.error.type if item.error else None, "error": error_json,
+                "started_us": int((item.started_after_seconds or 0.0) * 1_000_000),
             }
         with self._write() as (conn, now):
             rows = self._execute(conn, _Q["settle"], {"batch": storable_json(list(by_id.values())), "now": now}).fetchall()
             if rows:
                 history = [
-                    {"id": task_id, "outcome": by_id[task_id]["outcome"], "started_at": claimed_at,
+                    {"id": task_id, "outcome": by_id[task_id]["outcome"],
+                     "started_at": min(claimed_at + by_id[task_id]["started_us"], now),
                      "error": by_id[task_id]["error"]}
                     for task_id, claimed_at in rows
                 ]
@@ -390,8 +392,11 @@ class SQLiteStorage(StorageCore):
         released: set[str] = set()
         with self._write() as (conn, now):
             for ref in refs:
-                if self._execute(conn, _Q["release"], (now, ref.task_id, ref.claim_token)).fetchone():
+                row = self._execute(conn, _Q["release"], (now, ref.task_id, ref.claim_token)).fetchone()
+                if row:
                     released.add(ref.task_id)
+                    if row[2] is not None:
+                        conn.execute(_Q["release_rate_log"], (row[1], row[2], row[3], row[0]))
         return released
 
     def _expired(self, limit: int, queue: str | None) -> Sequence[Record]:

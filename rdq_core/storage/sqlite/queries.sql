@@ -170,7 +170,11 @@ SELECT a.value ->> '$.id',
 
 -- name: release
 UPDATE rdq_tasks SET status = 'PENDING', claim_token = NULL, lease_expires_at = NULL, updated_at = ?
- WHERE id = ? AND claim_token = ? AND status = 'IN_FLIGHT' RETURNING id
+ WHERE id = ? AND claim_token = ? AND status = 'IN_FLIGHT' RETURNING id, queue, rate_key, claimed_at
+
+-- name: release_rate_log
+-- A released task never started: its claim leaves the rate log (a rate limit counts starts).
+DELETE FROM rdq_rate_log WHERE queue = ? AND rate_key = ? AND claimed_at = ? AND task_id = ?
 
 -- name: expired_leases
 SELECT {task_columns} FROM rdq_tasks WHERE status = 'IN_FLIGHT' AND lease_expires_at <= ?

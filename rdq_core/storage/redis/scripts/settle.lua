@@ -1,18 +1,19 @@
 -- ARGV: base, the statuses that write a lifecycle event (comma-separated, '' = none), whether
 -- events carry the payload ('1'/'0'), then per settlement: id, token, outcome, status, retry_delay_us, error_json,
--- error_type, result_json ('' = none). The error JSON is embedded in the attempt record, so it
+-- error_type, result_json ('' = none), started_after_us (how long after the claim the handler
+-- started; '' = it never ran: the claim's time). The error JSON is embedded in the attempt record, so it
 -- is decoded (checked) first; the result JSON is stored verbatim. Returns the refused ids.
 -- Phase 1 checks every item and its fence (token, IN_FLIGHT, lease expiry for LEASE_EXPIRED,
 -- one settle per task within the batch) and numbers its attempt; phase 2 writes.
 
 local OUTCOMES = {SUCCESS = true, RETRYABLE_FAILURE = true, PERMANENT_FAILURE = true, LEASE_EXPIRED = true, SNOOZED = true}
 local SETTLED = {SUCCEEDED = true, PENDING = true, DEAD = true}
-need_groups(4, 8, 'settle')
+need_groups(4, 9, 'settle')
 local event_statuses, with_payload = ',' .. ARGV[2] .. ',', ARGV[3]
 
 local now = now_us()
 local refused, plan, seen = {}, {}, {}
-for o = 4, #ARGV, 8 do
+for o = 4, #ARGV, 9 do
   local id, token, outcome, status = ARGV[o], ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
   local error_json, error_type, result_json = ARGV[o + 5], ARGV[o + 6], ARGV[o + 7]
   need_string(id, 'task id')
@@ -20,6 +21,8 @@ for o = 4, #ARGV, 8 do
   if not SETTLED[status] then invalid('cannot settle task ' .. id .. ' as ' .. tostring(status)) end
   if outcome == 'SNOOZED' and status ~= 'PENDING' then invalid('a snoozed task goes back to PENDING: ' .. id) end
   local delay = need_number(ARGV[o + 4], 'retry delay')
+  local started_after = 0
+  if ARGV[o + 8] ~= '' then started_after = need_number(ARGV[o + 8], 'started after') end
   if error_json ~= '' then
     local decoded = need_json(error_json, 'error')
     if type(decoded) ~= 'table' or type(decoded['type']) ~= 'string' then invalid('error must be an object with a type') end
@@ -32,12 +35,13 @@ for o = 4, #ARGV, 8 do
   if valid then
     -- attempt_no = MAX(attempt_no) + 1 over the history, never derived from attempt_count.
     local attempt_no = last_attempt_no(id)
+    local started_at = held[4] and us(math.min(tonumber(held[4]) + started_after, now)) or ''
     local spent = outcome == 'SNOOZED' and 0 or 1  -- a SNOOZED attempt spends no budget
     seen[id] = true
     plan[#plan + 1] = {id = id, key = key, status = status, delay = delay, error_json = error_json, ckey = held[5],
       attempt_count = (tonumber(held[6]) or 0) + spent, lane = lane_of(held[7], held[8]),
       error_type = error_type, result_json = result_json, attempt_no = attempt_no + 1,
-      attempt = '{"outcome":"' .. outcome .. '","started_at":"' .. (held[4] or '') .. '","finished_at":"' ..
+      attempt = '{"outcome":"' .. outcome .. '","started_at":"' .. started_at .. '","finished_at":"' ..
         us(now) .. '","error":' .. (error_json ~= '' and error_json or 'null') .. '}'}
   else
     refused[#refused + 1] = id
