@@ -15,16 +15,15 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
 from rdq_core.compliance.servers import stop_process
 from rdq_core.compliance.support import wait_until
-from tests.loopback import rdq_dev_address, without_rdq_settings
+from tests.loopback import LoopbackHttpServer, rdq_dev_address, without_rdq_settings
 
 REPO = Path(__file__).resolve().parents[1]
 #: The credentials the verifying proxy accepts (AWS's documentation example key, not a real one).
@@ -115,7 +114,7 @@ def sigv4_valid(method: str, path: str, headers: Any, body: bytes, *, access_key
     return hmac.compare_digest(expected, found[6])
 
 
-class Proxy:
+class Proxy(LoopbackHttpServer):
     """A loopback proxy in front of ``upstream`` (an rdq dev), which it calls with the dev's own
     bearer token (if it has one). ``sigv4``: requests whose SigV4 signature does not verify with
     ``SECRET_KEY`` get 403 and are not forwarded. ``faults`` are used up one per request:
@@ -170,13 +169,4 @@ class Proxy:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
+        super().__init__(Handler)

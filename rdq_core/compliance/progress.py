@@ -177,6 +177,16 @@ def run_scenario(storage: Storage, queue: str, scenario: dict[str, Any]) -> None
             storage.settle(done(ledger.held.values()))
 
 
+def five_behind_a_blocked_head(storage: Storage, ledger: ClaimLedger, blocked: int, **key: str) -> None:
+    """``blocked`` tasks of one key, then 5 without it: the first claim takes one of the key (which
+    then blocks the rest), the next takes the 5 behind them all."""
+    queue = ledger.queue
+    enqueue_in_chunks(storage, [flow_task(f"hot-{n:05d}", queue, **key) for n in range(blocked)])
+    storage.enqueue([flow_task(f"other-{n}", queue) for n in range(5)])
+    assert ids(claim_and_check(storage, ledger, 1)) == ["hot-00000"]
+    assert sorted(ids(claim_and_check(storage, ledger, 5))) == [f"other-{n}" for n in range(5)]
+
+
 class ProgressCompliance:
     capabilities: Capabilities  # declared by the suite class this is mixed into
 
@@ -218,23 +228,13 @@ class ProgressCompliance:
         assert ids(claim_and_check(storage, ledger, 1)) == ["zz-idle"]
 
     def test_thousands_of_tasks_of_a_full_key_do_not_hide_the_tasks_behind_them(self, storage: Storage) -> None:
-        flow = FlowPolicy(concurrency_limit=1)
-        queue = "hot-key"
-        enqueue_in_chunks(storage, [flow_task(f"hot-{n:05d}", queue, concurrency_key="hot") for n in range(2500)])
-        storage.enqueue([flow_task(f"other-{n}", queue) for n in range(5)])
-        ledger = ClaimLedger(queue, flow)
-        assert ids(claim_and_check(storage, ledger, 1)) == ["hot-00000"]
-        assert sorted(ids(claim_and_check(storage, ledger, 5))) == [f"other-{n}" for n in range(5)]
+        ledger = ClaimLedger("hot-key", FlowPolicy(concurrency_limit=1))
+        five_behind_a_blocked_head(storage, ledger, 2500, concurrency_key="hot")
         assert claim_and_check(storage, ledger, 5) == []
 
     def test_a_spent_rate_key_does_not_hide_the_tasks_behind_it(self, storage: Storage) -> None:
-        flow = FlowPolicy(rate_limit=RateLimit(1, HOUR))
-        queue = "hot-rate"
-        enqueue_in_chunks(storage, [flow_task(f"hot-{n:05d}", queue, rate_key="hot") for n in range(1200)])
-        storage.enqueue([flow_task(f"other-{n}", queue) for n in range(5)])
-        ledger = ClaimLedger(queue, flow)
-        assert ids(claim_and_check(storage, ledger, 1)) == ["hot-00000"]
-        assert sorted(ids(claim_and_check(storage, ledger, 5))) == [f"other-{n}" for n in range(5)]
+        ledger = ClaimLedger("hot-rate", FlowPolicy(rate_limit=RateLimit(1, HOUR)))
+        five_behind_a_blocked_head(storage, ledger, 1200, rate_key="hot")
 
     def test_hundreds_of_busy_keys_do_not_starve_an_idle_key(self, storage: Storage) -> None:
         flow = FlowPolicy(concurrency_limit=1)

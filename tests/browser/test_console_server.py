@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import socket
@@ -17,27 +16,13 @@ import pytest
 from rdq_core.console.assets import ASSETS
 from rdq_core.console.server import canonical_query
 from tests.browser.conftest import ConsoleProcess
+from tests.loopback import raw_request as request
 from tests.loopback import without_rdq_settings
 from tests.rdq_servers import REPO, DevServer, Proxy
 
 TOKEN = "console-server-token-3"
 
 
-def request(port: int, method: str, path: str, headers: dict[str, str] | None = None,
-            body: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
-    """One raw request (the path is sent exactly as given): status, headers (lower-case), body."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
-    try:
-        connection.putrequest(method, path, skip_host="Host" in (headers or {}), skip_accept_encoding=True)
-        for name, value in (headers or {}).items():
-            connection.putheader(name, value)
-        if body is not None:
-            connection.putheader("Content-Length", str(len(body)))
-        connection.endheaders(body)
-        response = connection.getresponse()
-        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-    finally:
-        connection.close()
 
 
 @pytest.fixture(scope="module")

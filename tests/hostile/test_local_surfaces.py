@@ -8,11 +8,9 @@ Each test performs the attack; on the code before the fix each one fails."""
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -25,44 +23,24 @@ from rdq_core.errors import InvalidCursor
 from rdq_core.http_client import BearerToken
 from rdq_core.storage import open_storage
 
+from tests.loopback import Answer, ScriptedHttpServer
+from tests.loopback import raw_request as send
+
 from .conftest import assert_problem
 
 
 # -- an upstream that records what reached it ----------------------------------------------------
-class Upstream:
+class Upstream(ScriptedHttpServer):
     """A stand-in for the deployed API: answers every request 200 ``{}`` and records it."""
 
     def __init__(self) -> None:
-        seen: list[tuple[str, str, dict[str, str]]] = []
-        self.seen = seen
+        self.seen: list[tuple[str, str, dict[str, str]]] = []
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        def answer(method: str, path: str, headers: dict[str, str], body: bytes) -> Answer:
+            self.seen.append((method, path, headers))
+            return 200, {"Content-Type": "application/json"}, b"{}"
 
-            def answer(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                seen.append((self.command, self.path, dict(self.headers.items())))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"{}")
-
-            do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = do_OPTIONS = do_TRACE = answer
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(10)
+        super().__init__(answer)
 
 
 @pytest.fixture
@@ -99,20 +77,6 @@ def raw(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
     return int(lines[0].split()[1]), headers, body
 
 
-def send(port: int, method: str, path: str, headers: dict[str, str] | None = None,
-         body: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        connection.putrequest(method, path, skip_accept_encoding=True)
-        for name, value in (headers or {}).items():
-            connection.putheader(name, value)
-        if body is not None:
-            connection.putheader("Content-Length", str(len(body)))
-        connection.endheaders(body)
-        response = connection.getresponse()
-        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-    finally:
-        connection.close()
 
 
 # -- (a) rdq console signs only for the page that holds this run's secret -----------------------

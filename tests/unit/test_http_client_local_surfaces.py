@@ -7,60 +7,23 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import pytest
 
 from rdq_core import payloads
 from rdq_core.errors import ConfigurationError, TaskNotFound
 from rdq_core.http_client import ApiKey, BearerToken, HttpClient, SigV4, plaintext_credential_warning
-
-Answer = tuple[int, dict[str, str], bytes]
-
-
-class FakeApi:
-    """A loopback HTTP server whose answers the test chooses: ``answer(method, path, body)``."""
-
-    def __init__(self, answer: Callable[[str, str, bytes], Answer]) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def respond(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                status, headers, payload = answer(self.command, self.path, body)
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            do_GET = do_POST = do_DELETE = respond
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(10)
-
+from tests.loopback import Answer, ScriptedHttpServer
 
 @pytest.fixture
-def fake_api() -> Iterator[Callable[[Callable[[str, str, bytes], Answer]], FakeApi]]:
-    started: list[FakeApi] = []
+def fake_api() -> Iterator[Callable[[Callable[[str, str, bytes], Answer]], ScriptedHttpServer]]:
+    """A loopback API whose answers the test chooses: ``answer(method, path, body)``."""
+    started: list[ScriptedHttpServer] = []
 
-    def start(answer: Callable[[str, str, bytes], Answer]) -> FakeApi:
-        server = FakeApi(answer)
+    def start(answer: Callable[[str, str, bytes], Answer]) -> ScriptedHttpServer:
+        server = ScriptedHttpServer(lambda method, path, headers, body: answer(method, path, body))
         started.append(server)
         return server
 
