@@ -15,6 +15,7 @@ one promise of the storage SPI (see ``spi.py``); a backend's test class subclass
 | ``browsing.py``       | listings by status, counts, cancel by filter, pause, the audit trail |
 | ``documents.py``      | engine documents: compare-and-set, delete, paging               |
 | ``operations_lock.py`` | bulk operations: one per queue under racing starters, the finished event |
+| ``worker_slots.py``   | worker slots: a fleet's cap under racing threads and processes, leases, fencing |
 | ``outbox.py``         | lifecycle events: written with the change, leased, acked, ordered   |
 | ``flow_control.py``  | priority, aging, concurrency and rate limits, fair groups           |
 | ``progress.py``       | a due, allowed task is claimed whatever blocked work is ahead of it |
@@ -56,6 +57,7 @@ from .progress import ProgressCompliance
 from .runner_paths import RunnerPathsCompliance
 from .stateful import StatefulCompliance
 from .support import OpenStore
+from .worker_slots import WorkerSlotCompliance
 
 
 class StorageCompliance(
@@ -70,6 +72,7 @@ class StorageCompliance(
     BrowsingCompliance,
     DocumentCompliance,
     OperationLockCompliance,
+    WorkerSlotCompliance,
     OutboxCompliance,
     FlowControlCompliance,
     ProgressCompliance,

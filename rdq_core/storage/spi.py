@@ -30,6 +30,9 @@ Contract (held by the compliance kit, ``rdq_core.compliance``):
 * **Bounded calls.** Every call either completes or raises ``StorageUnavailable`` within a
   bounded time (connect, statement and socket timeouts, overridable from the URL), so a
   half-open connection can never hang a claim loop.
+* **Worker slots.** ``take_worker_slot`` / ``renew_worker_slot`` / ``free_worker_slot`` cap how
+  many workers of a fleet run at once, leased and fenced like claims; written once over the engine
+  documents (``slots.py``), so a store that keeps the documents' compare-and-set promise has them.
 * **Idempotent enqueue.** An id that exists on the same queue is a no-op that returns the
   existing task (``created=False``) and changes nothing; on another queue it is a conflict.
 
@@ -74,6 +77,8 @@ from ..model import (
     TaskStatus,
 )
 from ..validation import TASK_ID, without_lone_surrogates
+from . import slots
+from .slots import WorkerSlot as WorkerSlot  # re-exported: the SPI's slot type
 
 
 class EnqueueListener(Protocol):
@@ -109,6 +114,12 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release connections. The instance is unusable afterwards."""
+
+    def close_idle_connections(self) -> int:
+        """Close the connections not in use now; the next call opens one again. A Lambda worker
+        calls it as its invocation ends, so a frozen environment keeps no connection open.
+        Returns how many were closed (0 where a store keeps nothing worth closing)."""
+        return 0
 
     @abc.abstractmethod
     def now(self) -> datetime:
@@ -260,6 +271,29 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def list_documents(self, kind: str, *, limit: int, after: str | None = None) -> list[Document]:
         """Documents of ``kind`` by key (byte order), after ``after``."""
+
+    # -- worker slots (a concurrency cap the store enforces; ``slots.py``) ---------------------
+    # Built on the engine documents above, so every store has them without code of its own.
+    def take_worker_slot(self, fleet: str, cap: int, lease_seconds: float) -> WorkerSlot | None:
+        """Take one of ``fleet``'s ``cap`` slots for ``lease_seconds`` (by this store's clock),
+        atomically against every other taker, under a fresh token; None when ``cap`` slots are
+        held. A slot is free when never taken, freed, or its lease expired. Slots at or above a
+        lowered cap are never taken, and count as held until their holders end, so no more than
+        ``cap`` holders run at any instant. A full fleet costs one read."""
+        return slots.take_worker_slot(self, fleet, cap, lease_seconds)
+
+    def renew_worker_slot(self, slot: WorkerSlot, lease_seconds: float) -> WorkerSlot | None:
+        """Set the lease to now + ``lease_seconds`` while ``slot.token`` holds the slot and its
+        lease has not run out; the renewed slot, or None (nothing changed)."""
+        return slots.renew_worker_slot(self, slot, lease_seconds)
+
+    def free_worker_slot(self, slot: WorkerSlot) -> bool:
+        """Free the slot while ``slot.token`` holds it; a stale token changes nothing (False)."""
+        return slots.free_worker_slot(self, slot)
+
+    def worker_slots_held(self, fleet: str) -> int:
+        """How many of ``fleet``'s slots are held now (those above a lowered cap included)."""
+        return slots.worker_slots_held(self, fleet)
 
     @abc.abstractmethod
     def record_audit(self, *, actor: str, action: str, queue: str, selection: Any, count: int) -> AuditEntry:

@@ -17,6 +17,7 @@ puts rdq's tables in a schema of their own (migrations create objects in the cur
 from __future__ import annotations
 
 import json
+import os
 import threading
 from dataclasses import replace
 from collections.abc import Iterator, Mapping, Sequence
@@ -44,7 +45,7 @@ from ..codec import Record, RecordCodec, decoded, instant
 from ..core import ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore, dedupe_states_of
 from ..querytext import migrations, named_queries
 from ..spi import from_micros, storable_json, to_micros
-from .pool import MAX_IDLE_CONNECTIONS, WATCHDOG, ConnectionPool
+from .pool import MAX_CONNECTIONS_ENV, MAX_IDLE_CONNECTIONS, WATCHDOG, ConnectionPool
 
 QUERIES = named_queries(__package__, "queries.sql")
 
@@ -70,7 +71,10 @@ class PostgresStorage(StorageCore):
         self.round_trips = 0
         self._round_trip_lock = threading.Lock()
         url, self.listens = _without_listen_flag(url)
-        self._pool = ConnectionPool(url, max_idle_connections)
+        self._pool = ConnectionPool(url, max_idle_connections, _max_connections_from_env())
+
+    def close_idle_connections(self) -> int:
+        return self._pool.close_idle()
 
     def enqueue_listener(self, queues: Sequence[str]) -> _NotifyListener | None:
         """LISTEN on this schema's channel on a connection of its own (not pooled: a LISTEN
@@ -528,3 +532,11 @@ def _micros_due(candidate: Candidate) -> Candidate:
     """A candidate as ``choose`` ranks it: its due instant in epoch microseconds."""
     due: Any = candidate.due
     return replace(candidate, due=to_micros(due)) if isinstance(due, datetime) else candidate
+
+
+def _max_connections_from_env() -> int:
+    value = os.environ.get(MAX_CONNECTIONS_ENV, "").strip()
+    try:
+        return max(0, int(value)) if value else 0
+    except ValueError:
+        raise ConfigurationError(f"{MAX_CONNECTIONS_ENV} must be a whole number, not {value!r}") from None

@@ -67,6 +67,12 @@ DEFAULT_TCP_USER_TIMEOUT_MS = 30_000
 CLIENT_DEADLINE_GRACE = (0.25, 1.0, 5.0)
 #: Idle connections kept per instance; more concurrent callers get extra, short-lived ones.
 MAX_IDLE_CONNECTIONS = 16
+#: Environment variable bounding the connections one storage instance opens at once (unset or 0:
+#: no bound). The Lambda worker sets 1 (template.yaml): its claim loops, settle threads and slot
+#: calls then share one connection, one short statement after another.
+MAX_CONNECTIONS_ENV = "RDQ_PG_MAX_CONNECTIONS"
+#: Seconds a call waits for a connection under that bound when no statement deadline is set.
+CONNECTION_WAIT_SECONDS = 30.0
 #: Dropped-connection notices closer together than this belong to one incident: logged once.
 DROPPED_CONNECTIONS_LOG_INTERVAL = 10.0
 
@@ -293,7 +299,7 @@ class ConnectionPool:
     reconnects.
     """
 
-    def __init__(self, conninfo: str, max_idle: int) -> None:
+    def __init__(self, conninfo: str, max_idle: int, max_open: int = 0) -> None:
         try:
             self._conninfo, self._connect_kwargs, self.statement_deadline = _bounded_connect_kwargs(conninfo)
         except (ValueError, psycopg.ProgrammingError) as exc:
@@ -301,9 +307,16 @@ class ConnectionPool:
             detail = _QUOTED_URL.sub("<the URL>", str(exc).strip())
             raise ConfigurationError(f"malformed PostgreSQL URL: {detail}") from None
         self._max_idle = max_idle
+        #: The most connections open at once (in use or idle); 0: no bound. A caller beyond it
+        #: waits for one to be given back, so a process's calls share that many connections.
+        self.max_open = max(0, max_open)
+        #: Connections of this pool open now, and the most ever open at once (tests read them).
+        self.open_count = 0
+        self.peak_open = 0
         self._adapters = json_adapters()
         self._idle: list[psycopg.Connection] = []
         self._lock = threading.Lock()
+        self._returned = threading.Condition(self._lock)
         self._closed = False
         self._last_drop_logged = -math.inf
 
@@ -311,6 +324,16 @@ class ConnectionPool:
         with self._lock:
             if self._closed:
                 raise StorageUnavailable("the PostgreSQL storage has been closed")
+            if self.max_open:
+                # Calls beyond the bound wait their turn: each lasts one short statement or
+                # transaction, and the statement deadline bounds the wait.
+                waited_until = time.monotonic() + (self.statement_deadline or CONNECTION_WAIT_SECONDS)
+                while not self._idle and self.open_count >= self.max_open:
+                    left = waited_until - time.monotonic()
+                    if self._closed or left <= 0:
+                        raise StorageUnavailable(
+                            f"no PostgreSQL connection came free within the bound of {self.max_open}")
+                    self._returned.wait(left)
             while self._idle:
                 conn = self._idle.pop()
                 if _probably_alive(conn):
@@ -321,6 +344,7 @@ class ConnectionPool:
                 self._idle = [c for c in self._idle if c not in dead]
                 for stale in dead:
                     stale.close()
+                self.open_count -= len(dead)
                 # One INFO line per incident (a restart or a kill drops several connections over a
                 # few seconds); nothing failed yet: if the server is gone, the caller's error says so.
                 now = time.monotonic()
@@ -329,7 +353,22 @@ class ConnectionPool:
                     self._last_drop_logged = now
                 (log.debug if quiet else log.info)(
                     "dropped %d idle PostgreSQL connection(s) the server had closed; reconnecting", len(dead))
-        return self.connect()
+            # Counted before connecting, so that concurrent callers respect the bound meanwhile.
+            self.open_count += 1
+            self.peak_open = max(self.peak_open, self.open_count)
+        try:
+            return self.connect()
+        except BaseException:
+            self._forget(None)
+            raise
+
+    def _forget(self, conn: psycopg.Connection | None) -> None:
+        """A pooled connection is gone (closed here, or never opened): its place is free."""
+        if conn is not None:
+            conn.close()
+        with self._lock:
+            self.open_count -= 1
+            self._returned.notify()
 
     def connect(self) -> psycopg.Connection:
         """A new autocommit connection with this pool's settings, not counted in the pool."""
@@ -362,7 +401,7 @@ class ConnectionPool:
             if watch is not None:
                 cut_off = WATCHDOG.done(watch) or cut_off
             if cut_off:
-                conn.close()  # its socket is shut down: never hand it out again
+                self._forget(conn)  # its socket is shut down: never hand it out again
             else:
                 self.give_back(conn)
 
@@ -376,13 +415,26 @@ class ConnectionPool:
             with self._lock:
                 if not self._closed and len(self._idle) < self._max_idle:
                     self._idle.append(conn)
+                    self._returned.notify()
                     return
-        conn.close()
+        self._forget(conn)
+
+    def close_idle(self) -> int:
+        """Close the idle connections (those in use are kept); how many were closed."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self.open_count -= len(idle)
+            self._returned.notify_all()
+        for conn in idle:
+            conn.close()
+        return len(idle)
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
+            self.open_count -= len(idle)
+            self._returned.notify_all()
         for conn in idle:
             conn.close()
 

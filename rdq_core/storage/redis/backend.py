@@ -252,6 +252,15 @@ class RedisStorage(StorageCore):
     def close(self) -> None:
         self._client.close()
 
+    def close_idle_connections(self) -> int:
+        # A cluster client keeps a pool per node; commands in flight keep their connections.
+        pool = getattr(self._client, "connection_pool", None)
+        if pool is None:
+            return 0
+        idle = len(getattr(pool, "_available_connections", ()))
+        pool.disconnect(inuse_connections=False)
+        return idle
+
     def _now(self) -> datetime:
         seconds, micros = self._send(self._client.time)
         return from_micros(int(seconds) * 1_000_000 + int(micros))

@@ -1,0 +1,289 @@
+"""Worker slots: a concurrency cap the store enforces, written once over engine documents.
+
+A fleet of workers (the invocations of one Lambda worker function) may run at most ``cap`` at
+once. Each running worker holds one *slot*: the engine document ``worker-slot/<fleet>:<n>`` for a
+number ``n < cap``. A slot is free when it was never taken, was freed, or its lease has expired
+by the store's clock; it is taken by compare-and-set on the document's version with a fresh
+random token, so two takers racing for one slot cannot both win, and renewed or freed only by
+the token that took it (a holder whose lease ran out and whose slot was taken again changes
+nothing). No backend writes any of this: it needs only ``get_document``, ``put_document``,
+``list_documents`` and ``now``.
+
+**A lowered cap.** Slots numbered ``cap`` or above are never taken, and those still held count
+against the cap until their holders end: with ``h`` of them held, only slots ``n < cap - h`` may be
+taken. ``h`` only falls once the cap is lowered, so every slot held below the cap was taken when
+the range was at most as wide as now: at no instant do more than ``cap`` holders run.
+
+**Cost.** A take lists the fleet's documents (one read), then writes one. Whether a lease has
+expired is decided only by the store's clock; a clock estimate (the last ``now()`` reading plus
+local time since) only spares that read when every held lease is clearly still running, so a
+full fleet costs one round trip and an estimate that is off can only make a take give up early,
+never take a slot that is held.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, Mapping
+
+from ..errors import InvalidInput
+from ..model import Document
+
+if TYPE_CHECKING:
+    from .spi import Storage
+
+#: The engine-document kind of worker slots.
+SLOT_KIND = "worker-slot"
+#: The largest cap: slot numbers are written with four digits so that keys sort by number.
+MAX_CAP = 9999
+#: The longest lease a slot may be taken or renewed for (a day: far above any invocation).
+MAX_LEASE_SECONDS = 86_400.0
+#: A lease ending within this of the estimated store time is checked against the store's clock.
+CLOCK_ESTIMATE_MARGIN_SECONDS = 1.0
+#: Documents read per listing call.
+_PAGE = 200
+#: Rounds of "list, then compare-and-set" a take tries before it gives up: each lost round means
+#: another taker won a slot, so a fleet that is filling up ends in "no slot" quickly.
+_TAKE_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    """A slot this caller holds: ``number`` of ``fleet``, under ``token`` until ``expires_at``."""
+
+    fleet: str
+    number: int
+    token: str
+    expires_at: datetime
+
+    @property
+    def key(self) -> str:
+        return slot_key(self.fleet, self.number)
+
+
+def fleet_prefix(fleet: str) -> str:
+    """The key prefix of ``fleet``'s slots. Document keys allow ``[A-Za-z0-9._:~-]``: any other
+    character (a Lambda function name may hold ``_``) is written as ``~XX`` per UTF-8 byte, and
+    ``~`` itself too, so two fleet names never share a prefix."""
+    if not isinstance(fleet, str) or not fleet:
+        raise InvalidInput("a worker fleet is a non-empty string", field="fleet")
+    encoded = "".join(
+        char if (char.isascii() and (char.isalnum() or char in ".-")) else "".join(f"~{b:02X}" for b in char.encode())
+        for char in fleet
+    )
+    prefix = f"{encoded}:"
+    if len(prefix) + 4 > 200 or not prefix[0].isalnum():
+        # Document keys start with a letter or digit; a fleet that would not is refused, not mangled.
+        raise InvalidInput("a worker fleet name must start with a letter or digit and stay short "
+                           "(at most 195 characters once encoded)", field="fleet")
+    return prefix
+
+
+def slot_key(fleet: str, number: int) -> str:
+    return f"{fleet_prefix(fleet)}{number:04d}"
+
+
+class _ClockEstimate:
+    """The store's time as last read, moved on by this process's monotonic clock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reading: tuple[datetime, float] | None = None
+
+    def read(self, storage: Storage) -> datetime:
+        now = storage.now()
+        with self._lock:
+            self._reading = (now, time.monotonic())
+        return now
+
+    def estimate(self) -> datetime | None:
+        with self._lock:
+            if self._reading is None:
+                return None
+            at, taken = self._reading
+        return at + timedelta(seconds=time.monotonic() - taken)
+
+
+# One estimate per store instance, kept beside it rather than on it (a Storage is the backend's).
+_estimates: "weakref.WeakKeyDictionary[Storage, _ClockEstimate]" = weakref.WeakKeyDictionary()
+_estimates_lock = threading.Lock()
+
+
+def _estimate_of(storage: Storage) -> _ClockEstimate:
+    with _estimates_lock:
+        found = _estimates.get(storage)
+        if found is None:
+            found = _estimates[storage] = _ClockEstimate()
+        return found
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """One slot document as listed: its number, version, holder token and lease end (micros)."""
+
+    number: int
+    version: int
+    token: str | None
+    expires_micros: int | None
+
+
+def _seen(prefix: str, document: Document) -> _Seen | None:
+    suffix = document.key[len(prefix):]
+    if not suffix.isdigit():
+        return None
+    body: Mapping[str, Any] = document.body if isinstance(document.body, Mapping) else {}
+    token = body.get("token")
+    expires = body.get("expires_at")
+    return _Seen(int(suffix), document.version, token if isinstance(token, str) and token else None,
+                 expires if isinstance(expires, int) and not isinstance(expires, bool) else None)
+
+
+def _list_fleet(storage: Storage, prefix: str) -> list[_Seen]:
+    found: list[_Seen] = []
+    after = prefix  # sorts just before "<prefix>0000"
+    while True:
+        page = storage.list_documents(SLOT_KIND, limit=_PAGE, after=after)
+        for document in page:
+            if not document.key.startswith(prefix):
+                return found
+            seen = _seen(prefix, document)
+            if seen is not None:
+                found.append(seen)
+        if len(page) < _PAGE:
+            return found
+        after = page[-1].key
+
+
+class _HeldView:
+    """Which listed slots are held, judged by the store's clock, read only when it matters."""
+
+    def __init__(self, storage: Storage, slots: list[_Seen]) -> None:
+        self._slots = [s for s in slots if s.token is not None]
+        estimate = _estimate_of(storage).estimate()
+        margin = _micros(timedelta(seconds=CLOCK_ESTIMATE_MARGIN_SECONDS))
+        clearly_running = estimate is not None and all(
+            s.expires_micros is not None and s.expires_micros > _to_micros(estimate) + margin for s in self._slots)
+        # Every lease ends well after the estimated store time: no read needed (an estimate that is
+        # wrong can only call a free slot held). Otherwise the store's clock decides.
+        self.now_micros: int | None = None if clearly_running else _to_micros(_estimate_of(storage).read(storage))
+
+    def held(self, slot: _Seen) -> bool:
+        if slot.token is None:
+            return False
+        if self.now_micros is None:
+            return True
+        return slot.expires_micros is not None and slot.expires_micros > self.now_micros
+
+
+def take_worker_slot(storage: Storage, fleet: str, cap: int, lease_seconds: float) -> WorkerSlot | None:
+    """Take a free slot ``n < cap`` of ``fleet`` for ``lease_seconds`` by the store's clock; None
+    when ``cap`` slots are held (including slots at or above a lowered cap, until they end)."""
+    prefix = fleet_prefix(fleet)
+    cap = _require_cap(cap)
+    lease = _require_lease(lease_seconds)
+    for _ in range(_TAKE_ROUNDS):
+        slots = _list_fleet(storage, prefix)
+        view = _HeldView(storage, slots)
+        by_number = {s.number: s for s in slots}
+        held_above = sum(1 for s in slots if s.number >= cap and view.held(s))
+        held_below = sum(1 for s in slots if s.number < cap and view.held(s))
+        if held_above + held_below >= cap:
+            return None
+        candidates = [n for n in range(cap - held_above) if n not in by_number or not view.held(by_number[n])]
+        if not candidates:
+            return None
+        # Takers that listed together would all try the lowest free number: start at a random
+        # one, so most of them win on the first try instead of one per round.
+        start = secrets.randbelow(len(candidates))
+        for number in candidates[start:] + candidates[:start]:
+            taken = _take(storage, fleet, prefix, number, by_number.get(number), lease, view)
+            if taken is not None:
+                return taken
+    return None
+
+
+def _take(storage: Storage, fleet: str, prefix: str, number: int, seen: _Seen | None, lease: float,
+          view: _HeldView) -> WorkerSlot | None:
+    if view.now_micros is None:
+        # The lease end is counted from the store's clock: read it (the full-fleet case needed none).
+        view.now_micros = _to_micros(_estimate_of(storage).read(storage))
+    token = secrets.token_hex(16)
+    expires = view.now_micros + _micros(timedelta(seconds=lease))
+    stored = storage.put_document(SLOT_KIND, f"{prefix}{number:04d}", {"token": token, "expires_at": expires},
+                                  expected_version=None if seen is None else seen.version)
+    if stored is None:
+        return None  # another taker wrote first
+    return WorkerSlot(fleet, number, token, _from_micros(expires))
+
+
+def renew_worker_slot(storage: Storage, slot: WorkerSlot, lease_seconds: float) -> WorkerSlot | None:
+    """The slot with its lease set to now + ``lease_seconds``, or None when it is no longer this
+    holder's (another token took it, or its lease ran out by the store's clock)."""
+    lease = _require_lease(lease_seconds)
+    current = _current(storage, slot)
+    if current is None:
+        return None
+    now = _to_micros(_estimate_of(storage).read(storage))
+    if current.expires_micros is None or current.expires_micros <= now:
+        return None  # the slot was free from its expiry on: it must be taken again, not revived
+    expires = now + _micros(timedelta(seconds=lease))
+    stored = storage.put_document(SLOT_KIND, slot.key, {"token": slot.token, "expires_at": expires},
+                                  expected_version=current.version)
+    return None if stored is None else WorkerSlot(slot.fleet, slot.number, slot.token, _from_micros(expires))
+
+
+def free_worker_slot(storage: Storage, slot: WorkerSlot) -> bool:
+    """Free the slot if ``slot.token`` still holds it; whether this call freed it."""
+    current = _current(storage, slot)
+    if current is None:
+        return False
+    return storage.put_document(SLOT_KIND, slot.key, {"token": None, "expires_at": None},
+                                expected_version=current.version) is not None
+
+
+def worker_slots_held(storage: Storage, fleet: str) -> int:
+    """How many of ``fleet``'s slots are held now, whatever their number."""
+    slots = _list_fleet(storage, fleet_prefix(fleet))
+    view = _HeldView(storage, slots)
+    return sum(1 for s in slots if view.held(s))
+
+
+def _current(storage: Storage, slot: WorkerSlot) -> _Seen | None:
+    """The stored slot while ``slot.token`` holds it, else None (the token is the fence)."""
+    prefix = fleet_prefix(slot.fleet)
+    document = storage.get_document(SLOT_KIND, f"{prefix}{slot.number:04d}")
+    seen = None if document is None else _seen(prefix, document)
+    return seen if seen is not None and seen.token is not None and seen.token == slot.token else None
+
+
+def _require_cap(cap: Any) -> int:
+    if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_CAP:
+        raise InvalidInput(f"cap must be an integer in 1..{MAX_CAP}", field="cap")
+    return cap
+
+
+def _require_lease(lease_seconds: Any) -> float:
+    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, (int, float)) \
+            or not 0 < lease_seconds <= MAX_LEASE_SECONDS:
+        raise InvalidInput(f"lease_seconds must be a number in (0, {MAX_LEASE_SECONDS:g}]", field="lease_seconds")
+    return float(lease_seconds)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _micros(delta: timedelta) -> int:
+    return delta // timedelta(microseconds=1)
+
+
+def _to_micros(value: datetime) -> int:
+    return _micros(value - _EPOCH)
+
+
+def _from_micros(micros: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=micros)
