@@ -19,6 +19,7 @@ outcome on its own and takes nothing more. The host reads ``overruns()`` and bou
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import math
 import queue as queue_module
@@ -29,7 +30,7 @@ from typing import Callable
 
 from . import payloads
 from . import outcomes, tracecontext
-from .handlers import HandlerSpec, Snooze, TaskContext
+from .handlers import HandlerSpec, Snooze, TaskContext, is_async, run_awaitable
 from .logs import task_log_keys
 from .model import ClaimedTask, Settlement
 from .retry import PolicyBook
@@ -37,6 +38,11 @@ from .telemetry import Telemetry
 
 # The engine's lines keep one logger name whichever module writes them; operators filter on it.
 log = logging.getLogger("rdq.runner")
+
+
+#: How long past its deadline an ``async def`` handler has to finish being cancelled before the
+#: watchdog treats it as an overrun.
+ASYNC_CANCEL_GRACE_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,8 @@ def run_handler(
             ctx.traceparent = traceparent
             # A payload kept in the payload store is fetched and hash-checked here (rdq_core/payloads.py).
             result = spec.func(payloads.task_payload(task), ctx)
+            if inspect.isawaitable(result):  # a callable that returned a coroutine: run it here too
+                result = run_awaitable(spec.name, result, ctx)
     except BaseException as exc:  # a crashing handler is a failed attempt, never a dead loop
         if interruptible and isinstance(exc, KeyboardInterrupt):
             raise
@@ -231,7 +239,9 @@ class HandlerExecution:
             finally:
                 with self._lock:
                     self._running.pop(task.id, None)
-        job.begin(task.id, spec, run_until)
+        # An async handler cancels itself at run_until: the watchdog gives it a moment to, so
+        # that only one that ignores cancellation (a blocking call inside) counts as an overrun.
+        job.begin(task.id, spec, run_until + (ASYNC_CANCEL_GRACE_SECONDS if is_async(spec.func) else 0.0))
         try:
             settlement = run_handler(item, spec, ctx, self.policies, interruptible=False)
         finally:

@@ -13,16 +13,25 @@ def send_email(payload, ctx):
 time is left before its deadline (the Lambda invocation's end), so it never starts what it
 cannot finish; a long-running worker stops renewing the lease once it is spent, so a hung
 handler ends as LEASE_EXPIRED instead of holding its task forever.
+
+An ``async def`` handler runs to completion on the worker thread that took its task, in an event
+loop of its own (``asyncio.run``), and is cancelled when its time is up (``timeout_seconds``, or
+less when the invocation ends sooner): the attempt then fails with ``TimeoutError`` and is retried
+like any failure. Concurrency comes from the worker (``--concurrency``, ``HandlerConcurrency``),
+not from sharing one loop; ``ctx.extend_lease()`` is a short blocking call.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import importlib
+import inspect
 import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from .errors import ConfigurationError
 from .validation import TRACEPARENT_HEADER, TRACESTATE_HEADER, Limits, handler_name
@@ -50,9 +59,12 @@ class HandlerRegistry:
             raise ConfigurationError("timeout_seconds must be positive")
         with self._lock:
             existing = self._specs.get(name)
-            if existing is not None and existing.func is not func:
+            if existing is not None and _registered(existing.func) is not func:
                 raise ConfigurationError(f"handler {name!r} is already registered by {existing.func.__module__}")
-            self._specs[name] = HandlerSpec(name, func, float(timeout_seconds))
+            if existing is not None and existing.timeout_seconds == float(timeout_seconds):
+                return
+            runs = _run_to_completion(name, func) if inspect.iscoroutinefunction(func) else func
+            self._specs[name] = HandlerSpec(name, runs, float(timeout_seconds))
 
     def get(self, name: str) -> HandlerSpec | None:
         return self._specs.get(name)
@@ -67,6 +79,47 @@ class HandlerRegistry:
         for module in modules:
             if module:
                 importlib.import_module(module)
+
+
+def _registered(func: HandlerFunc) -> HandlerFunc:
+    """The function as its author registered it (an ``async def`` is stored wrapped)."""
+    return getattr(func, "__rdq_async__", func)
+
+
+def _run_to_completion(name: str, func: Callable[[Any, TaskContext], Awaitable[Any]]) -> HandlerFunc:
+    """An ``async def`` handler as the worker calls it: synchronously, on the worker's thread."""
+
+    @functools.wraps(func)
+    def run(payload: Any, ctx: TaskContext) -> Any:
+        return run_awaitable(name, func(payload, ctx), ctx)
+
+    run.__rdq_async__ = func  # type: ignore[attr-defined]
+    return run
+
+
+def is_async(func: HandlerFunc) -> bool:
+    """Registered as an ``async def``: it cancels itself at its deadline."""
+    return getattr(func, "__rdq_async__", None) is not None
+
+
+def run_awaitable(name: str, awaitable: Awaitable[Any], ctx: TaskContext) -> Any:
+    """Await what a handler returned, in an event loop of its own on this thread, until the run's
+    deadline (``ctx``): then it is cancelled and ``TimeoutError`` raised."""
+    seconds = ctx.remaining_seconds()
+    scopes: list[asyncio.Timeout] = []
+
+    async def bounded() -> Any:
+        async with asyncio.timeout(seconds) as scope:
+            scopes.append(scope)
+            return await awaitable
+
+    try:
+        return asyncio.run(bounded())
+    except TimeoutError:
+        if not (scopes and scopes[0].expired()):
+            raise  # the handler's own
+        raise TimeoutError(f"async handler {name!r} was cancelled at its deadline, {seconds:.3g}s after it "
+                           "started (its timeout_seconds, or the invocation's end if sooner)") from None
 
 
 class Snooze(Exception):

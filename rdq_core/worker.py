@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .claiming import ClaimLoop
+from .claiming import ClaimLoop, run_concurrently
 from .errors import SchemaMissing, StaleClaim, StorageUnavailable
 from .execution import Overrun
 from .handlers import HandlerRegistry
@@ -109,6 +109,8 @@ class WorkerConfig:
     queues: Sequence[str] = ()
     batch_size: int = 10
     lease_seconds: float = 30.0
+    #: Claim loops on threads of their own (``run_concurrently``): up to this many handlers run at
+    #: once. Each loop claims ``batch_size`` per round trip.
     concurrency: int = 1
     #: Seconds an idle claim loop waits before claiming again; None: the store's
     #: ``idle_poll_seconds``. An enqueue wakes it at once where the store can push (``wake_up``).
@@ -177,10 +179,7 @@ class Worker:
         heartbeat.start()
         if self.wake is not None:
             self.wake.start()
-        threads = [
-            threading.Thread(target=self.claim_loop.run, name=f"rdq-worker-{n}", daemon=True)
-            for n in range(self.config.concurrency)
-        ]
+        threads: list[threading.Thread] = []
         if self._reap_interval() > 0:
             threads.append(threading.Thread(target=self._reap_loop, name="rdq-reaper", daemon=True))
         if self.config.schedules_every_seconds > 0:
@@ -188,6 +187,9 @@ class Worker:
         for thread in threads:
             thread.start()
         try:
+            # The claim loops, on ``concurrency`` threads (the Lambda worker's HandlerConcurrency
+            # runs through the same function); they end only once the worker stops.
+            run_concurrently(self.claim_loop, self.config.concurrency, name="rdq-worker", watch=self._check_overruns)
             while any(thread.is_alive() for thread in threads):
                 self._check_overruns()
                 for thread in threads:
