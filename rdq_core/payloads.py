@@ -42,6 +42,7 @@ import secrets
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -558,6 +559,40 @@ def delete_objects(store: PayloadStore | None, refs: Sequence[PayloadRef]) -> in
     if keys and store is not None:
         store.delete(keys)
     return len(keys)
+
+
+def purge_finished_tasks(storage: Storage, older_than_seconds: float, limit: int, store: PayloadStore | None = None,
+                         idle_lanes: set[tuple[str, str]] | None = None) -> int:
+    """One retention chunk: ``purge_succeeded(older_than_seconds, limit)``, and the payload and
+    result objects of the purged tasks deleted with them. The count the store purged.
+
+    The store purges the oldest finished tasks first, so the ones it deletes are among the oldest
+    ``limit`` of each queue and status, read just before. Rows go first and an object is deleted
+    only once its task is gone: a row never outlives its object; an object outlives its row only
+    if its delete fails or its task was not in the read (then the bucket's lifecycle rule takes
+    it). ``idle_lanes`` (queue, status) had nothing that old when last read: a pass skips them."""
+    store = store if store is not None else default_store()
+    if store is None:
+        return storage.purge_succeeded(older_than_seconds, limit)
+    cutoff = storage.now() - timedelta(seconds=older_than_seconds)
+    candidates: list[Task] = []
+    for queue in storage.list_queues():
+        for status in (TaskStatus.SUCCEEDED, TaskStatus.CANCELLED):
+            lane = (queue, status.value)
+            if idle_lanes is not None and lane in idle_lanes:
+                continue
+            old = [t for t in storage.list_tasks(queue, status=status, limit=limit).tasks
+                   if t.updated_at is not None and t.updated_at < cutoff]
+            if not old and idle_lanes is not None:
+                idle_lanes.add(lane)
+            candidates.extend(t for t in old if object_refs([t]))
+    count = storage.purge_succeeded(older_than_seconds, limit)
+    if count and candidates:
+        # Only the oldest ``count`` can have gone; each is checked, so a task the purge left keeps its objects.
+        candidates.sort(key=lambda t: (t.updated_at, t.id))
+        gone = [t for t in candidates[:count] if storage.get(t.id) is None]
+        delete_objects(store, object_refs(gone))
+    return count
 
 
 def handler_outcome(item: ClaimedTask, result: Any, policies: PolicyBook) -> Settlement:

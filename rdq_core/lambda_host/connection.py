@@ -9,14 +9,22 @@ fetched through Powertools Parameters and cached for ``RDQ_STORAGE_URL_CACHE_SEC
 warm container does not call Secrets Manager per invocation yet picks up a rotated URL. The SDK
 clients behind them are rdq's (``rdq_core.aws_clients``: seconds, not minutes, and one attempt),
 so an unreachable endpoint fails the cold start fast instead of hanging it.
+
+A refresh that fails after a good value (a Secrets Manager or SSM blip, an unreadable rotated
+value) does not fail the invocation: the last good URL, and the connection open on it, stay in
+use, a WARNING is logged, and the refresh is tried again after a backoff (5 s, doubling, at most
+the cache age) rather than on every invocation. Only a first resolution that fails raises.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
-from typing import Any
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from ..aws_clients import aws_client
@@ -28,6 +36,25 @@ from .settings import Settings
 _lock = threading.Lock()
 _open: tuple[str, Storage] | None = None
 _providers: dict[str, Any] = {}
+
+log = logging.getLogger("rdq.lambda_host.connection")
+
+#: The first wait before a failed refresh is tried again; it doubles per failure, up to the cache age.
+REFRESH_BACKOFF_SECONDS = 5.0
+#: The clock of the refresh backoff (monotonic; tests replace it).
+_clock: Callable[[], float] = time.monotonic
+
+
+@dataclass
+class _LastGood:
+    """The last URL a secret or parameter gave, and when its failed refresh may be tried again."""
+
+    url: str
+    failures: int = 0
+    retry_at: float = 0.0
+
+
+_last_good: dict[str, _LastGood] = {}
 
 
 def _provider(kind: str) -> Any:
@@ -51,11 +78,42 @@ def resolve_storage_url() -> str:
     max_age = int(os.environ.get("RDQ_STORAGE_URL_CACHE_SECONDS", "300"))
     secret = os.environ.get("RDQ_STORAGE_URL_SECRET")
     if secret:
-        return _url_from_secret_value(_provider("secrets").get(secret, max_age=max_age))
+        return _refreshed(f"secret {secret}", max_age, lambda: _url_from_secret_value(
+            _provider("secrets").get(secret, max_age=max_age)))
     parameter = os.environ.get("RDQ_STORAGE_URL_PARAMETER")
     if parameter:
-        return str(_provider("ssm").get(parameter, decrypt=True, max_age=max_age)).strip()
+        return _refreshed(f"parameter {parameter}", max_age, lambda: str(
+            _provider("ssm").get(parameter, decrypt=True, max_age=max_age)).strip())
     return DEFAULT_SQLITE_URL
+
+
+def _refreshed(source: str, max_age: int, fetch: Callable[[], str]) -> str:
+    """``fetch()`` (Powertools answers from its cache while it is fresh), or the last good URL of
+    ``source`` when a refresh fails. A live connection keeps working through a secrets outage;
+    the backoff keeps a failing endpoint from costing every invocation its timeout."""
+    with _lock:
+        known = _last_good.get(source)
+    if known is not None and known.failures and _clock() < known.retry_at:
+        return known.url
+    try:
+        url = fetch()
+    except Exception as exc:  # any failure of a refresh: the SDK, Powertools, a bad rotated value
+        if known is None:
+            raise  # nothing to fall back on: the cold start fails with the real error
+        with _lock:
+            known.failures += 1
+            wait = min(REFRESH_BACKOFF_SECONDS * 2 ** (known.failures - 1), max(float(max_age), REFRESH_BACKOFF_SECONDS))
+            known.retry_at = _clock() + wait
+        # Never the value or the error's text: either may carry the URL and its password.
+        log.warning("storage URL refresh failed; the last good URL stays in use",
+                    extra={"source": source, "error_type": type(exc).__name__, "failures": known.failures,
+                           "retry_in_seconds": wait})
+        return known.url
+    with _lock:
+        if known is not None and known.failures:
+            log.info("storage URL refresh recovered", extra={"source": source, "failures": known.failures})
+        _last_good[source] = _LastGood(url)
+    return url
 
 
 def _url_from_secret_value(value: object) -> str:
@@ -124,5 +182,6 @@ def close_shared_storage() -> None:
     with _lock:
         previous, _open = _open, None
         _providers.clear()
+        _last_good.clear()
     if previous is not None:
         previous[1].close()

@@ -5,6 +5,13 @@ and the rest of the pass still runs.
 
 Gauges per queue (dimension ``queue``) and totals (dimension ``service`` only, which the
 template's alarms watch): ``QueueDepth`` (pending), ``DeadTasks``, ``OldestPendingAge`` (seconds).
+A queue's gauges are published only while it has live work (pending, in flight or dead): each
+metric costs money per month, and a queue used once must not cost it forever. Its last published
+values are zero, so a graph or alarm does not hold the last non-zero reading.
+
+Retention (``RDQ_RETENTION_HOURS``, the template's ``RetentionHours``) purges finished tasks in
+chunks of ``RETENTION_CHUNK`` for at most ``RDQ_RETENTION_SECONDS`` of the pass, and deletes the
+payload and result objects of the purged ones (``payloads.purge_finished_tasks``).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Any, Callable
 
 from aws_lambda_powertools.metrics import MetricUnit
 
+from .. import payloads
 from ..events import DeliveryReport, EventSettings, Publisher, deliver_events, publisher_from_settings
 from ..operations import DriveReport, drive_operations
 from ..reaper import ReapReport, maintenance_pass, reap_expired_leases
@@ -54,7 +62,7 @@ def run_reaper_invocation(
             storage, publisher, deadline=min(deadline, clock() + settings.event_seconds), clock=clock)),
         # Retention only where it is asked for (RDQ_RETENTION_HOURS); otherwise `rdq reaper` runs it.
         ("retention", lambda: 0 if retention_hours is None else _apply_retention(
-            storage, retention_hours, deadline, clock)),
+            storage, retention_hours, min(deadline, clock() + settings.retention_seconds), clock)),
     ])
     reaped: ReapReport = report.result("reap", ReapReport())
     operations: DriveReport = report.result("operations", DriveReport())
@@ -62,6 +70,7 @@ def run_reaper_invocation(
     summary = {
         "expired": reaped.expired, "rescheduled": reaped.rescheduled, "dead_lettered": reaped.dead_lettered,
         "contended": reaped.contended, "batches": reaped.batches, "queues": gauges.queues,
+        "queues_with_gauges": gauges.published,
         "pending": gauges.depth, "dead": gauges.dead, "oldest_pending_age_seconds": gauges.oldest,
         "operation_chunks": operations.chunks, "operation_tasks": operations.acted,
         "operations_finished": len(operations.finished), "operations_failed": len(operations.failed),
@@ -74,32 +83,48 @@ def run_reaper_invocation(
 
 class _Gauges:
     """Queue gauges per queue (dimension ``queue``) and totals; a queue whose stats cannot be read
-    is logged and left out, and the others are still published."""
+    is logged and left out, and the others are still published. Only queues with live work get
+    per-queue gauges; one that has just lost its live work gets zeros once, then nothing."""
 
     def __init__(self) -> None:
-        self.depth = self.dead = self.queues = 0
+        self.depth = self.dead = self.queues = self.published = 0
         self.oldest = 0.0
 
     def publish(self, storage: Storage, deadline: float, clock: Callable[[], float]) -> None:
         queues = storage.list_queues()
         self.queues = len(queues)
+        live: set[str] = set()
         for queue in queues:
             if clock() >= deadline:
+                live |= _live_queues & set(queues)  # not read this pass: not taken as idle either
                 break
             try:
                 stats = storage.stats(queue)
             except Exception as exc:  # noqa: BLE001 - one queue must not hide the others' gauges
                 logger.error("queue stats failed", extra={"queue": queue, "error_type": type(exc).__name__})
+                if queue in _live_queues:
+                    live.add(queue)
                 continue
             self.depth += stats.pending
             self.dead += stats.dead
             self.oldest = max(self.oldest, stats.oldest_pending_age_seconds)
+            if stats.pending or stats.in_flight or stats.dead:
+                live.add(queue)
+            elif queue not in _live_queues:
+                continue  # idle, and its zeros already published (or it never had gauges here)
+            self.published += 1
             publish_queue_gauge(queue, "QueueDepth", stats.pending)
             publish_queue_gauge(queue, "DeadTasks", stats.dead)
             publish_queue_gauge(queue, "OldestPendingAge", stats.oldest_pending_age_seconds, MetricUnit.Seconds)
+        _live_queues.clear()
+        _live_queues.update(live)
         add_metric("QueueDepth", MetricUnit.Count, self.depth)
         add_metric("DeadTasks", MetricUnit.Count, self.dead)
         add_metric("OldestPendingAge", MetricUnit.Seconds, self.oldest)
+
+
+#: Queues this container published gauges for on its last pass (kept while the container is warm).
+_live_queues: set[str] = set()
 
 
 def _retention_hours() -> float | None:
@@ -116,9 +141,17 @@ def _retention_hours() -> float | None:
     return hours if math.isfinite(hours) and hours > 0 else None
 
 
+#: Finished tasks purged per store round trip by retention.
+RETENTION_CHUNK = 1000
+
+
 def _apply_retention(storage: Storage, hours: float, deadline: float, clock: Callable[[], float]) -> int:
+    """Chunks until nothing is that old or the share of the pass is spent; the rest waits for the
+    next tick. Lanes found with nothing that old are not read again in this pass."""
     purged = 0
-    while clock() < deadline and (batch := storage.purge_succeeded(hours * 3600, 1000)):
+    idle_lanes: set[tuple[str, str]] = set()
+    while clock() < deadline and (batch := payloads.purge_finished_tasks(
+            storage, hours * 3600, RETENTION_CHUNK, idle_lanes=idle_lanes)):
         purged += batch
     return purged
 

@@ -334,7 +334,7 @@ def test_the_per_queue_widgets_group_by_queue(stack):
 # -- the alarms ----------------------------------------------------------------------------------------
 
 #: Alarms on the functions themselves (AWS/Lambda metrics), not on what rdq publishes.
-FUNCTION_ALARMS = {"ReaperSilentAlarm", "FunctionErrorsAlarm"}
+FUNCTION_ALARMS = {"ReaperSilentAlarm", "FunctionErrorsAlarm", "FailedFiringsAlarm", "FiringsDroppedAlarm"}
 
 
 def _alarms(stack: dict[str, Any]) -> dict[str, dict]:

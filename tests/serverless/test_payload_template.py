@@ -82,7 +82,9 @@ def test_each_function_gets_only_what_it_does_with_the_bucket(resources):
     assert {"Ref": "PayloadApiPolicy"} in roles["ApiFunction"] and {"Ref": "PayloadWorkerPolicy"} not in roles["ApiFunction"]
     worker_policies = roles["WorkerFunction"]
     assert {"Ref": "PayloadWorkerPolicy"} in worker_policies and {"Ref": "PayloadApiPolicy"} not in worker_policies
-    assert not [p for p in roles["ReaperFunction"] if isinstance(p, dict) and "Payload" in str(p)], "the reaper needs none"
+    # The reaper deletes the objects of the tasks retention purges (RetentionHours), and nothing else.
+    assert _grants(resources, "PayloadReaperPolicy") == {"s3:DeleteObject": {PAYLOADS, RESULTS}}
+    assert [p for p in roles["ReaperFunction"] if isinstance(p, dict) and "Payload" in str(p)] == [{"Ref": "PayloadReaperPolicy"}]
     # No inline statement anywhere grants S3 on the bucket beyond these two policies.
     for name in roles:
         for policy in resources[f"{name}Role"]["Properties"].get("Policies", []):

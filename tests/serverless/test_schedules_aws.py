@@ -190,7 +190,7 @@ def test_the_template_declares_the_group_role_example_and_api_permissions(templa
     props = example["Properties"]
     assert props["GroupName"] == {"Ref": "RdqScheduleGroup"}
     assert props["FlexibleTimeWindow"] == {"Mode": "OFF"}
-    assert props["Target"]["Arn"] == {"Fn::GetAtt": ["WorkerFunction", "Arn"]}
+    assert props["Target"]["Arn"] == {"Ref": "WorkerSchedulesAlias"}  # firings are retried and recorded there
     assert props["Target"]["RoleArn"] == {"Fn::GetAtt": ["SchedulerRole", "Arn"]}
     body = json.loads(props["Target"]["Input"])
     schedule = Schedule.from_dict(body["rdq_schedule"], allow_seconds=False)
@@ -202,7 +202,7 @@ def test_the_template_declares_the_group_role_example_and_api_permissions(templa
     assert trust["Principal"] == {"Service": "scheduler.amazonaws.com"}
     (invoke,) = role["Policies"][0]["PolicyDocument"]["Statement"]
     assert invoke["Action"] == "lambda:InvokeFunction"
-    assert invoke["Resource"] == {"Fn::GetAtt": ["WorkerFunction", "Arn"]}
+    assert invoke["Resource"] == [{"Ref": "WorkerSchedulesAlias"}, {"Fn::GetAtt": ["WorkerFunction", "Arn"]}]
 
     statements = resources["ScheduleApiPolicy"]["Properties"]["PolicyDocument"]["Statement"]
     manage = statements[0]
@@ -216,7 +216,7 @@ def test_the_template_declares_the_group_role_example_and_api_permissions(templa
     variables = api_function["Environment"]["Variables"]
     assert variables["RDQ_SCHEDULE_GROUP"] == {"Ref": "RdqScheduleGroup"}
     assert variables["RDQ_SCHEDULER_ROLE_ARN"] == {"Fn::GetAtt": ["SchedulerRole", "Arn"]}
-    assert variables["RDQ_SCHEDULE_TARGET_ARN"] == {"Fn::GetAtt": ["WorkerFunction", "Arn"]}
+    assert variables["RDQ_SCHEDULE_TARGET_ARN"] == {"Ref": "WorkerSchedulesAlias"}
     assert {"Ref": "ScheduleApiPolicy"} in resources["ApiFunctionRole"]["Properties"]["ManagedPolicyArns"]
 
 
