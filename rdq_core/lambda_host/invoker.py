@@ -3,11 +3,12 @@
 Both use ``lambda:InvokeFunction`` with ``InvocationType=Event`` on the worker function, so the
 caller never waits for the work. Bounds:
 
-* fan-out: a *scheduled* worker invokes at most ``MaxWorkerConcurrency - 1`` extra workers
-  (it is one itself), and invoked workers never fan out again, so there is no chain reaction.
-  With ``ReserveConcurrency`` the worker's reserved concurrency is the same number, which also
-  bounds database connections;
-* wake-up: at most one per ``RDQ_WAKE_DEBOUNCE_SECONDS`` per API container.
+* fan-out: a worker that holds a worker slot and sees a backlog (as it starts, or as it ends
+  with work left) invokes the workers the backlog needs, but never more than the fleet's free
+  slots (``Storage.take_worker_slot``): the slots, not the kind of invocation, bound the fleet, so
+  there is no chain reaction, and an invocation that finds every slot held leaves at once;
+* wake-up: at most one per ``RDQ_WAKE_DEBOUNCE_SECONDS`` per API container, and none while every
+  slot is held (the running workers claim what was enqueued, and start more as they end).
 
 Invocations are best-effort: a failure is logged and the next schedule tick picks the work up.
 So they never stand between a committed write and its answer, nor between a worker and its
@@ -105,14 +106,17 @@ class WorkerInvoker:
         return BackgroundInvocations("rdq-fan-out", work)
 
     def wake(self, function: str, queues: Sequence[str], debounce_seconds: float,
-             wait_seconds: float = WAKE_WAIT_SECONDS) -> bool:
-        """Wake one worker unless one was woken within ``debounce_seconds``; True if the invoke was
+             wait_seconds: float = WAKE_WAIT_SECONDS, slot_free: Callable[[], bool] | None = None) -> bool:
+        """Wake one worker unless one was woken within ``debounce_seconds`` or ``slot_free`` says
+        every worker slot is held (a wake-up then would only find none); True if the invoke was
         accepted within ``wait_seconds`` (it may still be accepted later)."""
         with self._lock:
             now = self._clock()
             if now - self._last_wake < debounce_seconds:
                 return False
             self._last_wake = now
+        if slot_free is not None and not slot_free():
+            return False
         event = {"source": WAKE_SOURCE, "detail-type": "rdq.wake", "detail": {"queues": list(queues)}}
 
         def work(progress: BackgroundInvocations) -> None:
@@ -130,11 +134,11 @@ class WorkerInvoker:
             return False
 
 
-def extra_workers_for_backlog(backlog: int, batch_size: int, max_concurrency: int) -> int:
-    """How many more workers a backlog justifies: one per batch beyond the first, capped."""
-    if backlog <= batch_size:
-        return 0
-    return max(0, min(max_concurrency - 1, math.ceil(backlog / batch_size) - 1))
+def extra_workers_for_backlog(backlog: int, batch_size: int, free_slots: int, already_working: int = 1) -> int:
+    """How many more workers a backlog justifies: one per batch, less the ``already_working`` ones
+    (the caller, while it holds a slot), within the fleet's ``free_slots``."""
+    needed = math.ceil(backlog / max(batch_size, 1)) - already_working if backlog > 0 else 0
+    return max(0, min(free_slots, needed))
 
 
 #: The process-wide invoker; tests and ``rdq dev`` replace its client.

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping
 from .. import tracecontext
 from .. import payloads
 from ..client import Client, build_new_task, build_new_tasks
-from ..errors import InvalidInput
+from ..errors import InvalidInput, StorageUnavailable
 from ..model import EnqueueResult, NewTask
 from ..problems import ApiProblem
 from ..schedules import schedule_body
@@ -128,7 +128,17 @@ def _wake_worker_for(request: ApiRequest, queue: str) -> None:
     does not wait for the schedule's next tick."""
     settings = request.settings
     if settings.wake_worker and settings.worker_function:
-        invoker.wake(settings.worker_function, [queue], settings.wake_debounce_seconds)
+        # Wake-ups count against the workers' cap: none while every worker slot is held.
+        invoker.wake(settings.worker_function, [queue], settings.wake_debounce_seconds,
+                     slot_free=lambda: _worker_slot_free(request))
+
+
+def _worker_slot_free(request: ApiRequest) -> bool:
+    settings = request.settings
+    try:
+        return shared_storage(settings).worker_slots_held(settings.worker_fleet) < settings.max_worker_concurrency
+    except StorageUnavailable:
+        return True  # the answer is committed; a wake-up that finds no slot costs one read
 
 
 def _reject_unknown_fields(body: Mapping[str, Any], known: set[str]) -> None:

@@ -13,6 +13,11 @@ dead-lettered on its first claim (``rdq.TimeoutExceedsWorker``) with a WARNING, 
 sit at the head of a queue being claimed and released forever. The worker keeps claiming while
 a round makes progress and time remains.
 
+``HandlerConcurrency`` (``RDQ_HANDLER_CONCURRENCY``) runs that loop on as many threads at once
+(``claiming.run_concurrently``, the code of ``rdq worker --concurrency``), each claiming its share
+of ``BatchSize``; every claim is sized to what can plausibly start before the deadline
+(``claiming.ClaimPace``), so a short invocation holds little it would only release.
+
 Outcomes are settled within ``settle_interval`` of each task, and at the deadline (the
 invocation's end minus the settle reserve) everything buffered is settled and every unstarted
 claim released, even while a handler is still running: a handler that overruns the invocation
@@ -25,21 +30,17 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from ..claiming import ClaimLoop
+from ..claiming import ClaimLoop, per_thread_batch, run_concurrently
 from ..client import Client
 from ..errors import StorageUnavailable
 from ..handlers import registry
 from ..runner import BatchRunner
-from ..storage.spi import Storage
+from ..storage.spi import Storage, WorkerSlot
 from .connection import shared_storage
 from .invocation import InvocationClock, ModulePin, configured_timeout
 from .invoker import FANOUT_SOURCE, WAKE_SOURCE, BackgroundInvocations, extra_workers_for_backlog, invoker
 from .observability import LoggedRegistry, MetricsTelemetry, log_invocation, logger, metrics, tracer
 from .settings import Settings
-
-
-def _is_scheduled(event: Mapping[str, Any]) -> bool:
-    return event.get("source") == "aws.events" or event.get("detail-type") == "Scheduled Event"
 
 
 def _requested_queues(event: Mapping[str, Any]) -> tuple[str, ...]:
@@ -60,26 +61,65 @@ def run_worker_invocation(
     # The end is capped by the function timeout and re-checked below, once time has passed: a
     # remaining time that does not fall is not believed (see invocation.py).
     deadline = InvocationClock(context, configured_timeout(settings.worker_timeout_seconds), clock)
-    function_timeout = deadline.timeout_seconds
     registry.load_modules(settings.handler_modules)
     storage = shared_storage(settings)
-    telemetry = MetricsTelemetry()
+    try:
+        return _run_in_slot(event, settings, storage, deadline, clock)
+    finally:
+        _end_of_invocation(storage, settings)
 
-    fired = _fire_schedule(event, storage, deadline)  # an EventBridge Scheduler trigger (schedules.py)
+
+def _run_in_slot(event: Mapping[str, Any], settings: Settings, storage: Storage, deadline: InvocationClock,
+                 clock: Callable[[], float]) -> dict[str, Any]:
+    # An EventBridge Scheduler trigger (schedules.py) enqueues its period's task first, slot or
+    # not: the firing is idempotent, and a full fleet must not drop it.
+    fired = _fire_schedule(event, storage, deadline)
+    invocation_end = deadline.check()
+    # A slot of the fleet before any claim, however this invocation was started: the store, not
+    # the number of invocations, caps the workers running. Leased like a task (the time left plus
+    # the grace), so the slot of an invocation killed at its timeout comes back by itself.
+    slot = storage.take_worker_slot(settings.worker_fleet, settings.max_worker_concurrency,
+                                    _lease_seconds(invocation_end, settings, clock))
+    if slot is None:
+        summary: dict[str, Any] = {"slot": None, "claimed": 0, "started": 0, "released": 0, "too_long": 0,
+                                   "outcomes": {}, "fanned_out": 0, **_fired_summary(fired)}
+        log_invocation("worker invocation found every slot held", summary, busy=False)
+        return summary
+    try:
+        summary = _work_holding_slot(event, settings, storage, deadline, fired, invocation_end, clock)
+    finally:
+        _free_slot(storage, slot)
+    summary["slot"] = slot.number
+    # Its own slot is free again: what is left of the backlog gets workers now, not at the next
+    # tick. An invocation that found nothing leaves without asking.
+    if summary["claimed"] and _may_fan_out(settings):
+        summary["fanned_out"] += _accepted(
+            _fan_out(storage, tuple(summary["queues"]), settings, invocation_end, already_working=0),
+            invocation_end, clock)
+    # A tick that found nothing is the common case; keep it out of the INFO log.
+    log_invocation("worker invocation done", summary, busy=bool(summary["claimed"]))
+    return summary
+
+
+def _work_holding_slot(
+    event: Mapping[str, Any], settings: Settings, storage: Storage, deadline: InvocationClock,
+    fired: "_FiredHere | None", invocation_end: float, clock: Callable[[], float],
+) -> dict[str, Any]:
+    """Claim and run until the work deadline; the summary."""
+    function_timeout = deadline.timeout_seconds
+    telemetry = MetricsTelemetry()
     queues = settings.queues or _requested_queues(event) or ((fired.queue,) if fired else ()) \
         or tuple(storage.list_queues())
     summary: dict[str, Any] = {"queues": list(queues), "claimed": 0, "started": 0, "released": 0, "too_long": 0,
-                               "outcomes": {}, "fanned_out": 0}
-    if fired:
-        summary["scheduled"] = {"schedule": fired.schedule, "task_id": fired.task_id, "created": fired.created}
+                               "outcomes": {}, "fanned_out": 0, **_fired_summary(fired)}
     if not queues:
         return summary
 
-    invocation_end = deadline.check()
     work_deadline = invocation_end - settings.settle_reserve_seconds
-    # Best-effort and in the background: the claims below never wait for it (invoker.py).
-    fan_out = _fan_out(storage, queues, settings, work_deadline) \
-        if _is_scheduled(event) and settings.worker_function and settings.max_worker_concurrency > 1 else None
+    # Best-effort and in the background: the claims below never wait for it (invoker.py). A worker
+    # started by a fan-out was counted by the one that started it.
+    fan_out = _fan_out(storage, queues, settings, work_deadline, already_working=1) \
+        if _may_fan_out(settings) and event.get("source") != FANOUT_SOURCE else None
 
     runner = BatchRunner(
         storage, settings.policy_book(), LoggedRegistry(registry), telemetry,
@@ -91,18 +131,41 @@ def run_worker_invocation(
     )
     # Keeps claiming while a round makes progress and time remains; no idle pause: an
     # invocation that finds nothing to do ends, and errors end it too (Lambda retries).
-    done = ClaimLoop(
-        storage, runner, queues=lambda: queues, batch_size=settings.batch_size,
+    # HandlerConcurrency loops run at once (one handler each), sharing the batch between them,
+    # and each claims only what it can plausibly start in the time left (ClaimPace).
+    threads = settings.handler_concurrency
+    done = run_concurrently(ClaimLoop(
+        storage, runner, queues=lambda: queues, batch_size=per_thread_batch(settings.batch_size, threads),
         lease_seconds=lambda: _lease_seconds(invocation_end, settings, clock), deadline=work_deadline,
-        telemetry=telemetry, clock=clock,
-    ).run()
+        telemetry=telemetry, clock=clock, fit_to_deadline=True,
+    ), threads, name="rdq-handler")
     summary.update(claimed=done.claimed, started=done.started, released=done.released, too_long=done.too_long,
                    outcomes=done.outcomes)
-    if fan_out is not None:
-        summary["fanned_out"] = fan_out.wait(min(FAN_OUT_FINAL_WAIT_SECONDS, max(invocation_end - clock(), 0.0)))
-    # A tick that found nothing is the common case; keep it out of the INFO log.
-    log_invocation("worker invocation done", summary, busy=bool(summary["claimed"]))
+    summary["fanned_out"] = _accepted(fan_out, invocation_end, clock)
     return summary
+
+
+def _fired_summary(fired: "_FiredHere | None") -> dict[str, Any]:
+    if fired is None:
+        return {}
+    return {"scheduled": {"schedule": fired.schedule, "task_id": fired.task_id, "created": fired.created}}
+
+
+def _free_slot(storage: Storage, slot: WorkerSlot) -> None:
+    """Free the slot as the invocation ends; if the store cannot be reached, its lease frees it."""
+    try:
+        if not storage.free_worker_slot(slot):
+            logger.warning("worker slot was no longer held at the end of the invocation",
+                           extra={"fleet": slot.fleet, "slot": slot.number})
+    except StorageUnavailable as exc:
+        logger.warning("worker slot not freed; its lease frees it", extra={"slot": slot.number, "error": str(exc)})
+
+
+def _end_of_invocation(storage: Storage, settings: Settings) -> None:
+    """Close the store connections left idle: a frozen environment would keep them open, and the
+    database would count them, until Lambda recycles it (docs/serverless.md, the connection budget)."""
+    if settings.close_idle_connections:
+        storage.close_idle_connections()
 
 
 # -- schedules (rdq_core.schedules) ----------------------------------------------------------
@@ -122,8 +185,9 @@ class _FiredHere:
 def _fire_schedule(event: Mapping[str, Any], storage: Storage, deadline: InvocationClock) -> _FiredHere | None:
     """An invocation by an EventBridge Scheduler schedule enqueues that period's task (id
     ``sched.<name>.<scheduled time>``) before working. Idempotent, so a duplicate or retried
-    trigger makes no second task. The worker's async invocations are not retried by Lambda
-    (EventInvokeConfig), so a store that fails is retried here while time remains."""
+    trigger makes no second task. A store that fails is retried here while time remains; after
+    that the firing's invocation fails, and Lambda retries it through the ``schedules`` alias
+    (twice, within 6 hours) before recording it in the failed-firings queue (template.yaml)."""
     if not isinstance(event, Mapping) or SCHEDULE_EVENT_KEY not in event:
         return None
     from ..schedules import fire, scheduled_firing
@@ -159,20 +223,36 @@ def _lease_seconds(invocation_end: float, settings: Settings, clock: Callable[[]
 FAN_OUT_FINAL_WAIT_SECONDS = 1.0
 
 
-def _fan_out(storage: Storage, queues: tuple[str, ...], settings: Settings, deadline: float
-             ) -> BackgroundInvocations | None:
-    """A scheduled worker that sees a backlog starts more workers, up to the concurrency cap, from
-    a background thread (None when the backlog needs no more)."""
+def _accepted(fan_out: BackgroundInvocations | None, invocation_end: float, clock: Callable[[], float]) -> int:
+    """The fan-out's invocations accepted, waiting briefly (never past the invocation) for the rest."""
+    if fan_out is None:
+        return 0
+    return fan_out.wait(min(FAN_OUT_FINAL_WAIT_SECONDS, max(invocation_end - clock(), 0.0)))
+
+
+def _may_fan_out(settings: Settings) -> bool:
+    return bool(settings.worker_function) and settings.max_worker_concurrency > 1
+
+
+def _fan_out(storage: Storage, queues: tuple[str, ...], settings: Settings, deadline: float, *,
+             already_working: int) -> BackgroundInvocations | None:
+    """Start, from a background thread, the workers a backlog needs beyond ``already_working``
+    (this invocation, when it holds a slot), but no more than the fleet's free slots: the slots
+    bound the fleet, so any worker may fan out without a chain reaction. None when none is needed."""
     backlog = 0
     for queue in queues:
         stats = storage.stats(queue)
         # Something is due now (not only delayed), and a worker may claim it (not paused).
         if stats.oldest_pending_age_seconds > 0 and not stats.paused:
             backlog += stats.pending
-    extra = extra_workers_for_backlog(backlog, settings.batch_size, settings.max_worker_concurrency)
+    cap = settings.max_worker_concurrency
+    if not extra_workers_for_backlog(backlog, settings.batch_size, cap, already_working):
+        return None  # an idle or small backlog costs no read of the slots
+    free_slots = cap - storage.worker_slots_held(settings.worker_fleet)
+    extra = extra_workers_for_backlog(backlog, settings.batch_size, free_slots, already_working)
     if not extra:
         return None
-    logger.info("fanning out", extra={"backlog": backlog, "extra_workers": extra})
+    logger.info("fanning out", extra={"backlog": backlog, "extra_workers": extra, "free_slots": free_slots})
     return invoker.fan_out(settings.worker_function, queues, extra, deadline)
 
 

@@ -229,7 +229,11 @@ def test_reserved_concurrency_is_opt_in_and_then_the_fan_out_cap(resources):
     assert resources["ReaperFunction"]["Properties"]["ReservedConcurrentExecutions"] == {
         "Fn::If": ["ReserveLambdaConcurrency", 1, {"Ref": "AWS::NoValue"}]}
     invoke_config = of_type(resources, "AWS::Lambda::EventInvokeConfig")
-    assert [c["Properties"]["MaximumRetryAttempts"] for c in invoke_config.values()] == [0]
+    # Ticks, fan-outs and wake-ups, and the reaper, are never retried; schedule firings (the
+    # worker's schedules alias) are (tests/serverless/test_failed_firings_and_retention.py).
+    retries = {(c["Properties"]["FunctionName"]["Ref"], c["Properties"]["Qualifier"]): c["Properties"]["MaximumRetryAttempts"]
+               for c in invoke_config.values()}
+    assert retries == {("WorkerFunction", "$LATEST"): 0, ("ReaperFunction", "$LATEST"): 0, ("WorkerFunction", "schedules"): 2}
 
 
 def test_schedules_target_worker_and_reaper(resources):
@@ -318,7 +322,10 @@ def test_iam_is_scoped_to_each_functions_own_needs(resources):
         "wake-up targets the worker only"
     assert _statements(resources["WorkerFunctionRole"]) == [{"Effect": "Allow", "Action": "lambda:InvokeFunction",
                                "Resource": {"Fn::Sub": "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}"
-                                                       ":function:${AWS::StackName}-worker"}}]
+                                                       ":function:${AWS::StackName}-worker"}},
+                              # the on-failure destination of schedule firings, which Lambda writes as the worker
+                              {"Effect": "Allow", "Action": "sqs:SendMessage",
+                               "Resource": {"Fn::GetAtt": ["FailedFiringsQueue", "Arn"]}}]
     assert _statements(resources["ReaperFunctionRole"]) == [{
         "Effect": "Allow", "Action": "events:PutEvents",
         "Resource": {"Fn::Sub": "arn:${AWS::Partition}:events:${AWS::Region}:${AWS::AccountId}:event-bus/${EventBusName}"}}], \
@@ -332,7 +339,8 @@ def test_log_retention_alarms_and_outputs(resources):
     # are checked in test_dashboard.py.
     alarms = {a["Properties"]["MetricName"] for a in of_type(resources, "AWS::CloudWatch::Alarm").values()
               if "MetricName" in a["Properties"]}
-    assert alarms == {"DeadTasks", "OldestPendingAge"}
+    # (and the failed-firings queue's depth and the firings Lambda dropped: test_failed_firings_and_retention.py)
+    assert alarms == {"DeadTasks", "OldestPendingAge", "ApproximateNumberOfMessagesVisible", "AsyncEventsDropped"}
     outputs = transformed()["Outputs"]
     assert "execute-api" in outputs["ApiUrl"]["Value"]["Fn::Sub"]
 

@@ -154,7 +154,7 @@ def test_scheduled_worker_fans_out_bounded_by_max_concurrency(client, lambda_con
     [(0, 10, 4, 0), (10, 10, 4, 0), (11, 10, 4, 1), (35, 10, 4, 3), (10_000, 10, 4, 3), (10_000, 10, 1, 0)],
 )
 def test_fan_out_size(backlog, batch, cap, expected):
-    assert extra_workers_for_backlog(backlog, batch, cap) == expected
+    assert extra_workers_for_backlog(backlog, batch, free_slots=cap - 1) == expected
 
 
 def test_delayed_tasks_are_not_a_backlog(client, lambda_context, monkeypatch):
