@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 from dataclasses import replace
 from datetime import timedelta
@@ -33,7 +32,8 @@ from ..runner import BatchRunner
 from ..storage import open_storage
 from ..storage.spi import Storage
 from .support import (
-    FAST_BACKOFF, NEVER_ISSUED, OpenStore, due_at, must_get, new_task, present, retry, state, success, wait_until,
+    FAST_BACKOFF, NEVER_ISSUED, OpenStore, due_at, must_get, new_task, present, race_processes, retry, state, success,
+    wait_until,
 )
 
 
@@ -160,18 +160,9 @@ class DedupeSnoozeCompliance:
         assert after.created and after.task.id != done.id
 
     def test_concurrent_enqueues_from_processes_create_exactly_one_task(self, storage: Storage, storage_url: str) -> None:
-        context = multiprocessing.get_context("spawn")
         workers = 3  # spawned interpreters import the whole engine: few, so the test stays short
-        barrier, answers = context.Barrier(workers), context.Queue()
-        processes = [context.Process(target=enqueue_at_barrier, args=(storage_url, barrier, "dd-procs", "one", answers))
-                     for _ in range(workers)]
-        for process in processes:
-            process.start()
-        try:
-            outcomes = [answers.get(timeout=60) for _ in processes]
-        finally:
-            for process in processes:
-                process.join(10)
+        outcomes = race_processes(enqueue_at_barrier, workers, timeout=60, args=lambda barrier, answers: (
+            storage_url, barrier, "dd-procs", "one", answers))
         assert all(isinstance(o, tuple) for o in outcomes), outcomes
         created = [task_id for was_created, _, task_id in outcomes if was_created]
         assert len(created) == 1, outcomes

@@ -7,7 +7,6 @@ operation whose document cannot be read, never stops the others from advancing.
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import time
 from dataclasses import replace
@@ -21,7 +20,7 @@ from ..model import TaskFilter
 from ..operations import Operation, advance_operation, cancel_operation, drive_operations, get_operation, start_operation
 from ..storage import open_storage
 from ..storage.spi import Storage
-from .support import OpenStore, dead_letter
+from .support import OpenStore, dead_letter, race_processes
 
 #: Long enough for any store here to finish a few chunks; the tests end as soon as they are done.
 DRIVE_SECONDS = 30.0
@@ -126,18 +125,9 @@ class OperationLockCompliance:
     def test_concurrent_starters_in_separate_processes_start_exactly_one_operation(
             self, storage: Storage, storage_url: str) -> None:
         dead_letter(storage, "op-procs", 4)
-        context = multiprocessing.get_context("spawn")  # never fork a process holding store connections
         workers = 4
-        barrier, answers = context.Barrier(workers), context.Queue()
-        processes = [context.Process(target=start_at_barrier, args=(storage_url, barrier, "op-procs", "redrive", answers))
-                     for _ in range(workers)]
-        for process in processes:
-            process.start()
-        try:
-            outcomes = [answers.get(timeout=90) for _ in processes]
-        finally:
-            for process in processes:
-                process.join(10)
+        outcomes = race_processes(start_at_barrier, workers, timeout=90, args=lambda barrier, answers: (
+            storage_url, barrier, "op-procs", "redrive", answers))
         assert sorted(kind for kind, _ in outcomes) == ["conflict"] * (workers - 1) + ["started"], outcomes
         started = next(op_id for kind, op_id in outcomes if kind == "started")
         drive_operations(storage, deadline=time.monotonic() + DRIVE_SECONDS)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from datetime import datetime
-from typing import Callable, Mapping, TypedDict, TypeVar, Unpack
+from typing import Any, Callable, Mapping, TypedDict, TypeVar, Unpack
 
 from ..ids import new_task_id
 from ..model import Attempt, Backoff, ClaimedTask, ErrorInfo, NewTask, Outcome, Settlement, Task, TaskStatus
@@ -126,3 +127,19 @@ def fail_permanently(claimed: ClaimedTask, error_type: str = "boom.Error") -> Se
 def state(task: Task) -> tuple[object, ...]:
     """The parts of a task a refused write must not change."""
     return (task.status, task.attempt_count, task.lease_expires_at, task.next_attempt_at, len(task.attempts), task.result)
+
+
+def race_processes(target: Callable[..., None], count: int, args: Callable[[Any, Any], tuple[Any, ...]],
+                   timeout: float) -> list[Any]:
+    """Start ``count`` spawned processes of ``target(*args(barrier, answers))``, which meet at the
+    barrier and each put one answer on ``answers``; return the answers (in arrival order)."""
+    context = multiprocessing.get_context("spawn")  # never fork a process holding store connections
+    barrier, answers = context.Barrier(count), context.Queue()
+    processes = [context.Process(target=target, args=args(barrier, answers)) for _ in range(count)]
+    for process in processes:
+        process.start()
+    try:
+        return [answers.get(timeout=timeout) for _ in processes]
+    finally:
+        for process in processes:
+            process.join(10)

@@ -24,7 +24,7 @@ import pytest
 from ..errors import InvalidInput
 from ..storage import open_storage
 from ..storage.spi import Storage, WorkerSlot
-from .support import OpenStore, present, wait_until
+from .support import OpenStore, present, race_processes, wait_until
 
 #: Seconds each racing claimant keeps taking and freeing.
 RACE_SECONDS = 2.5
@@ -111,18 +111,8 @@ class WorkerSlotCompliance:
     def test_claimants_in_separate_processes_never_hold_more_than_the_cap(
             self, storage: Storage, storage_url: str) -> None:
         cap, processes = 2, 5
-        context = multiprocessing.get_context("spawn")  # never fork a process holding store connections
-        barrier, answers = context.Barrier(processes), context.Queue()
-        started = [context.Process(target=claimant_process,
-                                   args=(storage_url, "kit-procs", cap, RACE_SECONDS, barrier, answers))
-                   for _ in range(processes)]
-        for process in started:
-            process.start()
-        try:
-            outcomes = [answers.get(timeout=90) for _ in started]
-        finally:
-            for process in started:
-                process.join(10)
+        outcomes = race_processes(claimant_process, processes, timeout=90, args=lambda barrier, answers: (
+            storage_url, "kit-procs", cap, RACE_SECONDS, barrier, answers))
         assert all(kind == "held" for kind, _ in outcomes), outcomes
         intervals = [interval for _, held in outcomes for interval in held]
         assert len(intervals) >= cap

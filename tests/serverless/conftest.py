@@ -10,6 +10,7 @@ from typing import Any, Callable
 import pytest
 
 # The offline AWS / Powertools environment is set once for the whole suite in tests/conftest.py.
+from rdq_core import payloads
 from rdq_core.lambda_host import connection
 from rdq_core.lambda_host.local_invoke import LocalLambdaContext
 
@@ -39,6 +40,26 @@ def lambda_context() -> Callable[..., LocalLambdaContext]:
         return LocalLambdaContext(function_name, timeout_seconds)
 
     return make
+
+
+#: The payload bucket the ``s3`` fixture creates in moto.
+PAYLOAD_BUCKET = "rdq-payloads-test"
+
+
+@pytest.fixture
+def s3(store_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A moto bucket named by RDQ_PAYLOAD_BUCKET, as the template sets it for the functions."""
+    moto = pytest.importorskip("moto")
+    monkeypatch.setenv("RDQ_HANDLERS", "tests.serverless.payload_handlers")
+    monkeypatch.setenv("RDQ_PAYLOAD_BUCKET", PAYLOAD_BUCKET)
+    with moto.mock_aws():
+        import boto3
+
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket=PAYLOAD_BUCKET)
+        payloads.reset()
+        yield client
+    payloads.reset()
 
 
 def load_event(name: str) -> dict[str, Any]:

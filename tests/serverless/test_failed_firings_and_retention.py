@@ -13,7 +13,7 @@ from rdq_core import Client, payloads
 from rdq_core.lambda_host import connection, reaper
 from rdq_core.retry import PolicyBook
 
-from .conftest import REPO, load_event
+from .conftest import PAYLOAD_BUCKET, REPO, load_event
 from .test_template import of_type, transformed
 
 moto = pytest.importorskip("moto")
@@ -106,21 +106,7 @@ def test_retention_hours_reaches_the_reaper_only(resources):
         assert (variables.get("RDQ_RETENTION_HOURS") == {"Ref": "RetentionHours"}) == (name == "ReaperFunction")
 
 
-BUCKET = "rdq-retention-test"
-
-
-@pytest.fixture
-def s3(store_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("RDQ_HANDLERS", "tests.serverless.payload_handlers")
-    monkeypatch.setenv("RDQ_PAYLOAD_BUCKET", BUCKET)
-    with moto.mock_aws():
-        import boto3
-
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET)
-        payloads.reset()
-        yield client
-    payloads.reset()
+BUCKET = PAYLOAD_BUCKET
 
 
 def _keys(s3: Any) -> list[str]:

@@ -11,35 +11,20 @@ import json
 
 import pytest
 
-from rdq_core import Client, payloads
+from rdq_core import Client
 from rdq_core.errors import InvalidInput
 from rdq_core.lambda_host import connection, worker
 
-from .conftest import load_event
+from .conftest import PAYLOAD_BUCKET, load_event
 from .test_api import call, request
 
 moto = pytest.importorskip("moto")
-BUCKET = "rdq-payloads-test"
+BUCKET = PAYLOAD_BUCKET
 
 
 def _digest(value):
     data = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
     return len(data), hashlib.sha256(data).hexdigest()
-
-
-@pytest.fixture
-def s3(store_url, monkeypatch):
-    """A moto bucket named by RDQ_PAYLOAD_BUCKET, as the template sets it for the functions."""
-    monkeypatch.setenv("RDQ_HANDLERS", "tests.serverless.payload_handlers")
-    monkeypatch.setenv("RDQ_PAYLOAD_BUCKET", BUCKET)
-    with moto.mock_aws():
-        import boto3
-
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET)
-        payloads.reset()
-        yield client
-    payloads.reset()
 
 
 @pytest.fixture
