@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from .client import Client
 from .errors import (
     ApiUnavailable,
+    ClaimLost,
     ConfigurationError,
     InvalidCursor,
     InvalidInput,
@@ -48,7 +49,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "ApiUnavailable", "Attempt", "Backoff", "Client", "ConfigurationError", "ErrorInfo", "HttpClient",
+    "ApiUnavailable", "Attempt", "Backoff", "ClaimLost", "Client", "ConfigurationError", "ErrorInfo", "HttpClient",
     "InvalidCursor", "InvalidInput", "NotAuthorized", "Outcome", "PermanentError", "PolicyBook", "QueueStats",
     "RdqError", "RetryPolicy", "Snooze", "StaleClaim", "StorageUnavailable", "Task", "TaskConflict", "TaskContext",
     "TaskNotFound", "TaskStatus", "UnsupportedOperation", "handler", "open_storage", "registry",

@@ -95,10 +95,11 @@ class Client:
         """Enqueue one task; an existing id on the same queue returns the existing task.
 
         ``priority`` .. ``dedupe_max_wait_seconds``: flow control (docs/flow-control.md).
-        Raises ``TaskConflict`` if ``id`` is taken on another queue. ``connection`` (PostgreSQL)
-        writes inside the caller's open transaction. ``traceparent``/``tracestate`` (W3C) are the
-        trace the task continues; by default the current OpenTelemetry span's (docs/handlers.md,
-        "Tracing"); an invalid one is dropped, never refused.
+        Raises ``TaskConflict`` if ``id`` is taken on another queue. ``connection`` (PostgreSQL;
+        SQLite: a sqlite3 connection to the store's file) writes inside the caller's open
+        transaction. ``traceparent``/``tracestate`` (W3C) are the trace the task continues; by
+        default the current OpenTelemetry span's (docs/handlers.md, "Tracing"); an invalid one is
+        dropped, never refused.
         """
         fields = {
             "handler": handler, "payload": payload, "id": id, "delay_seconds": delay_seconds,

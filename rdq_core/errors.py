@@ -25,6 +25,18 @@ class StaleClaim(RdqError):
         super().__init__(f"stale or unknown claim token for task(s): {', '.join(self.task_ids)}")
 
 
+class ClaimLost(StaleClaim):
+    """``ctx.transaction()`` could not complete its task: the claim was lost before the commit
+    (the lease expired and the reaper took the task back). The whole transaction was rolled
+    back, the handler's own writes included; the attempt stands as the reaper recorded it
+    (LEASE_EXPIRED) and the task runs again under its retry policy."""
+
+    def __init__(self, task_id: str):
+        self.task_ids = (task_id,)
+        RdqError.__init__(self, f"task {task_id!r}: the claim was lost before the transaction committed (its "
+                          "lease expired and it was reaped); everything in the transaction was rolled back")
+
+
 class TaskNotFound(RdqError):
     def __init__(self, task_id: str, *, what: str = "task"):
         self.task_id = task_id

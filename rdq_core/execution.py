@@ -35,6 +35,7 @@ from .logs import task_log_keys
 from .model import ClaimedTask, Settlement
 from .retry import PolicyBook
 from .telemetry import Telemetry
+from .transactions import Completion
 
 # The engine's lines keep one logger name whichever module writes them; operators filter on it.
 log = logging.getLogger("rdq.runner")
@@ -215,6 +216,7 @@ class HandlerExecution:
         deadline: float,
         extend: Callable[[float | None], None],
         settle_late: Callable[[Settlement], None],
+        completion: Completion | None = None,
     ) -> Settlement:
         """Run ``item``'s handler on this thread until its timeout or ``deadline``, whichever
         comes first. Inside a ``run_batch`` job, a handler the watchdog gave up on has its
@@ -229,6 +231,7 @@ class HandlerExecution:
             headers=task.headers,
             deadline=run_until,
             extend=extend,
+            completion=completion,  # ctx.transaction(): exactly-once effects (rdq_core/transactions.py)
         )
         with self._lock:
             self._running[task.id] = spec.name

@@ -31,10 +31,14 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Mapping
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, UnsupportedOperation
 from .validation import TRACEPARENT_HEADER, TRACESTATE_HEADER, Limits, handler_name
+
+if TYPE_CHECKING:  # transactions imports the engine, which imports this module
+    from .transactions import Completion, HandlerTransaction
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 
@@ -163,6 +167,7 @@ class TaskContext:
         headers: Mapping[str, str],
         deadline: float,
         extend: Callable[[float | None], None],
+        completion: Completion | None = None,
     ) -> None:
         self.task_id = task_id
         self.queue = queue
@@ -178,6 +183,7 @@ class TaskContext:
         self.tracestate: str | None = self.headers.get(TRACESTATE_HEADER)
         self._deadline = deadline
         self._extend = extend
+        self._completion = completion
 
     def remaining_seconds(self) -> float:
         """Seconds left before this run must be over (monotonic clock)."""
@@ -185,4 +191,20 @@ class TaskContext:
 
     def extend_lease(self, seconds: float | None = None) -> None:
         """Renew this task's lease now (raises StaleClaim if the task was taken away)."""
+        if self._completion is not None and self._completion.in_transaction:
+            # The renewal would wait on the transaction's own write lock (SQLite) or for the
+            # connection it holds (a pool bounded to one): refuse at once rather than stall.
+            raise UnsupportedOperation("ctx.extend_lease() inside ctx.transaction(): renew the lease before "
+                                       "opening the transaction")
         self._extend(seconds)
+
+    # -- exactly-once effects (rdq_core/transactions.py, docs/handlers.md) -------------------
+    def transaction(self, connection: Any = None) -> AbstractContextManager[HandlerTransaction]:
+        """``with ctx.transaction() as tx:`` -- the handler's writes on ``tx.connection`` and this
+        task's completion (SUCCEEDED, with ``tx.result``) commit together, fenced by the claim;
+        ``ClaimLost`` if the lease was lost meanwhile (everything rolled back). ``connection``: the
+        application's own (a psycopg 3 or sqlite3 connection, no transaction in progress), else
+        one of the store's. ``UnsupportedOperation`` on a store that cannot (Redis, MongoDB)."""
+        if self._completion is None:
+            raise UnsupportedOperation("ctx.transaction() needs a worker that holds this task's claim")
+        return self._completion.transaction(connection)

@@ -29,11 +29,12 @@ from . import outcomes
 from .execution import HandlerExecution, Overrun
 from .flow import RATE_START_SLACK
 from .handlers import HandlerRegistry, HandlerSpec, registry as default_registry
-from .model import ClaimedTask, ClaimRef, Settlement
+from .model import ClaimedTask, ClaimRef, Outcome, Settlement
 from .retry import PolicyBook
 from .settling import BatchCursor, BatchReport, ClaimLedger, OutcomeBuffer, SettleBehind, Settler
 from .storage.spi import Storage
 from .telemetry import Telemetry
+from .transactions import Completion
 
 log = logging.getLogger("rdq.runner")
 
@@ -196,8 +197,15 @@ class BatchRunner:
         batch.report.started += 1
         batch.buffer.watch_while_a_handler_runs()
         began = self.clock()
-        settlement = replace(self._execute(item, spec, batch.deadline, batch.ledger),
+        # ctx.transaction() (rdq_core/transactions.py): a completion written in the handler's own
+        # transaction stops the claim's renewal at once, and nothing more is settled for it.
+        completion = Completion(self.storage, item, started_after_seconds=max(0.0, began - batch.received),
+                                on_settled=lambda: batch.ledger.drop([item.ref]))
+        settlement = replace(self._execute(item, spec, batch.deadline, batch.ledger, completion),
                              started_after_seconds=max(0.0, began - batch.received))
+        if completion.settled:
+            self._settled_in_transaction(item, completion, settlement, batch.report, self.clock() - began)
+            return True
         batch.report.add(settlement.outcome)
         outcomes.log_outcome(item.task, settlement, self.policies, self.clock() - began)
         # Buffered outcomes are durable within settle_interval even while the next
@@ -217,15 +225,39 @@ class BatchRunner:
         return sorted(claimed, key=lambda item: not self._rate_limited(item))
 
     def _execute(self, item: ClaimedTask, spec: HandlerSpec | None, deadline: float,
-                 ledger: ClaimLedger) -> Settlement:
+                 ledger: ClaimLedger, completion: Completion | None = None) -> Settlement:
         if spec is None:
             return outcomes.unknown_handler(item)
+
+        def settle_late(settlement: Settlement) -> None:
+            # An overrunning handler's outcome, once it returns, is written on its own -- unless
+            # its transaction already settled the task.
+            if completion is None or not completion.settled:
+                self.settler.settle([settlement], BatchReport(), ledger)
+
         return self.execution.execute(
             item, spec, deadline,
             extend=lambda seconds: self._extend(item.ref, seconds),
-            # An overrunning handler's outcome, once it returns, is written on its own.
-            settle_late=lambda settlement: self.settler.settle([settlement], BatchReport(), ledger),
+            settle_late=settle_late,
+            completion=completion,
         )
+
+    def _settled_in_transaction(self, item: ClaimedTask, completion: Completion, returned: Settlement,
+                                report: BatchReport, seconds: float) -> None:
+        """Account for a task whose outcome its handler's transaction decided (committed, or
+        fenced out by a lost claim); the store already holds it, so nothing is written."""
+        if completion.committed is not None:
+            report.add(Outcome.SUCCESS)
+            self.telemetry.count("succeeded")
+            outcomes.log_outcome(item.task, completion.committed, self.policies, seconds)
+            if returned.outcome is not Outcome.SUCCESS:
+                log.warning("task %s: the handler failed after its transaction committed (%s); the task stays "
+                            "SUCCEEDED", item.task.id, returned.error.type if returned.error else returned.outcome.value)
+            return
+        report.stale += 1
+        self.telemetry.count("stale_settlements")
+        log.warning("task %s: its transaction was fenced out (the claim was lost: lease expired and reaped) and "
+                    "rolled back; the reaper's LEASE_EXPIRED attempt stands", item.task.id)
 
     def _too_long_for_host(self, item: ClaimedTask, spec: HandlerSpec, needed: float) -> Settlement:
         message = outcomes.timeout_exceeds_worker_message(spec, needed, self.settle_margin,

@@ -36,8 +36,9 @@ class Capabilities:
     #: call, whatever the batch size: the kit measures a batch of 1 and one of 50 (for ``get``, a
     #: history of 1 and of 50 attempts) and holds both to it. An operation left out is skipped.
     round_trips: Mapping[str, Budget] = field(default_factory=dict)
-    #: ``enqueue(..., connection=)`` writes inside the caller's open transaction (PostgreSQL).
-    #: Backends that cannot raise ``UnsupportedOperation`` and write nothing.
+    #: ``enqueue(..., connection=)`` writes inside the caller's open transaction, and a handler can
+    #: complete its task inside one (``ctx.transaction()``; PostgreSQL, SQLite). Backends that
+    #: cannot raise ``UnsupportedOperation`` and write nothing.
     joins_transactions: bool = False
     #: A URL of this backend with ``{port}`` where the kit puts a closed loopback port; every
     #: operation through it must raise ``StorageUnavailable`` within ``unreachable_within``

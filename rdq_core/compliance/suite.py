@@ -23,6 +23,7 @@ one promise of the storage SPI (see ``spi.py``); a backend's test class subclass
 | ``bounds.py``         | round-trip budgets, an unreachable server                           |
 | ``engine.py``         | the runner on this backend                                          |
 | ``runner_paths.py``   | the runner's own paths (buffers, heartbeats, deadlines)             |
+| ``exactly_once.py``   | ``ctx.transaction()``: effects and completion commit together, fenced |
 | ``stateful.py``       | the model-based test                                                |
 | ``chaos_compliance.py`` | multi-process kill -9 runs (marked ``chaos``)                     |
 """
@@ -44,6 +45,7 @@ from .chaos_compliance import ChaosCompliance
 from .claim import ClaimCompliance
 from .dlq import DeadLetterCompliance
 from .engine import EngineCompliance
+from .exactly_once import ExactlyOnceCompliance
 from .flow_control import FlowControlCompliance
 from .enqueue import EnqueueCompliance
 from .fencing import FencingCompliance
@@ -81,6 +83,7 @@ class StorageCompliance(
     EngineCompliance,
     StatefulCompliance,
     RunnerPathsCompliance,
+    ExactlyOnceCompliance,
     ChaosCompliance,
 ):
     """Subclass this and provide a ``storage_url`` fixture (fresh, isolated, empty store)."""

@@ -76,6 +76,7 @@ from ..model import (
 )
 from .codec import Record, RecordCodec
 from .spi import (
+    OpenTransaction,
     Storage,
     decode_audit_cursor,
     decode_dead_cursor,
@@ -498,6 +499,37 @@ class StorageCore(Storage, abc.ABC):
         with self.translated_errors():
             released = self._release(list(sent.values()))
         _refuse_unapplied(refs, sent, released)
+
+    # -- exactly-once effects: a task completed inside a database transaction ----------------
+    # (rdq_core/transactions.py drives these; only a store that ``joins_transactions`` has them.)
+    def _begin(self, connection: Any) -> OpenTransaction:
+        """Open a transaction on ``connection`` (the caller's, idle) or on one of the store's own."""
+        raise UnsupportedOperation(self._no_transactions())
+
+    def _settle_on(self, connection: Any, settlements: Sequence[Settlement]) -> set[str]:
+        """``_settle`` inside the open transaction on ``connection``, never committing it."""
+        raise UnsupportedOperation(self._no_transactions())
+
+    def _no_transactions(self) -> str:
+        return (f"the {self.store_name} backend cannot complete a task inside a database transaction "
+                "(exactly-once effects need PostgreSQL or SQLite)")
+
+    def begin_transaction(self, connection: Any = None) -> OpenTransaction:
+        if not self.joins_transactions:
+            raise UnsupportedOperation(self._no_transactions())
+        with self.translated_errors():
+            return self._begin(connection)
+
+    def settle_in_transaction(self, connection: Any, settlement: Settlement) -> bool:
+        if not self.joins_transactions:
+            raise UnsupportedOperation(self._no_transactions())
+        _require_refs([settlement])
+        item = _with_enums(settlement)
+        if item.status not in _SETTLED_STATUSES:
+            raise InvalidInput(f"cannot settle task {item.task_id} as {item.status}", field="status")
+        with self.translated_errors():
+            applied = self._settle_on(connection, [_storable(item)])
+        return item.task_id in applied
 
     def find_expired_leases(self, limit: int, queue: str | None = None) -> list[ClaimedTask]:
         if queue is not None:

@@ -55,7 +55,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
-from ..errors import InvalidCursor
+from ..errors import InvalidCursor, UnsupportedOperation
 from ..events import EventSettings, OutboxEvent
 from ..flow import NO_FLOW, FlowPolicy
 from ..model import (
@@ -91,6 +91,21 @@ class EnqueueListener(Protocol):
 
     def close(self) -> None:
         """Drop the connection."""
+
+
+class OpenTransaction(Protocol):
+    """A database transaction a handler's effects and its task's completion share
+    (``Storage.begin_transaction``; driven by ``rdq_core.transactions``)."""
+
+    #: The DB-API connection the transaction is open on (the application's, or the store's own).
+    connection: Any
+
+    def commit(self) -> None:
+        """Commit, and give back a connection the store lent. Raises when the commit failed (its
+        fate may then be unknown: the fenced completion inside it keeps a retry safe)."""
+
+    def rollback(self) -> None:
+        """Roll back (never raises for a connection already broken), and give back a lent one."""
 
 
 class Storage(abc.ABC):
@@ -130,8 +145,9 @@ class Storage(abc.ABC):
     def enqueue(self, tasks: Sequence[NewTask], *, connection: Any = None) -> list[EnqueueResult]:
         """Insert tasks as PENDING, idempotently, in one round trip; results in input order.
 
-        ``connection`` lets a backend that supports it (PostgreSQL) write inside the caller's
-        open transaction without committing it. Others raise ``TypeError`` when it is given.
+        ``connection`` lets a backend that supports it (``joins_transactions``: PostgreSQL, SQLite)
+        write inside the caller's open transaction without committing it. Others raise
+        ``UnsupportedOperation`` (a ``TypeError``) when it is given.
         """
 
     # -- worker side -----------------------------------------------------------------------
@@ -323,6 +339,23 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def ack_events(self, ids: Sequence[str]) -> int:
         """Remove delivered events from the outbox; how many were there."""
+
+    # -- exactly-once effects: completing a task inside a database transaction ----------------
+    #: The store can write inside an application's open transaction: ``enqueue(connection=)``
+    #: and ``begin_transaction`` / ``settle_in_transaction`` (PostgreSQL, SQLite).
+    joins_transactions: ClassVar[bool] = False
+
+    def begin_transaction(self, connection: Any = None) -> OpenTransaction:
+        """Open a transaction on ``connection`` (the application's, of the kind ``enqueue``
+        accepts, with no transaction in progress) or on one of the store's own. Stores that
+        cannot join transactions raise ``UnsupportedOperation``."""
+        raise UnsupportedOperation(f"{type(self).__name__} cannot complete a task inside a database transaction")
+
+    def settle_in_transaction(self, connection: Any, settlement: Settlement) -> bool:
+        """Apply ``settlement`` as ``settle`` would, fenced by its claim token, inside the open
+        transaction on ``connection``, without committing it. False when the claim no longer
+        holds (nothing was written); the caller then rolls back."""
+        raise UnsupportedOperation(f"{type(self).__name__} cannot complete a task inside a database transaction")
 
     # -- conveniences built on the primitives ------------------------------------------------
     def __enter__(self) -> "Storage":

@@ -17,6 +17,8 @@ class TestSQLiteCompliance(StorageCompliance):
                      "find_expired": 1, "get": 1, "list_dead": 1, "stats": 2, "redrive": 1},
         # With lifecycle events on, one more statement in the same transaction.
         event_round_trips={"settle": 1, "redrive": 1},
+        # enqueue(connection=) and ctx.transaction() on a sqlite3 connection to the store's file.
+        joins_transactions=True,
     )
 
     @pytest.fixture

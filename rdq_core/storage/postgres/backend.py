@@ -294,6 +294,10 @@ class PostgresStorage(StorageCore):
         return {row["id"]: row["lease_expires_at"] for row in rows}
 
     def _settle(self, settlements: Sequence[Settlement]) -> set[str]:
+        with self._connection() as conn:
+            return self._settled_on(conn, settlements)
+
+    def _settled_on(self, conn: psycopg.Connection[Any], settlements: Sequence[Settlement]) -> set[str]:
         params = {
             "settlements": settle_document(settlements),
             # Lifecycle events written by the same statement (none when events are off).
@@ -301,12 +305,43 @@ class PostgresStorage(StorageCore):
             "with_payload": self.events.include_payload,
         }
         try:
-            rows = self._fetch_all(QUERIES["settle"], params)
+            rows = self._execute(conn, QUERIES["settle"], params).fetchall()
         except (pg_errors.DataError, UnicodeEncodeError) as exc:
             # A value jsonb cannot hold (a NUL inside a result string): the single statement
             # wrote nothing. Classified, so the caller can tell bad input from a bug.
             raise InvalidInput(f"settlement not storable in PostgreSQL: {exc}") from exc
         return {settlements[row["ord"] - 1].task_id for row in rows}
+
+    # -- a task completed inside a transaction (rdq_core/transactions.py) -------------------
+    def _begin(self, connection: Any) -> _HandlerTransaction:
+        if connection is None:
+            # One of the pool's connections, counted against its bound (RDQ_PG_MAX_CONNECTIONS):
+            # under a bound the call waits its turn like any other, for a bounded time. Not
+            # watched by the statement watchdog: the handler's own statements run on it in
+            # between, and idle_in_transaction_session_timeout bounds a transaction left open.
+            conn = self._pool.acquire()
+            lent = True
+        else:
+            if not isinstance(connection, psycopg.Connection):
+                raise UnsupportedOperation("connection must be a psycopg (3) Connection")
+            conn, lent = connection, False
+        try:
+            if conn.info.transaction_status != TransactionStatus.IDLE:
+                raise UnsupportedOperation("the connection is inside a transaction: commit or roll it back first "
+                                           "(ctx.transaction() begins the transaction and commits it)")
+            if conn.autocommit:  # else psycopg begins it with the first statement
+                self._execute(conn, "BEGIN")
+        except BaseException:
+            if lent:
+                self._pool.give_back(conn)
+            raise
+        return _HandlerTransaction(conn, self._pool if lent else None)
+
+    def _settle_on(self, connection: Any, settlements: Sequence[Settlement]) -> set[str]:
+        if not isinstance(connection, psycopg.Connection):
+            raise UnsupportedOperation("connection must be a psycopg (3) Connection")
+        with _schema_required():
+            return self._settled_on(connection, settlements)
 
     def _release(self, refs: Sequence[ClaimRef]) -> set[str]:
         rows = self._fetch_all(QUERIES["release"], _fence_params(refs))
@@ -432,6 +467,37 @@ def _without_listen_flag(url: str) -> tuple[str, bool]:
         raise ConfigurationError(f"?{LISTEN_PARAM}= takes on or off, not {flags[-1]!r}")
     rest = [(name, value) for name, value in query if name != LISTEN_PARAM]
     return urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote))), flags[-1] in ("on", "1", "true", "yes")
+
+
+class _HandlerTransaction:
+    """A handler's transaction (``Storage.begin_transaction``) on the caller's connection, or on
+    one lent by the pool (``pool``), which gets it back once the transaction is over."""
+
+    def __init__(self, connection: psycopg.Connection[Any], pool: ConnectionPool | None) -> None:
+        self.connection = connection
+        self._pool = pool
+
+    def commit(self) -> None:
+        try:
+            self.connection.commit()
+        except psycopg.OperationalError as exc:
+            raise StorageUnavailable(f"PostgreSQL commit failed: {exc}") from exc
+        finally:
+            self._give_back()
+
+    def rollback(self) -> None:
+        try:
+            if not (self.connection.closed or self.connection.broken):
+                self.connection.rollback()
+        except psycopg.Error:
+            pass  # a broken connection rolled back with the session; the pool drops it below
+        finally:
+            self._give_back()
+
+    def _give_back(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.give_back(self.connection)  # closed instead if still inside a transaction
 
 
 class _NotifyListener:

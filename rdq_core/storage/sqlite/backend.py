@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ...errors import ConfigurationError, StorageUnavailable
+from ...errors import ConfigurationError, StorageUnavailable, UnsupportedOperation
 from ...flow import (
     MAX_GROUP_PROBES,
     PRIORITIES,
@@ -75,7 +75,8 @@ class SQLiteStorage(StorageCore):
     idle_poll_seconds = 0.1
     codec = RecordCodec(time=epoch_micros)
     transient_errors = (sqlite3.OperationalError,)  # narrowed to the unavailable codes by is_transient
-    joins_transactions = False
+    # A sqlite3.Connection to this store's file: enqueue and a handler's transaction join it.
+    joins_transactions = True
 
     def __init__(self, url: str, *, busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT) -> None:
         parts = urlsplit(url)
@@ -111,18 +112,7 @@ class SQLiteStorage(StorageCore):
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            directory = os.path.dirname(os.path.abspath(self.path))
-            os.makedirs(directory, exist_ok=True)
-            conn = sqlite3.connect(
-                self.path, timeout=self.busy_timeout_seconds, isolation_level=None, check_same_thread=False
-            )
-            try:
-                self._enter_wal_mode(conn)
-                conn.execute("PRAGMA synchronous=NORMAL")
-                conn.execute("PRAGMA foreign_keys=ON")
-            except BaseException:
-                conn.close()
-                raise
+            conn = self._connect()
             self._local.conn = conn
             with self._lock:
                 self._all_connections.append(conn)
@@ -131,6 +121,22 @@ class SQLiteStorage(StorageCore):
                 self._schema_checked = True
                 if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
                     self.migrate()
+        return conn
+
+    def _connect(self) -> sqlite3.Connection:
+        """A new connection to the file with this store's settings (autocommit, WAL)."""
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
+        conn = sqlite3.connect(
+            self.path, timeout=self.busy_timeout_seconds, isolation_level=None, check_same_thread=False
+        )
+        try:
+            self._enter_wal_mode(conn)
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def _enter_wal_mode(self, conn: sqlite3.Connection) -> None:
@@ -201,6 +207,9 @@ class SQLiteStorage(StorageCore):
         return from_micros(_now_micros())
 
     def _insert(self, tasks: Sequence[NewTask], connection: Any) -> Sequence[InsertedRecord]:
+        if connection is not None:
+            # The caller's transaction: run the statements, never commit or roll back.
+            return self._insert_locked(self._joined(connection), _now_micros(), tasks)
         with self._write() as (conn, now):
             return self._insert_locked(conn, now, tasks)
 
@@ -235,23 +244,28 @@ class SQLiteStorage(StorageCore):
 
     def _insert_deduplicated(self, task: NewTask, connection: Any) -> InsertedRecord:
         # The write lock (BEGIN IMMEDIATE) serialises every enqueue: the match and the insert
-        # below are one step to any other writer.
+        # below are one step to any other writer (in a caller's transaction: once it writes).
+        if connection is not None:
+            return self._dedupe_locked(self._joined(connection), _now_micros(), task)
         with self._write() as (conn, now):
-            if (holder := _tasks_by_id(conn, [task.id])):
-                return InsertedRecord(holder[0], False)
-            since = None if task.dedupe_for_seconds is None else now - int(task.dedupe_for_seconds * 1_000_000)
-            match = _records(self._execute(conn, _Q["dedupe_match"], {
-                "queue": task.queue, "key": task.dedupe_key, "states": json.dumps(dedupe_states_of(task)),
-                "since": since}))
-            if not match:
-                return self._insert_locked(conn, now, [task])[0]
-            max_wait = task.dedupe_max_wait_seconds
-            changed = _records(self._execute(conn, _Q["dedupe_apply"], {
-                "id": match[0]["id"], "mode": task.dedupe_mode.value, "payload": storable_json(task.payload),
-                "headers": storable_json(dict(task.headers)),
-                "due": _due_micros(task, now), "now": now,
-                "max_wait_us": None if max_wait is None else int(max_wait * 1_000_000)}))
-            return InsertedRecord((changed or match)[0], False, deduplicated=True)
+            return self._dedupe_locked(conn, now, task)
+
+    def _dedupe_locked(self, conn: sqlite3.Connection, now: int, task: NewTask) -> InsertedRecord:
+        if (holder := _tasks_by_id(conn, [task.id])):
+            return InsertedRecord(holder[0], False)
+        since = None if task.dedupe_for_seconds is None else now - int(task.dedupe_for_seconds * 1_000_000)
+        match = _records(self._execute(conn, _Q["dedupe_match"], {
+            "queue": task.queue, "key": task.dedupe_key, "states": json.dumps(dedupe_states_of(task)),
+            "since": since}))
+        if not match:
+            return self._insert_locked(conn, now, [task])[0]
+        max_wait = task.dedupe_max_wait_seconds
+        changed = _records(self._execute(conn, _Q["dedupe_apply"], {
+            "id": match[0]["id"], "mode": task.dedupe_mode.value, "payload": storable_json(task.payload),
+            "headers": storable_json(dict(task.headers)),
+            "due": _due_micros(task, now), "now": now,
+            "max_wait_us": None if max_wait is None else int(max_wait * 1_000_000)}))
+        return InsertedRecord((changed or match)[0], False, deduplicated=True)
 
     def _claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy) -> Sequence[Record]:
         with self._write() as (conn, now):
@@ -358,6 +372,10 @@ class SQLiteStorage(StorageCore):
         return extended
 
     def _settle(self, settlements: Sequence[Settlement]) -> set[str]:
+        with self._write() as (conn, now):
+            return self._settle_locked(conn, now, settlements)
+
+    def _settle_locked(self, conn: sqlite3.Connection, now: int, settlements: Sequence[Settlement]) -> set[str]:
         by_id: dict[str, dict[str, Any]] = {}
         for item in settlements:
             error_json = storable_json(item.error.to_dict()) if item.error else None
@@ -368,18 +386,50 @@ class SQLiteStorage(StorageCore):
                 "error_type": item.error.type if item.error else None, "error": error_json,
                 "started_us": int((item.started_after_seconds or 0.0) * 1_000_000),
             }
-        with self._write() as (conn, now):
-            rows = self._execute(conn, _Q["settle"], {"batch": storable_json(list(by_id.values())), "now": now}).fetchall()
-            if rows:
-                history = [
-                    {"id": task_id, "outcome": by_id[task_id]["outcome"],
-                     "started_at": min(claimed_at + by_id[task_id]["started_us"], now),
-                     "error": by_id[task_id]["error"]}
-                    for task_id, claimed_at in rows
-                ]
-                self._execute(conn, _Q["append_attempts"], {"applied": storable_json(history), "now": now})
-                self._task_events(conn, now, [task_id for task_id, _ in rows], self.events.settled_statuses)
+        rows = self._execute(conn, _Q["settle"], {"batch": storable_json(list(by_id.values())), "now": now}).fetchall()
+        if rows:
+            history = [
+                {"id": task_id, "outcome": by_id[task_id]["outcome"],
+                 "started_at": min(claimed_at + by_id[task_id]["started_us"], now),
+                 "error": by_id[task_id]["error"]}
+                for task_id, claimed_at in rows
+            ]
+            self._execute(conn, _Q["append_attempts"], {"applied": storable_json(history), "now": now})
+            self._task_events(conn, now, [task_id for task_id, _ in rows], self.events.settled_statuses)
         return {task_id for task_id, _ in rows}
+
+    # -- a task completed inside a transaction (rdq_core/transactions.py) -------------------
+    def _joined(self, connection: Any) -> sqlite3.Connection:
+        """The caller's connection, once it is known to be open on this store's file."""
+        if not isinstance(connection, sqlite3.Connection):
+            raise UnsupportedOperation("connection must be a sqlite3.Connection to this store's file")
+        files = [row[2] for row in connection.execute("PRAGMA database_list") if row[1] == "main"]
+        if not files or not _same_file(files[0], self.path):
+            raise UnsupportedOperation(f"connection is open on {files[0] if files else 'no file'!r}, "
+                                       f"not on this store's file {self.path!r}")
+        return connection
+
+    def _begin(self, connection: Any) -> _HandlerTransaction:
+        # The store's own: a connection of its own, so that the thread's connection (and any
+        # store call the thread makes meanwhile) is not inside the handler's transaction.
+        conn, owned = (self._connect(), True) if connection is None else (self._joined(connection), False)
+        try:
+            if conn.in_transaction:
+                raise UnsupportedOperation("the connection is inside a transaction: commit or roll it back first "
+                                           "(ctx.transaction() begins the transaction and commits it)")
+            # The write lock up front, as every rdq write: the completion at the end cannot then
+            # fail on a lock the transaction's own reads would have had to upgrade.
+            conn.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            if owned:
+                conn.close()
+            raise
+        return _HandlerTransaction(conn, owned)
+
+    def _settle_on(self, connection: Any, settlements: Sequence[Settlement]) -> set[str]:
+        if not isinstance(connection, sqlite3.Connection):
+            raise UnsupportedOperation("connection must be a sqlite3.Connection to this store's file")
+        return self._settle_locked(connection, _now_micros(), settlements)
 
     def _task_events(self, conn: sqlite3.Connection, now: int, ids: Sequence[str], statuses: Sequence[str]) -> None:
         """The lifecycle events of the tasks just changed, in the caller's transaction (one more
@@ -531,6 +581,46 @@ class SQLiteStorage(StorageCore):
 
 
 # -- helpers ------------------------------------------------------------------------------------
+
+class _HandlerTransaction:
+    """A handler's transaction (``Storage.begin_transaction``) on the caller's connection, or on
+    one the store opened for it (``owned``: closed once the transaction is over). COMMIT and
+    ROLLBACK are sent as statements: ``Connection.commit()`` does nothing in the sqlite3
+    module's autocommit mode, where the BEGIN above still opened a transaction."""
+
+    def __init__(self, connection: sqlite3.Connection, owned: bool) -> None:
+        self.connection = connection
+        self._owned = owned
+
+    def commit(self) -> None:
+        try:
+            self.connection.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self.rollback()
+            raise StorageUnavailable(f"sqlite: commit failed: {exc}") from exc
+        self._close()
+
+    def rollback(self) -> None:
+        try:
+            if self.connection.in_transaction:
+                self.connection.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # SQLite rolls back an unfinished transaction itself; nothing of it was committed
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        if self._owned:
+            self._owned = False
+            self.connection.close()
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
 
 def _now_micros() -> int:
     return time.time_ns() // 1000
