@@ -9,6 +9,10 @@ A queue's gauges are published only while it has live work (pending, in flight o
 metric costs money per month, and a queue used once must not cost it forever. Its last published
 values are zero, so a graph or alarm does not hold the last non-zero reading.
 
+With an event bus, ``OutboxUndeliveredAge`` (seconds, dimension ``service``): the age of the
+oldest outbox event the pass took and could not deliver, 0 when it delivered all it took; the
+template's outbox alarm watches it.
+
 Retention (``RDQ_RETENTION_HOURS``, the template's ``RetentionHours``) purges finished tasks in
 chunks of ``RETENTION_CHUNK`` for at most ``RDQ_RETENTION_SECONDS`` of the pass, and deletes the
 payload and result objects of the purged ones (``payloads.purge_finished_tasks``).
@@ -19,12 +23,14 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from aws_lambda_powertools.metrics import MetricUnit
 
 from .. import payloads
-from ..events import DeliveryReport, EventSettings, Publisher, deliver_events, publisher_from_settings
+from ..events import DeliveryReport, EventSettings, OutboxEvent, Publisher, deliver_events, publisher_from_settings
 from ..operations import DriveReport, drive_operations
 from ..reaper import ReapReport, maintenance_pass, reap_expired_leases
 from ..storage.spi import Storage
@@ -42,7 +48,8 @@ def run_reaper_invocation(
     invocation = InvocationClock(context, configured_timeout(), clock)
     storage = shared_storage(settings)
     deadline = invocation.check() - settings.settle_reserve_seconds
-    publisher = event_publisher()
+    configured = event_publisher()
+    publisher = None if configured is None else _UndeliveredAge(configured)
     event_share = settings.event_seconds if publisher is not None else 0.0
     retention_hours = _retention_hours()
     gauges = _Gauges()
@@ -67,6 +74,8 @@ def run_reaper_invocation(
     reaped: ReapReport = report.result("reap", ReapReport())
     operations: DriveReport = report.result("operations", DriveReport())
     delivery: DeliveryReport = report.result("events", DeliveryReport())
+    if publisher is not None and "events" not in report.failed:
+        add_metric("OutboxUndeliveredAge", MetricUnit.Seconds, publisher.oldest_undelivered_age())
     summary = {
         "expired": reaped.expired, "rescheduled": reaped.rescheduled, "dead_lettered": reaped.dead_lettered,
         "contended": reaped.contended, "batches": reaped.batches, "queues": gauges.queues,
@@ -154,6 +163,37 @@ def _apply_retention(storage: Storage, hours: float, deadline: float, clock: Cal
             storage, hours * 3600, RETENTION_CHUNK, idle_lanes=idle_lanes)):
         purged += batch
     return purged
+
+
+class _UndeliveredAge:
+    """The pass's publisher, noting each event it was given and did not deliver (one refused and
+    then accepted on a retry within the pass is not counted): refused events stay in the outbox
+    and are taken again on a later pass, so their age is how long delivery has been failing."""
+
+    def __init__(self, inner: Publisher) -> None:
+        self._inner = inner
+        self._undelivered: dict[str, datetime] = {}
+
+    def publish(self, events: Sequence[OutboxEvent]) -> list[bool]:
+        try:
+            accepted = self._inner.publish(events)
+        except Exception:
+            self._note(events, [False] * len(events))
+            raise
+        self._note(events, accepted)
+        return accepted
+
+    def _note(self, events: Sequence[OutboxEvent], accepted: Sequence[bool]) -> None:
+        for event, ok in zip(events, accepted, strict=False):
+            if ok:
+                self._undelivered.pop(event.id, None)
+            else:
+                self._undelivered[event.id] = event.at if event.at.tzinfo else event.at.replace(tzinfo=timezone.utc)
+
+    def oldest_undelivered_age(self) -> float:
+        if not self._undelivered:
+            return 0.0
+        return max(0.0, (datetime.now(timezone.utc) - min(self._undelivered.values())).total_seconds())
 
 
 #: Where the outbox is delivered: EventBridge when ``RDQ_EVENT_BUS`` is set (made on first use and

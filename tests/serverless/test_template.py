@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -292,6 +293,30 @@ SAM_MANAGED = {
 }
 
 
+def _managed(role: dict) -> list:
+    """A role's managed policies: its list, or for a list joined and split again (the worker's, to
+    take WorkerPolicyArns), each stack policy it names as a Ref and each fixed ARN as written."""
+    arns = role["Properties"]["ManagedPolicyArns"]
+    if isinstance(arns, list):
+        return arns
+    found: list = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if "Fn::Sub" in node:
+                found.extend({"Ref": name} for name in re.findall(r"\$\{(\w+)\}", node["Fn::Sub"]))
+                found.extend({"Fn::Sub": arn.lstrip(",")} for arn in re.findall(r",?arn:[^,]+", node["Fn::Sub"]))
+                return
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(arns)
+    return found
+
+
 def test_iam_is_scoped_to_each_functions_own_needs(resources):
     # The storage URL read, which every function needs, is one managed policy attached to the three
     # roles and to nothing else; it grants the one secret and/or parameter given, each only when given.
@@ -305,7 +330,7 @@ def test_iam_is_scoped_to_each_functions_own_needs(resources):
     assert parameter["Action"] == "ssm:GetParameter"
     assert parameter["Resource"]["Fn::Sub"].endswith(":parameter${StorageUrlParameterName}")
     for name in ("ApiFunctionRole", "WorkerFunctionRole", "ReaperFunctionRole"):
-        managed = resources[name]["Properties"]["ManagedPolicyArns"]
+        managed = _managed(resources[name])
         assert {"Ref": "StorageUrlReadPolicy"} in managed, name
         assert {arn for arn in managed if isinstance(arn, str)} <= SAM_MANAGED, (name, managed)
         assert len(managed) == len({json.dumps(arn) for arn in managed}), name
@@ -313,7 +338,7 @@ def test_iam_is_scoped_to_each_functions_own_needs(resources):
             _scoped(statement)
     attached = [name for name, r in resources.items()
                 if r["Type"] == "AWS::IAM::Role"
-                and {"Ref": "StorageUrlReadPolicy"} in r["Properties"].get("ManagedPolicyArns", [])]
+                and "ManagedPolicyArns" in r["Properties"] and {"Ref": "StorageUrlReadPolicy"} in _managed(r)]
     assert sorted(attached) == ["ApiFunctionRole", "ReaperFunctionRole", "WorkerFunctionRole"]
     api_policies = resources["ApiFunctionRole"]["Properties"]["Policies"]
     assert [p["Fn::If"][0] for p in api_policies] == ["WakeEnabled"], "no wake-up, no invoke permission"
@@ -340,7 +365,9 @@ def test_log_retention_alarms_and_outputs(resources):
     alarms = {a["Properties"]["MetricName"] for a in of_type(resources, "AWS::CloudWatch::Alarm").values()
               if "MetricName" in a["Properties"]}
     # (and the failed-firings queue's depth and the firings Lambda dropped: test_failed_firings_and_retention.py)
-    assert alarms == {"DeadTasks", "OldestPendingAge", "ApproximateNumberOfMessagesVisible", "AsyncEventsDropped"}
+    # (the rates, the API's 5xx and the outbox age: test_production_checklist.py)
+    assert alarms == {"DeadTasks", "OldestPendingAge", "ApproximateNumberOfMessagesVisible", "AsyncEventsDropped",
+                      "DeadLettered", "5XXError", "OutboxUndeliveredAge"}
     outputs = transformed()["Outputs"]
     assert "execute-api" in outputs["ApiUrl"]["Value"]["Fn::Sub"]
 
