@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from .test_template import transformed
+from .test_template import managed_policies, transformed
 
 BUCKET_ARN = {"Fn::GetAtt": ["PayloadBucket", "Arn"]}
 
@@ -77,8 +77,7 @@ def test_each_function_gets_only_what_it_does_with_the_bucket(resources):
         "s3:GetObject": {PAYLOADS}, "s3:PutObjectTagging": {PAYLOADS}, "s3:PutObject": {RESULTS},
         "s3:ListBucket": {repr(BUCKET_ARN)},
     }
-    roles = {name: resources[f"{name}Role"]["Properties"]["ManagedPolicyArns"]
-             for name in ("ApiFunction", "WorkerFunction", "ReaperFunction")}
+    roles = {name: managed_policies(resources[f"{name}Role"]) for name in ("ApiFunction", "WorkerFunction", "ReaperFunction")}
     assert {"Ref": "PayloadApiPolicy"} in roles["ApiFunction"] and {"Ref": "PayloadWorkerPolicy"} not in roles["ApiFunction"]
     worker_policies = roles["WorkerFunction"]
     assert {"Ref": "PayloadWorkerPolicy"} in worker_policies and {"Ref": "PayloadApiPolicy"} not in worker_policies

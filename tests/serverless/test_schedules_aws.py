@@ -17,7 +17,7 @@ from rdq_core.lambda_host import api, worker
 from rdq_core.lambda_host.local_invoke import api_proxy_event
 from rdq_core.schedules import SCHEDULED_TIME, Schedule, SchedulerBook, ScheduleNotFound, target_input
 
-from .test_template import transformed
+from .test_template import managed_policies, transformed
 
 moto = pytest.importorskip("moto")
 
@@ -217,7 +217,7 @@ def test_the_template_declares_the_group_role_example_and_api_permissions(templa
     assert variables["RDQ_SCHEDULE_GROUP"] == {"Ref": "RdqScheduleGroup"}
     assert variables["RDQ_SCHEDULER_ROLE_ARN"] == {"Fn::GetAtt": ["SchedulerRole", "Arn"]}
     assert variables["RDQ_SCHEDULE_TARGET_ARN"] == {"Ref": "WorkerSchedulesAlias"}
-    assert {"Ref": "ScheduleApiPolicy"} in resources["ApiFunctionRole"]["Properties"]["ManagedPolicyArns"]
+    assert {"Ref": "ScheduleApiPolicy"} in managed_policies(resources["ApiFunctionRole"])
 
 
 def test_a_trigger_retries_a_store_that_does_not_answer_then_fires(store_url, lambda_context, monkeypatch):

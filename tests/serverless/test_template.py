@@ -293,9 +293,9 @@ SAM_MANAGED = {
 }
 
 
-def _managed(role: dict) -> list:
-    """A role's managed policies: its list, or for a list joined and split again (the worker's, to
-    take WorkerPolicyArns), each stack policy it names as a Ref and each fixed ARN as written."""
+def managed_policies(role: dict) -> list:
+    """A role's managed policies: its list, or for a list joined and split again (how the roles
+    leave optional ARNs out), each stack policy it names as a Ref and each fixed ARN as written."""
     arns = role["Properties"]["ManagedPolicyArns"]
     if isinstance(arns, list):
         return arns
@@ -330,7 +330,7 @@ def test_iam_is_scoped_to_each_functions_own_needs(resources):
     assert parameter["Action"] == "ssm:GetParameter"
     assert parameter["Resource"]["Fn::Sub"].endswith(":parameter${StorageUrlParameterName}")
     for name in ("ApiFunctionRole", "WorkerFunctionRole", "ReaperFunctionRole"):
-        managed = _managed(resources[name])
+        managed = managed_policies(resources[name])
         assert {"Ref": "StorageUrlReadPolicy"} in managed, name
         assert {arn for arn in managed if isinstance(arn, str)} <= SAM_MANAGED, (name, managed)
         assert len(managed) == len({json.dumps(arn) for arn in managed}), name
@@ -338,7 +338,7 @@ def test_iam_is_scoped_to_each_functions_own_needs(resources):
             _scoped(statement)
     attached = [name for name, r in resources.items()
                 if r["Type"] == "AWS::IAM::Role"
-                and "ManagedPolicyArns" in r["Properties"] and {"Ref": "StorageUrlReadPolicy"} in _managed(r)]
+                and "ManagedPolicyArns" in r["Properties"] and {"Ref": "StorageUrlReadPolicy"} in managed_policies(r)]
     assert sorted(attached) == ["ApiFunctionRole", "ReaperFunctionRole", "WorkerFunctionRole"]
     api_policies = resources["ApiFunctionRole"]["Properties"]["Policies"]
     assert [p["Fn::If"][0] for p in api_policies] == ["WakeEnabled"], "no wake-up, no invoke permission"
