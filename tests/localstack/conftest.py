@@ -152,8 +152,10 @@ def deploy(localstack: LocalStackProcess, backend: str, store_url: str, build_di
         pass
     parameter = f"/{name}/storage-url"
     ssm.put_parameter(Name=parameter, Type="SecureString", Value=store_url, Overwrite=True)
+    # WorkerTimeout: the template's default; the example ``sleep`` handler (a 26 s timeout) can start
+    # only while that much is left before an invocation's work deadline, which 30 s would leave ~1 s.
     parameters = {"Packaging": "bundled", "StorageBackend": backend, "StorageUrlParameterName": parameter,
-                  "AuthMode": "API_KEY", "MaxWorkerConcurrency": "2", "WorkerTimeout": "30"}
+                  "AuthMode": "API_KEY", "MaxWorkerConcurrency": "2", "WorkerTimeout": "60"}
     body = packaged_template(localstack, build_dir, name, parameters)
     # From S3, as `sam deploy --resolve-s3` does: a TemplateBody may not exceed 51,200 bytes.
     s3.put_object(Bucket=BUCKET, Key=f"{name}/template.json", Body=json.dumps(body).encode())

@@ -8,7 +8,10 @@ virtualenv in ~/.cache/rdq-localstack-2.3.2)."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 import urllib.error
+from concurrent.futures import ThreadPoolExecutor
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
@@ -18,6 +21,7 @@ import pytest
 from rdq_core import Client, open_storage
 from rdq_core.compliance import servers
 
+from . import fleet_probe
 from .conftest import Stack, deploy, sam_build, wait_for
 
 pytestmark = [pytest.mark.localstack, pytest.mark.timeout(1500)]
@@ -156,3 +160,76 @@ def test_stats_openapi_and_a_404_problem(stack: Stack):
     # (LocalStack 2.3.2 passes on only single-value headers, and Powertools sends Content-Type as a
     # multi-value one: the media type is checked in tests/serverless, the problem body here.)
     assert status == 404 and problem["status"] == 404 and problem["type"].startswith("urn:rdq:problem"), problem
+
+
+#: The fleet test's handler: ``sleep`` from the deployed examples, long enough that workers overlap.
+FANOUT_TASKS, FANOUT_TASK_SECONDS = 16, 1.0
+#: Each worker that wins a slot in the surplus round holds it this long (one task each): the
+#: surplus invocations all reach the store well within it.
+HOLD_SECONDS = 6.0
+
+
+def test_a_backlog_fans_out_to_the_cap_and_never_beyond(stack: Stack):
+    """Issue 28, item 9: a backlog on the deployed stack fans out to MaxWorkerConcurrency
+    workers and never beyond, the worker slots in the store deciding.
+
+    The worker's tick is paused, so the test starts every worker. First a backlog enqueued in one
+    API call: its single wake-up starts one worker, whose fan-out (Lambda ``Event`` invokes
+    through LocalStack) fills the fleet to the cap and no further. Then cap + 2 workers invoked at
+    once, with the fan-out event, on a backlog of cap long tasks: exactly cap win a slot and run a
+    task each while the surplus return ``{"slot": null}``, having claimed nothing. The
+    store is the witness: slots sampled while the fleet runs, the slot documents it wrote, and
+    each task's attempt (with one handler per invocation, tasks running at once are invocations
+    holding tasks at once)."""
+    with fleet_probe.paused_worker_tick(stack) as fleet, \
+            fleet_probe.SlotWatch(stack.store_url, fleet.name) as watch, Client(stack.store_url) as client:
+        assert fleet.cap >= 2, f"a fan-out needs a cap above 1 (the stack has {fleet.cap})"
+
+        # 1. Through the API: one wake-up, then fan-out. The backlog exceeds a batch (BatchSize,
+        #    10 by default), so the woken worker asks for more workers than the cap leaves.
+        fan_out_began = time.monotonic()
+        status, _, answer = call(stack, "POST", "/v1/queues/fanout/tasks:batch", {"tasks": [
+            {"handler": "sleep", "payload": {"seconds": FANOUT_TASK_SECONDS}} for _ in range(FANOUT_TASKS)]})
+        assert status == 200 and answer["created"] == FANOUT_TASKS, answer
+        ids = [item["id"] for item in answer["results"]]
+        drained = wait_for("the fanned-out backlog to drain", lambda: _all_succeeded(client, ids), 60)
+        assert watch.peak(since=fan_out_began) == fleet.cap, "the fan-out did not fill the fleet"
+        assert fleet_probe.peak_overlap(map(fleet_probe.run_interval, drained)) == fleet.cap
+        wait_for("every slot freed", lambda: client.storage.worker_slots_held(fleet.name) == 0, 30)
+
+        # 2. cap + 2 at once, straight at the function: a fan-out event starts no fan-out of its
+        #    own, so only these invocations contend for the slots.
+        ids = [client.enqueue("surplus", "sleep", {"seconds": HOLD_SECONDS}).id for _ in range(fleet.cap)]
+        event = json.dumps({"source": "rdq.fanout", "detail-type": "rdq.fanout", "detail": {"queues": ["surplus"]}})
+        start = threading.Barrier(fleet.cap + 2)
+        lam = stack.lambda_client()  # made here: boto3 clients are thread-safe, creating them is not
+
+        def invoke(_: int) -> dict[str, Any]:
+            start.wait()
+            reply = lam.invoke(FunctionName=stack.worker, InvocationType="RequestResponse", Payload=event.encode())
+            body = reply["Payload"].read().decode()
+            assert "FunctionError" not in reply, body
+            return dict(json.loads(body))
+
+        with ThreadPoolExecutor(fleet.cap + 2) as pool:
+            summaries = list(pool.map(invoke, range(fleet.cap + 2)))
+        holders = [summary for summary in summaries if summary["slot"] is not None]
+        refused = [summary for summary in summaries if summary["slot"] is None]
+        assert len(holders) == fleet.cap and len(refused) == 2, summaries
+        assert sorted(s["slot"] for s in holders) == list(range(fleet.cap)), holders
+        assert sum(s["started"] for s in holders) == fleet.cap, holders
+        # The surplus left before looking at any queue. (How fast is not asserted: LocalStack's
+        # local executor may wait up to 5 s for a forked invocation's process to exit after it
+        # has answered, so an invocation's wall time here says little about the worker.)
+        assert all(s["claimed"] == 0 and s["fanned_out"] == 0 and "queues" not in s for s in refused), refused
+        held = wait_for("the holders' tasks settled", lambda: _all_succeeded(client, ids), 10)
+        assert fleet_probe.peak_overlap(map(fleet_probe.run_interval, held)) == fleet.cap
+
+        assert watch.peak() <= fleet.cap
+    # No worker ever took a slot numbered at or above the cap.
+    assert set(fleet_probe.slot_numbers(stack.store_url, fleet.name)) == set(range(fleet.cap))
+
+
+def _all_succeeded(client: Client, ids: list[str]) -> list[Any] | None:
+    tasks = [client.get(task_id) for task_id in ids]
+    return tasks if all(t.status.value == "SUCCEEDED" for t in tasks) else None

@@ -1,0 +1,133 @@
+"""What the fleet test (``test_e2e.py``) reads of a deployed worker fleet: its cap and slot
+fleet as the stack configured them, its EventBridge tick paused for a while, the worker slots
+the store counts as held (sampled on a thread of its own), and how many tasks ran at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Iterable, Iterator
+
+from rdq_core import open_storage
+from rdq_core.model import Task, TaskStatus
+from rdq_core.storage.slots import SLOT_KIND, fleet_prefix
+
+from .conftest import Stack, aws, wait_for
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The worker fleet of a deployed stack, read from its worker function's environment."""
+
+    name: str
+    cap: int
+
+
+def fleet_of(stack: Stack) -> Fleet:
+    variables = stack.lambda_client().get_function_configuration(FunctionName=stack.worker)["Environment"]["Variables"]
+    # The worker's own rule (Settings.from_env): RDQ_WORKER_FLEET, else the worker function's name.
+    name = variables.get("RDQ_WORKER_FLEET", "").strip() or variables["RDQ_WORKER_FUNCTION"]
+    return Fleet(name=name, cap=int(variables["RDQ_MAX_WORKER_CONCURRENCY"]))
+
+
+@contextmanager
+def paused_worker_tick(stack: Stack) -> Iterator[Fleet]:
+    """The worker's schedule rule disabled, and every slot of the fleet free, for the block: only
+    what the block starts then runs workers. LocalStack 2.3.2 applies ``DisableRule`` to its
+    scheduler but not ``EnableRule``; a ``PutRule`` with the same schedule schedules it again."""
+    events = aws(stack.localstack, "events")
+    resources = aws(stack.localstack, "cloudformation").describe_stack_resources(StackName=stack.name)["StackResources"]
+    (physical,) = [r["PhysicalResourceId"] for r in resources
+                   if r["ResourceType"] == "AWS::Events::Rule" and r["LogicalResourceId"].startswith("WorkerFunction")]
+    rule = events.describe_rule(Name=physical.split("/")[-1])
+    events.disable_rule(Name=rule["Name"])
+    try:
+        fleet = fleet_of(stack)
+        # A tick already under way finishes first: its slot would count against the cap.
+        storage = open_storage(stack.store_url)
+        try:
+            wait_for("the fleet's slots to be free", lambda: storage.worker_slots_held(fleet.name) == 0, 90)
+        finally:
+            storage.close()
+        yield fleet
+    finally:
+        events.put_rule(Name=rule["Name"], ScheduleExpression=rule["ScheduleExpression"], State="ENABLED")
+
+
+class SlotWatch:
+    """Samples, every ``every`` seconds on its own thread and store connection, how many of the
+    fleet's slots the store counts as held. A slot held for less than a sample's period may be
+    missed: the samples show the cap reached and never passed, the attempts (``peak_overlap``)
+    and the surplus invocations show the rest."""
+
+    def __init__(self, store_url: str, fleet: str, every: float = 0.05) -> None:
+        self._store_url, self._fleet, self._every = store_url, fleet, every
+        self._samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="slot-watch", daemon=True)
+
+    def __enter__(self) -> "SlotWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        storage = open_storage(self._store_url)
+        try:
+            while not self._stop.is_set():
+                held = storage.worker_slots_held(self._fleet)
+                self._samples.append((time.monotonic(), held))
+                self._stop.wait(self._every)
+        except BaseException as exc:  # noqa: BLE001 - reported by peak(), on the test's thread
+            self._failure = exc
+        finally:
+            storage.close()
+
+    def peak(self, since: float = 0.0) -> int:
+        """The most slots seen held at once since ``since`` (``time.monotonic()``)."""
+        if self._failure is not None:
+            raise AssertionError(f"the slot watch failed: {self._failure!r}") from self._failure
+        seen = [held for at, held in list(self._samples) if at >= since]
+        assert seen, "the slot watch took no sample"
+        return max(seen)
+
+
+def slot_numbers(store_url: str, fleet: str) -> list[int]:
+    """The numbers of every slot document the fleet ever wrote (free or held)."""
+    prefix = fleet_prefix(fleet)
+    storage = open_storage(store_url)
+    try:
+        # ``after=prefix`` sorts just before the fleet's first slot key.
+        documents = storage.list_documents(SLOT_KIND, limit=1000, after=prefix)
+    finally:
+        storage.close()
+    return [int(d.key[len(prefix):]) for d in documents if d.key.startswith(prefix)]
+
+
+def run_interval(task: Task) -> tuple[datetime, datetime]:
+    """When a ``sleep`` task's single attempt ran its handler, by the store's clock: its start,
+    plus the seconds it slept. (Its ``finished_at`` is its settlement, which an invocation may
+    write after it has started its next task, so it would count one invocation twice.)"""
+    assert task.status is TaskStatus.SUCCEEDED and len(task.attempts) == 1, task
+    started = task.attempts[0].started_at
+    assert started is not None, task
+    return started, started + timedelta(seconds=float(task.result["slept_seconds"]))
+
+
+def peak_overlap(intervals: Iterable[tuple[datetime, datetime]]) -> int:
+    """The most intervals open at one instant; one that ends as another starts does not overlap it."""
+    spans = list(intervals)
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = peak = 0
+    for _, step in edges:  # at equal times the end (-1) sorts first
+        running += step
+        peak = max(peak, running)
+    return peak
