@@ -24,6 +24,12 @@ process, and every kill -- against what the store recorded:
 * a Lambda invocation that returned left none of its claims unsettled and unreleased;
 * no two executions of one task overlapped in time (a killed execution ends at its kill).
 
+A process the test *froze* (SIGSTOP, ``ChaosProcess.frozen``) cannot renew its leases: frozen
+longer than a lease, it may be overtaken by it while it lives. So a LEASE_EXPIRED recorded while
+its holder was frozen is no violation, nor is a write refused to a holder that was frozen after
+its claim; and an execution whose claim was lost so (no write of it applied) counts as ended at
+the freeze -- whatever it did after thawing was fenced out.
+
 Violations come back as a report: each with its category, the claim's story (process, claim
 and write times, last lease extensions, how its process died) and the task's full history.
 """
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import os
 import subprocess
 import time
@@ -47,6 +54,8 @@ from .support import present
 
 LE = Outcome.LEASE_EXPIRED.value
 SUCCESS = Outcome.SUCCESS.value
+#: Points a handler holds at (``H <task_id> <point> <ts>``): for a kill, or to be frozen.
+HANDLER_HOLDS = ("handler", "freeze")
 
 
 @dataclass(eq=False)
@@ -95,7 +104,7 @@ class Claim:
     planned: float = 0.0  # seconds the handler means to run
     finished: float | None = None
     raised: bool = False
-    held: bool = False  # its handler is holding for an armed kill
+    held: str | None = None  # the point its handler is holding at (HANDLER_HOLDS), for the killer
     extra_starts: list[float] = field(default_factory=list)
     writes: list[Call] = field(default_factory=list)  # settle / release calls naming this claim
     extends: list[Call] = field(default_factory=list)
@@ -179,8 +188,8 @@ class ProcessJournal:
             self.claims.append(claim)
             self._latest[claim.task_id] = claim
         elif kind == "H":
-            if f[2] == "handler":
-                self._running[f[1]].held = True
+            if f[2] in HANDLER_HOLDS:
+                self._running[f[1]].held = f[2]
             else:
                 self.calls[int(f[1])].held = f[2]
         elif kind == "E":
@@ -210,9 +219,13 @@ class ProcessJournal:
     # -- what is happening right now (for the killer) ---------------------------------------
     def holding(self, point: str) -> bool:
         """Armed for ``point`` and holding there: a kill now lands exactly on it."""
-        if point == "handler":
-            return any(c.held for c in self._running.values())
+        if point in HANDLER_HOLDS:
+            return any(c.held == point for c in self._running.values())
         return any(c.held == point for c in self.open.values())
+
+    def held_claims(self, point: str) -> list[Claim]:
+        """The running claims whose handler holds at ``point`` (one of ``HANDLER_HOLDS``)."""
+        return [c for c in self._running.values() if c.held == point]
 
     def ready(self, intent: str, now: float) -> bool:
         """Whether a kill now would land on ``intent``, as far as the journal shows."""
@@ -259,6 +272,16 @@ class ChaosProcess:
     killed_at: float | None = None
     intent: str | None = None
     landed: set[str] = field(default_factory=set)
+    #: When the test froze it (SIGSTOP) and thawed it (SIGCONT; None: still frozen at its kill).
+    frozen: list[tuple[float, float | None]] = field(default_factory=list)
+
+    def frozen_at(self, ts: float, tolerance: float = 0.0) -> bool:
+        return any(start - tolerance <= ts <= (end if end is not None else math.inf) + tolerance
+                   for start, end in self.frozen)
+
+    def froze_within(self, start: float, end: float) -> float | None:
+        """When it was first frozen between ``start`` and ``end``, if it was."""
+        return min((s for s, _ in self.frozen if start <= s <= end), default=None)
 
 
 # -- the clock ---------------------------------------------------------------------------------
@@ -356,6 +379,8 @@ def audit(
             for call in unknown:
                 allowed.add(None if call.op == "release" else outcome_of[call])
             return allowed, "write in flight at kill" if p.killed_at is not None else "write raised"
+        if settles and p.froze_within(claim.call.begin, settles[0][0].begin) is not None:
+            return {LE}, "write refused (frozen past the lease)"
         if settles:  # every write refused: the lease was lost while the holder was alive
             flag("lease-lost-while-alive", claim.task_id,
                  f"{claim_text(claim)}: the store refused its holder's {settles[0][0].op} (stale claim) "
@@ -378,6 +403,8 @@ def audit(
         extends = ", ".join(f"{rel(c.begin)}:{c.label}:{c.status or 'none'}" for c in claim.extends[-4:]) or "none"
         fate = (f"killed {rel(p.killed_at)} aiming at {p.intent}, landed in {'/'.join(sorted(p.landed))}"
                 if p.killed_at is not None else "alive")
+        if p.frozen:
+            fate += ", frozen " + ", ".join(f"{rel(s)}..{rel(e)}" for s, e in p.frozen)
         return (
             f"claim {claim.token[:8]} of {claim.task_id} by {p.name} (claimed {rel(clock.wall(claim.claimed_at))}, "
             f"ran {rel(claim.started)}..{rel(claim.finished)}{' raised' if claim.raised else ''}, writes [{writes}], "
@@ -439,7 +466,9 @@ def audit(
                 holder = by_name[claim.proc.name]
                 if attempt.outcome.value == LE:
                     reaped = clock.wall(present(attempt.finished_at, "a reaped attempt's finish"))
-                    if holder.killed_at is None or reaped < holder.killed_at - clock.tolerance:
+                    # Frozen past its lease, a live holder may lose the claim to the reaper.
+                    if not holder.frozen_at(reaped, clock.tolerance) and (
+                            holder.killed_at is None or reaped < holder.killed_at - clock.tolerance):
                         flag("reaped-while-alive", task_id,
                              f"{claim_text(claim)}: LEASE_EXPIRED recorded at {rel(reaped)} while its holder was alive")
                 if attempt.outcome.value == SUCCESS and (claim.finished is None or claim.raised):
@@ -480,12 +509,17 @@ def audit(
         spans = []
         for claim in claims_by_task[task_id]:
             p = by_name[claim.proc.name]
+            # A claim lost to a freeze (no write of it applied) ran, as far as the store goes, until then.
+            applied = any(c.result_for(claim.task_id) == "applied" for c in claim.writes)
+            ran_until = claim.finished if claim.finished is not None else p.killed_at
+            lost_at = (None if applied or claim.started is None
+                       else p.froze_within(claim.started, ran_until if ran_until is not None else math.inf))
             if claim.extra_starts:
                 flag("claim-ran-twice", task_id, f"{claim_text(claim)}: handler started {1 + len(claim.extra_starts)} times")
             for start in [claim.started, *claim.extra_starts]:
                 if start is None:
                     continue
-                end = claim.finished if claim.finished is not None else p.killed_at
+                end = lost_at if lost_at is not None else ran_until
                 spans.append((start, end if end is not None else float("inf"), claim))
         figures["executions"] += len(spans)
         figures["executions_cut_by_kill"] += sum(1 for _, _, c in spans if c.finished is None)

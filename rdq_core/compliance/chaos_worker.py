@@ -14,6 +14,8 @@ threads never interleave. ``chaos_history`` reads it; the grammar (times are ``t
     E <seq> <ts>                     the call returned to the engine
     H <seq> <point> <ts>             armed for <point>: holding here for the killer
     H <task_id> handler <ts>         armed for a kill inside a handler: holding in it
+    H <task_id> freeze <ts>          holding in a handler for the test to freeze the process
+                                     (SIGSTOP; ``exactly_once_worker``)
     S <task_id> <ts> <attempt> <ms>  a handler began (and means to run <ms>)
     F <task_id> <ts> ok|raised       a handler finished (returned or raised)
 

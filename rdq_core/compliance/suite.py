@@ -24,6 +24,7 @@ one promise of the storage SPI (see ``spi.py``); a backend's test class subclass
 | ``engine.py``         | the runner on this backend                                          |
 | ``runner_paths.py``   | the runner's own paths (buffers, heartbeats, deadlines)             |
 | ``exactly_once.py``   | ``ctx.transaction()``: effects and completion commit together, fenced |
+| ``exactly_once_chaos.py`` | ``ctx.transaction()`` under kill -9 and freezes (marked ``chaos``) |
 | ``stateful.py``       | the model-based test                                                |
 | ``chaos_compliance.py`` | multi-process kill -9 runs (marked ``chaos``)                     |
 """
@@ -46,6 +47,7 @@ from .claim import ClaimCompliance
 from .dlq import DeadLetterCompliance
 from .engine import EngineCompliance
 from .exactly_once import ExactlyOnceCompliance
+from .exactly_once_chaos import ExactlyOnceChaosCompliance
 from .flow_control import FlowControlCompliance
 from .enqueue import EnqueueCompliance
 from .fencing import FencingCompliance
@@ -85,6 +87,7 @@ class StorageCompliance(
     RunnerPathsCompliance,
     ExactlyOnceCompliance,
     ChaosCompliance,
+    ExactlyOnceChaosCompliance,
 ):
     """Subclass this and provide a ``storage_url`` fixture (fresh, isolated, empty store)."""
 
