@@ -254,6 +254,16 @@ def chaos_process_arguments() -> argparse.ArgumentParser:
     return parser
 
 
+def run_chaos_worker(storage: JournalingStorage, registry: HandlerRegistry, args: argparse.Namespace) -> None:
+    """Wait for the go file, then run a ``Worker`` over the journaling ``storage`` until killed:
+    short leases and a fast retry policy, so a run sees many claims, retries and reaps."""
+    wait_for_go(args.go_file)
+    config = WorkerConfig(queues=[args.queue], batch_size=args.batch, lease_seconds=args.lease, idle_poll_seconds=0.05)
+    policies = PolicyBook(RetryPolicy(max_attempts=50, backoff=Backoff(0.05, 2.0, 0.2, 0.0)))
+    # Duck-typed: the journal forwards every SPI call it does not journal by ``__getattr__``.
+    Worker(cast(Storage, storage), config, policies=policies, registry=registry).run_forever()
+
+
 def main() -> None:
     parser = chaos_process_arguments()
     parser.add_argument("--lease", type=float, default=2.0)
@@ -269,11 +279,7 @@ def main() -> None:
     handle = chaos_handler(storage)
     for name, timeout in HANDLER_TIMEOUTS.items():
         registry.register(name, handle, timeout_seconds=timeout)
-    wait_for_go(args.go_file)
-    config = WorkerConfig(queues=[args.queue], batch_size=args.batch, lease_seconds=args.lease, idle_poll_seconds=0.05)
-    policies = PolicyBook(RetryPolicy(max_attempts=50, backoff=Backoff(0.05, 2.0, 0.2, 0.0)))
-    # Duck-typed: the journal forwards every SPI call it does not journal by ``__getattr__``.
-    Worker(cast(Storage, storage), config, policies=policies, registry=registry).run_forever()
+    run_chaos_worker(storage, registry, args)
 
 
 if __name__ == "__main__":

@@ -43,12 +43,10 @@ from typing import Any, Callable, cast
 from urllib.parse import urlsplit
 
 from ..handlers import HandlerRegistry, TaskContext
-from ..model import Backoff, Settlement
-from ..retry import PolicyBook, RetryPolicy
+from ..model import Settlement
 from ..storage import open_storage
 from ..storage.spi import OpenTransaction, Storage
-from ..worker import Worker, WorkerConfig
-from .chaos_worker import JournalingStorage, chaos_process_arguments, stamp, wait_for_go
+from .chaos_worker import JournalingStorage, chaos_process_arguments, run_chaos_worker, stamp
 
 HANDLER = "exactly-once-ship"
 FATES = ("kill-in-block", "kill-before-commit", "kill-after-commit", "freeze-then-kill", "freeze-then-commit")
@@ -233,10 +231,7 @@ def main() -> None:
     registry = HandlerRegistry()
     app = AppTable("sqlite" if urlsplit(args.url).scheme == "sqlite" else "postgresql", args.app_db, args.app_table)
     registry.register(HANDLER, exactly_once_handler(storage, app), timeout_seconds=60.0)
-    wait_for_go(args.go_file)
-    config = WorkerConfig(queues=[args.queue], batch_size=args.batch, lease_seconds=args.lease, idle_poll_seconds=0.05)
-    policies = PolicyBook(RetryPolicy(max_attempts=50, backoff=Backoff(0.05, 2.0, 0.2, 0.0)))
-    Worker(cast(Storage, storage), config, policies=policies, registry=registry).run_forever()
+    run_chaos_worker(storage, registry, args)
 
 
 if __name__ == "__main__":
