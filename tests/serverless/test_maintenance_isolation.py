@@ -65,14 +65,20 @@ def assert_the_rest_was_done(storage: Storage, delivered: list[OutboxEvent]) -> 
     assert any(event.type == "rdq.task.dead" for event in delivered), "the outbox was delivered"
 
 
-def test_the_reaper_function_reaps_delivers_and_applies_retention_past_a_poisoned_operation(
-        store_url: str, lambda_context: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def reaper_function_world(store_url: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Storage, Recording, dict[str, Any]]:
+    """The reaper function's store holding a poisoned world, and a publisher that records."""
     publisher = Recording()
     monkeypatch.setattr(reaper, "publisher", publisher)
     monkeypatch.setenv("RDQ_RETENTION_HOURS", str(0.3 / 3600))
     monkeypatch.setenv("RDQ_OPERATION_SECONDS", "1")
     storage = connection.shared_storage()
-    world = poisoned_world(storage)
+    return storage, publisher, poisoned_world(storage)
+
+
+def test_the_reaper_function_reaps_delivers_and_applies_retention_past_a_poisoned_operation(
+        reaper_function_world: tuple[Storage, Recording, dict[str, Any]], lambda_context: Any) -> None:
+    storage, publisher, world = reaper_function_world
     summary = reaper.lambda_handler(load_event("reaper-scheduled"), lambda_context("rdq-reaper", 60))
     assert summary["expired"] == 1 and summary["retention_deleted"] == 1, summary
     assert summary["failed_steps"] == [], summary
@@ -98,13 +104,9 @@ def test_rdq_reaper_once_reaps_delivers_and_applies_retention_past_a_poisoned_op
 
 
 def test_a_step_that_raises_does_not_stop_the_steps_after_it(
-        store_url: str, lambda_context: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    publisher = Recording()
-    monkeypatch.setattr(reaper, "publisher", publisher)
-    monkeypatch.setenv("RDQ_RETENTION_HOURS", str(0.3 / 3600))
-    monkeypatch.setenv("RDQ_OPERATION_SECONDS", "1")
-    storage = connection.shared_storage()
-    poisoned_world(storage)
+        reaper_function_world: tuple[Storage, Recording, dict[str, Any]], lambda_context: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    storage, publisher, _ = reaper_function_world
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise OverflowError("date value out of range")
