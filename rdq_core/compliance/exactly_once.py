@@ -17,7 +17,7 @@ import pytest
 from ..client import Client
 from ..errors import ClaimLost, UnsupportedOperation
 from ..handlers import HandlerRegistry, TaskContext
-from ..model import Backoff, ClaimedTask, ClaimRef, Outcome, TaskStatus
+from ..model import Backoff, ClaimedTask, ClaimRef, NewTask, Outcome, TaskStatus
 from ..reaper import reap_expired_leases
 from ..retry import PolicyBook, RetryPolicy
 from ..runner import BatchRunner
@@ -102,6 +102,13 @@ class _RecordingLedger(ClaimLedger):
         self.dropped.extend(refs)
 
 
+def shipping(ship: Callable[[Any, TaskContext], Any]) -> HandlerRegistry:
+    """A registry with ``ship`` as the ``ship`` handler."""
+    registry = HandlerRegistry()
+    registry.register("ship", ship)
+    return registry
+
+
 class ExactlyOnceCompliance:
     capabilities: Capabilities
     short_lease: float
@@ -129,6 +136,16 @@ class ExactlyOnceCompliance:
         runner = BatchRunner(storage, QUICK_RETRIES, registry, settle_interval=0.01)
         return runner.run(claimed, ledger=ledger), claimed
 
+    def _ship_one(self, storage: Storage, registry: HandlerRegistry, queue: str, payload: object = None,
+                  *, lease: float = 30.0, ledger: ClaimLedger | None = None,
+                  ) -> tuple[NewTask, BatchReport, list[ClaimedTask]]:
+        """One task of the ``ship`` handler enqueued on ``queue``, claimed and run: the task, the
+        batch's report and the claim."""
+        item = new_task(queue, "ship", payload)
+        storage.enqueue([item])
+        report, claimed = self._run(storage, registry, queue, lease=lease, ledger=ledger)
+        return item, report, claimed
+
     def test_a_handler_completes_its_task_in_its_own_transaction(
         self, storage: Storage, app_db: AppDatabase, app_connection: Callable[[], Any],
     ) -> None:
@@ -142,11 +159,8 @@ class ExactlyOnceCompliance:
             seen["dropped_at_commit"] = list(ledger.dropped)  # renewal stopped at the commit
             return "ignored: the transaction's result is the task's"
 
-        registry = HandlerRegistry()
-        registry.register("ship", ship)
-        item = new_task("xo-complete", "ship", {"order": "o-1"})
-        storage.enqueue([item])
-        report, claimed = self._run(storage, registry, "xo-complete", ledger=ledger)
+        registry = shipping(ship)
+        item, report, claimed = self._ship_one(storage, registry, "xo-complete", {"order": "o-1"}, ledger=ledger)
         assert (report.started, report.stale, report.outcomes) == (1, 0, {"SUCCESS": 1})
         assert app_db.rows(item.id) == 1
         task = must_get(storage, item.id)
@@ -177,11 +191,8 @@ class ExactlyOnceCompliance:
                 raised.append(exc)
                 raise
 
-        registry = HandlerRegistry()
-        registry.register("ship", ship)
-        item = new_task("xo-lost", "ship")
-        storage.enqueue([item])
-        report, _ = self._run(storage, registry, "xo-lost", lease=self.short_lease)
+        registry = shipping(ship)
+        item, report, _ = self._ship_one(storage, registry, "xo-lost", lease=self.short_lease)
         assert len(raised) == 1 and raised[0].task_ids == (item.id,)
         assert report.stale == 1 and report.outcomes == {}
         assert app_db.rows(item.id) == 0
@@ -205,11 +216,8 @@ class ExactlyOnceCompliance:
                 if ctx.attempt == 1:
                     raise RuntimeError("the carrier refused the parcel")
 
-        registry = HandlerRegistry()
-        registry.register("ship", ship)
-        item = new_task("xo-raise", "ship")
-        storage.enqueue([item])
-        report, _ = self._run(storage, registry, "xo-raise")
+        registry = shipping(ship)
+        item, report, _ = self._ship_one(storage, registry, "xo-raise")
         assert report.outcomes == {"RETRYABLE_FAILURE": 1} and report.stale == 0
         assert app_db.rows(item.id) == 0
         assert must_get(storage, item.id).status is TaskStatus.PENDING
@@ -229,11 +237,8 @@ class ExactlyOnceCompliance:
                 if ctx.attempt == 1:
                     raise RuntimeError("rolled back with its follow-ups")
 
-        registry = HandlerRegistry()
-        registry.register("ship", ship)
-        item = new_task("xo-follow", "ship")
-        storage.enqueue([item])
-        self._run(storage, registry, "xo-follow")
+        registry = shipping(ship)
+        item, _, _ = self._ship_one(storage, registry, "xo-follow")
         assert storage.get(f"receipt-{item.id}") is None and storage.get(f"audit-{item.id}") is None
         self._run(storage, registry, "xo-follow")
         assert must_get(storage, item.id).status is TaskStatus.SUCCEEDED
@@ -258,11 +263,8 @@ class ExactlyOnceCompliance:
             with pytest.raises(UnsupportedOperation):
                 ctx.transaction()  # one transaction per run
 
-        registry = HandlerRegistry()
-        registry.register("ship", ship)
-        item = new_task("xo-extend", "ship")
-        storage.enqueue([item])
-        self._run(storage, registry, "xo-extend")
+        registry = shipping(ship)
+        item, _, _ = self._ship_one(storage, registry, "xo-extend")
         assert len(refused) == 1 and app_db.rows(item.id) == 1
         assert must_get(storage, item.id).status is TaskStatus.SUCCEEDED
 
@@ -319,11 +321,8 @@ class ExactlyOnceCompliance:
                 refused.append(exc)
                 raise
 
-        registry = HandlerRegistry()
-        registry.register("ship", ship)
-        item = new_task("xo-refused", "ship")
-        storage.enqueue([item])
-        report, _ = self._run(storage, registry, "xo-refused")
+        registry = shipping(ship)
+        item, report, _ = self._ship_one(storage, registry, "xo-refused")
         assert len(refused) == 1 and "cannot complete a task inside a database transaction" in str(refused[0])
         assert report.outcomes == {"RETRYABLE_FAILURE": 1}
         assert must_get(storage, item.id).status is TaskStatus.PENDING
