@@ -1,4 +1,4 @@
--- rdq schema v4: wake idle workers when tasks are enqueued (LISTEN/NOTIFY).
+-- rdq schema v7: wake idle workers when tasks are enqueued (LISTEN/NOTIFY).
 --
 -- A statement-level trigger: one NOTIFY per queue that an INSERT made a due task in, on the
 -- channel of this schema, payload = the queue name. NOTIFY is delivered when the inserting
