@@ -15,16 +15,16 @@ Every argument is validated here (``InvalidInput``) before anything is written.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, Unpack
 
 from . import payloads as payload_objects
 from . import operations, tracecontext, validation
+from .client_protocol import EnqueueOptions, check_enqueue_options
 from .errors import InvalidCursor, InvalidInput, TaskConflict, TaskNotFound
 from .ids import new_task_id
 from .operations import Operation
 from .model import (
     AuditPage,
-    Backoff,
     DeadFilter,
     DeadPage,
     EnqueueResult,
@@ -73,41 +73,22 @@ class Client:
         handler: str,
         payload: Any = None,
         *,
-        id: str | None = None,
-        delay_seconds: float | None = None,
-        run_at: datetime | str | None = None,
-        max_attempts: int | None = None,
-        backoff: Backoff | Mapping[str, float] | None = None,
-        headers: Mapping[str, str] | None = None,
         connection: Any = None,
         traceparent: str | None = None,
         tracestate: str | None = None,
-        priority: int | None = None,
-        concurrency_key: str | None = None,
-        rate_key: str | None = None,
-        group: str | None = None,
-        dedupe_key: str | None = None,
-        dedupe_for_seconds: float | None = None,
-        dedupe_states: Sequence[str] | None = None,
-        dedupe_mode: str | None = None,
-        dedupe_max_wait_seconds: float | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> Task:
         """Enqueue one task; an existing id on the same queue returns the existing task.
 
-        ``priority`` .. ``dedupe_max_wait_seconds``: flow control (docs/flow-control.md).
-        Raises ``TaskConflict`` if ``id`` is taken on another queue. ``connection`` (PostgreSQL;
-        SQLite: a sqlite3 connection to the store's file) writes inside the caller's open
+        ``options`` are the task's fields, grouped in ``rdq_core.client_protocol`` (``TaskOptions``,
+        ``FlowOptions``: docs/flow-control.md, ``DedupeOptions``); a keyword outside them is a
+        ``TypeError``. Raises ``TaskConflict`` if ``id`` is taken on another queue. ``connection``
+        (PostgreSQL; SQLite: a sqlite3 connection to the store's file) writes inside the caller's open
         transaction. ``traceparent``/``tracestate`` (W3C) are the trace the task continues; by
         default the current OpenTelemetry span's (docs/handlers.md, "Tracing"); an invalid one is
         dropped, never refused.
         """
-        fields = {
-            "handler": handler, "payload": payload, "id": id, "delay_seconds": delay_seconds,
-            "run_at": run_at, "max_attempts": max_attempts, "backoff": backoff, "headers": headers,
-            "priority": priority, "concurrency_key": concurrency_key, "rate_key": rate_key, "group": group,
-            "dedupe_key": dedupe_key, "dedupe_for_seconds": dedupe_for_seconds, "dedupe_states": dedupe_states,
-            "dedupe_mode": dedupe_mode, "dedupe_max_wait_seconds": dedupe_max_wait_seconds,
-        }
+        fields = {"handler": handler, "payload": payload, **check_enqueue_options(options)}
         (item,), uploaded = self._offloaded(queue, [fields], single=True)
         (item,) = tracecontext.stamped([item], tracecontext.enqueue_headers(traceparent, tracestate))
         try:
@@ -273,6 +254,12 @@ class Client:
 
     def cancel_operation(self, operation_id: str) -> Operation:
         return operations.cancel_operation(self.storage, operation_id, actor=self.actor)
+
+    def wait_for_operation(self, operation_id: str, *, timeout: float = 3600.0, poll: float = 1.0) -> Operation:
+        """Poll until the operation is finished; ``OperationStillRunning`` past ``timeout`` seconds.
+        A reaper advances it (``rdq dev``, ``rdq worker``, ``rdq reaper``, the Lambda reaper):
+        with none running, it stays where it is."""
+        return operations.wait_until_finished(self.get_operation, operation_id, timeout=timeout, poll=poll)
 
     # -- large payloads (rdq_core/payloads.py) ------------------------------------------------
     @property

@@ -87,6 +87,11 @@ class NotAuthorized(RdqError):
     """The API refused the caller's credentials (HTTP 401 or 403): missing, wrong or not allowed."""
 
 
+class OperationStillRunning(RdqError, TimeoutError):
+    """``wait_for_operation`` gave up: the operation had not finished within the time allowed. It
+    goes on; wait again, or cancel it."""
+
+
 class ApiUnavailable(StorageUnavailable):
     """The rdq API could not be reached, or kept answering 429/5xx until the retry budget ran
     out. A ``StorageUnavailable``, so code written against ``Client`` handles both alike."""

@@ -54,7 +54,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence, Unpack
 
 from .errors import (
     ApiUnavailable,
@@ -68,10 +68,12 @@ from .errors import (
     UnsupportedOperation,
 )
 from . import payloads as payload_objects
-from . import tracecontext
+from . import operations, tracecontext
+from .client_protocol import EnqueueOptions, check_enqueue_options
 from .ids import new_task_id
 from .operations import Operation
 from .model import AuditPage, Backoff, DeadPage, EnqueueResult, NewTask, QueueStats, Task, TaskPage, TaskStatus
+from .validation import Limits
 
 __all__ = ["ApiKey", "Auth", "BearerToken", "HttpClient", "SigV4", "plaintext_credential_warning"]
 
@@ -233,24 +235,10 @@ class HttpClient:
         handler: str,
         payload: Any = None,
         *,
-        id: str | None = None,
-        delay_seconds: float | None = None,
-        run_at: datetime | str | None = None,
-        max_attempts: int | None = None,
-        backoff: Backoff | Mapping[str, float] | None = None,
-        headers: Mapping[str, str] | None = None,
         connection: Any = None,
         traceparent: str | None = None,
         tracestate: str | None = None,
-        priority: int | None = None,
-        concurrency_key: str | None = None,
-        rate_key: str | None = None,
-        group: str | None = None,
-        dedupe_key: str | None = None,
-        dedupe_for_seconds: float | None = None,
-        dedupe_states: Sequence[str] | None = None,
-        dedupe_mode: str | None = None,
-        dedupe_max_wait_seconds: float | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> Task:
         """Enqueue one task; an existing id on the same queue returns the existing task.
 
@@ -258,12 +246,7 @@ class HttpClient:
         ``Client.enqueue`` chooses it) travels as the request's ``traceparent`` header.
         """
         _no_connection(connection)
-        item = _task_body({"handler": handler, "payload": payload, "id": id, "delay_seconds": delay_seconds,
-                           "run_at": run_at, "max_attempts": max_attempts, "backoff": backoff, "headers": headers,
-                           "priority": priority, "concurrency_key": concurrency_key, "rate_key": rate_key,
-                           "group": group, "dedupe_key": dedupe_key, "dedupe_for_seconds": dedupe_for_seconds,
-                           "dedupe_states": dedupe_states, "dedupe_mode": dedupe_mode,
-                           "dedupe_max_wait_seconds": dedupe_max_wait_seconds})
+        item = _task_body({"handler": handler, "payload": payload, **check_enqueue_options(options)})
         item = self._offloaded(queue, item)  # a payload over the threshold is uploaded first
         trace = tracecontext.http_headers(tracecontext.enqueue_headers(traceparent, tracestate))
         response = self._call("POST", f"/v1/queues/{_segment(queue)}/tasks", IDEMPOTENT, body=item, headers=trace)
@@ -276,11 +259,7 @@ class HttpClient:
         _no_connection(connection)
         # A stored trace context travels as the traceparent header (the API refuses rdq.* in the body).
         trace = tracecontext.http_headers(new_task.headers)
-        item = _task_body({"id": new_task.id, "handler": new_task.handler, "payload": new_task.payload,
-                           "headers": tracecontext.with_trace(new_task.headers, {}) or None,
-                           "max_attempts": new_task.max_attempts,
-                           "backoff": new_task.backoff, "run_at": new_task.run_at,
-                           "delay_seconds": new_task.delay_seconds or None, **new_task.flow_fields()})
+        item = _new_task_body(new_task)
         response = self._call("POST", f"/v1/queues/{_segment(new_task.queue)}/tasks", IDEMPOTENT, body=item, headers=trace)
         body = response.json()
         return EnqueueResult(task=Task.from_dict(body), created=bool(body.get("created", response.status == 201)),
@@ -321,6 +300,28 @@ class HttpClient:
         """``resolve=True`` downloads a payload or result kept in the payload store (presigned URLs
         from ``GET /v1/tasks/{id}/objects``) and checks its size and SHA-256."""
         task = Task.from_dict(self._call("GET", f"/v1/tasks/{_segment(task_id, 'id')}", IDEMPOTENT, task_id=task_id).json())
+        return self._enqueue_batch(queue, bodies, trace)
+
+    def enqueue_new_many(self, new_tasks: Sequence[NewTask], *, connection: Any = None) -> list[EnqueueResult]:
+        """``Client.enqueue_new_many`` over HTTP: tasks already validated by ``build_new_tasks``;
+        per-item results in order, a conflict included (``conflict=True``), never raised.
+
+        One request per queue and trace context (the batch route takes one of each), in chunks of
+        ``Limits.batch_items``; tasks from one producer call usually make a single request."""
+        _no_connection(connection)
+        groups: dict[tuple[str, tuple[tuple[str, str], ...]], list[int]] = {}
+        for index, new_task in enumerate(new_tasks):
+            trace = tuple(sorted(tracecontext.http_headers(new_task.headers).items()))
+            groups.setdefault((new_task.queue, trace), []).append(index)
+        results: dict[int, EnqueueResult] = {}
+        for (queue, trace), indexes in groups.items():
+            for start in range(0, len(indexes), Limits.batch_items):
+                chunk = indexes[start:start + Limits.batch_items]
+                answers = self._enqueue_batch(queue, [_new_task_body(new_tasks[i]) for i in chunk], dict(trace))
+                results.update(zip(chunk, answers, strict=True))
+        return [results[index] for index in range(len(new_tasks))]
+
+    def _enqueue_batch(self, queue: str, bodies: list[Any], trace: Mapping[str, str]) -> list[EnqueueResult]:
         return self._resolved(task) if resolve else task
 
     def cancel(self, task_id: str) -> Task:
@@ -455,15 +456,8 @@ class HttpClient:
 
     def wait_for_operation(self, operation_id: str, *, timeout: float = 3600.0, poll: float = 1.0) -> Operation:
         """Poll until the operation is finished; ``ApiUnavailable`` past ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            operation = self.get_operation(operation_id)
-            if operation.finished:
-                return operation
-            if time.monotonic() + poll > deadline:
-                raise ApiUnavailable(f"operation {operation_id} is still {operation.status} after {timeout:g}s "
-                                     f"({operation.done} of {operation.matched} done)")
-            time.sleep(poll)
+        return operations.wait_until_finished(self.get_operation, operation_id, timeout=timeout, poll=poll,
+                                              still_running=ApiUnavailable)
 
     # -- large payloads (rdq_core/payloads.py) -----------------------------------------------
     def enqueue_item(self, queue: str, item: Mapping[str, Any], *, connection: Any = None) -> EnqueueResult:
@@ -738,6 +732,15 @@ def _task_body(item: Mapping[str, Any]) -> dict[str, Any]:
     if body.get("id") is None:
         body["id"] = new_task_id()
     return body
+
+def _new_task_body(new_task: NewTask) -> dict[str, Any]:
+    """A validated task's JSON body; its trace context is left out (it travels as a header)."""
+    return _task_body({"id": new_task.id, "handler": new_task.handler, "payload": new_task.payload,
+                       "headers": tracecontext.with_trace(new_task.headers, {}) or None,
+                       "max_attempts": new_task.max_attempts,
+                       "backoff": new_task.backoff, "run_at": new_task.run_at,
+                       "delay_seconds": new_task.delay_seconds or None, **new_task.flow_fields()})
+
 
 
 def _selection(ids: Iterable[str] | None, error_type: str | None, handler: str | None, all: bool) -> dict[str, Any]:

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping
 
-from .errors import InvalidInput, TaskConflict, TaskNotFound
+from .errors import InvalidInput, OperationStillRunning, TaskConflict, TaskNotFound
 from .events import operation_finished_event
 from .ids import new_sequential_id
 from . import payloads, validation
@@ -192,6 +192,26 @@ def cancel_operation(storage: Storage, operation_id: str, *, actor: str = "local
     storage.record_audit(actor=actor, action="cancel_operation", queue=cancelled.queue,
                          selection={"operation": cancelled.id}, count=cancelled.done)
     return cancelled
+
+
+def wait_until_finished(get: Callable[[str], Operation], operation_id: str, *, timeout: float, poll: float,
+                        still_running: Callable[[str], Exception] | None = None,
+                        clock: Callable[[], float] = time.monotonic,
+                        sleep: Callable[[float], None] = time.sleep) -> Operation:
+    """Read ``operation_id`` through ``get`` every ``poll`` seconds until it is finished; past
+    ``timeout`` seconds raise ``still_running(message)`` (default ``OperationStillRunning``).
+
+    Both clients wait through this one loop; they differ only in how they read an operation."""
+    deadline = clock() + timeout
+    while True:
+        operation = get(operation_id)
+        if operation.finished:
+            return operation
+        if clock() + poll > deadline:
+            message = (f"operation {operation_id} is still {operation.status} after {timeout:g}s "
+                       f"({operation.done} of {operation.matched} done)")
+            raise (still_running or OperationStillRunning)(message)
+        sleep(poll)
 
 
 # -- advancing -----------------------------------------------------------------------------------
