@@ -261,7 +261,6 @@ class ClaimLoop:
                 if not size:
                     break  # no registered handler could start any more: the round made no progress
             lease = self.lease_seconds()
-            self.runner.lease_seconds = lease
             began = self.clock()
             claimed = self.storage.claim(queue, size, lease, self.runner.policies.flow_for(queue))
             if self.health is not None:
@@ -274,7 +273,7 @@ class ClaimLoop:
                 continue
             ran_from = self.clock()
             batch = self.runner.run(claimed, deadline=self.deadline, ledger=self.ledger, should_stop=self.should_stop,
-                                    settle_behind=settle_behind)
+                                    settle_behind=settle_behind, lease_seconds=lease)
             if pace is not None:
                 pace.record(batch.started + batch.too_long, self.clock() - ran_from)
             report.add_batch(len(claimed), batch)

@@ -51,6 +51,9 @@ class _ActiveBatch:
     #: When the claim came back (this host's clock): a rate-keyed task starts within
     #: RATE_START_SLACK of it or is released unstarted.
     received: float
+    #: The lease the batch was claimed with, given when it started and never changed: the least
+    #: an ``extend_lease`` renews to, and how long a write of its outcomes may retry.
+    lease_seconds: float
 
 
 class BatchRunner:
@@ -91,12 +94,9 @@ class BatchRunner:
 
     @property
     def lease_seconds(self) -> float:
-        """The lease a claim is taken with; also the least an ``extend_lease`` renews to."""
-        return self.settler.lease_seconds
-
-    @lease_seconds.setter
-    def lease_seconds(self, seconds: float) -> None:
-        self.settler.lease_seconds = seconds
+        """The lease of a batch run without one of its own (``run(lease_seconds=None)``). A claim
+        loop passes each batch the lease it claimed that batch with instead."""
+        return self.settler.default_lease_seconds
 
     def close(self) -> None:
         """Let idle helper threads exit (overrunning ones exit when their handler returns)."""
@@ -120,7 +120,8 @@ class BatchRunner:
         for batch in active:
             batch.buffer.flush()
             before = batch.report.released
-            self.settler.release(batch.cursor.take_unstarted(), batch.report, batch.ledger, batch.deadline)
+            self.settler.release(batch.cursor.take_unstarted(), batch.report, batch.ledger, batch.deadline,
+                                 batch.lease_seconds)
             released += batch.report.released - before
         return released
 
@@ -131,6 +132,7 @@ class BatchRunner:
         ledger: ClaimLedger | None = None,
         should_stop: Callable[[], bool] = lambda: False,
         settle_behind: SettleBehind | None = None,
+        lease_seconds: float | None = None,
     ) -> BatchReport:
         """Run ``claimed`` in order until done or out of time; settle and release everything.
 
@@ -138,16 +140,20 @@ class BatchRunner:
         threads: a full buffer by the buffer's thread, the rest once the batch is done by
         ``settle_behind``'s, so this returns while the last settle is still on its way (its
         ``stale`` and ``failed_writes`` counts arrive with it). A batch that ends with claims
-        not started (stopping, out of time) is finished here, as without it."""
+        not started (stopping, out of time) is finished here, as without it.
+
+        ``lease_seconds``: the lease ``claimed`` was taken with (default ``self.lease_seconds``);
+        it belongs to this batch alone, so batches of other threads keep theirs."""
         received = self.clock()
+        lease = self.lease_seconds if lease_seconds is None else lease_seconds
         ledger = ledger or ClaimLedger()
         ledger.hold(claimed)
         report = BatchReport()
         cursor = BatchCursor(self._rate_limited_first(claimed))
         buffer = OutcomeBuffer(self.settler, report, ledger, cursor, deadline, settle_batch=self.settle_batch,
-                               settle_interval=self.settle_interval, clock=self.clock,
+                               settle_interval=self.settle_interval, lease_seconds=lease, clock=self.clock,
                                write_behind=settle_behind is not None)
-        active = _ActiveBatch(cursor, buffer, report, ledger, deadline, received)
+        active = _ActiveBatch(cursor, buffer, report, ledger, deadline, received, lease)
         with self._lock:
             self._active_batches.append(active)
         finish = functools.partial(self._finish, active)
@@ -167,7 +173,8 @@ class BatchRunner:
         """Write what the batch's buffer holds, release its unstarted claims, forget it."""
         try:
             batch.buffer.close()
-            self.settler.release(batch.cursor.take_unstarted(), batch.report, batch.ledger, batch.deadline)
+            self.settler.release(batch.cursor.take_unstarted(), batch.report, batch.ledger, batch.deadline,
+                                 batch.lease_seconds)
         finally:
             with self._lock:
                 self._active_batches.remove(batch)
@@ -201,7 +208,7 @@ class BatchRunner:
         # transaction stops the claim's renewal at once, and nothing more is settled for it.
         completion = Completion(self.storage, item, started_after_seconds=max(0.0, began - batch.received),
                                 on_settled=lambda: batch.ledger.drop([item.ref]))
-        settlement = replace(self._execute(item, spec, batch.deadline, batch.ledger, completion),
+        settlement = replace(self._execute(item, spec, batch, completion),
                              started_after_seconds=max(0.0, began - batch.received))
         if completion.settled:
             self._settled_in_transaction(item, completion, settlement, batch.report, self.clock() - began)
@@ -224,8 +231,8 @@ class BatchRunner:
             return claimed
         return sorted(claimed, key=lambda item: not self._rate_limited(item))
 
-    def _execute(self, item: ClaimedTask, spec: HandlerSpec | None, deadline: float,
-                 ledger: ClaimLedger, completion: Completion | None = None) -> Settlement:
+    def _execute(self, item: ClaimedTask, spec: HandlerSpec | None, batch: _ActiveBatch,
+                 completion: Completion | None = None) -> Settlement:
         if spec is None:
             return outcomes.unknown_handler(item)
 
@@ -233,11 +240,11 @@ class BatchRunner:
             # An overrunning handler's outcome, once it returns, is written on its own -- unless
             # its transaction already settled the task.
             if completion is None or not completion.settled:
-                self.settler.settle([settlement], BatchReport(), ledger)
+                self.settler.settle([settlement], BatchReport(), batch.ledger, lease_seconds=batch.lease_seconds)
 
         return self.execution.execute(
-            item, spec, deadline,
-            extend=lambda seconds: self._extend(item.ref, seconds),
+            item, spec, batch.deadline,
+            extend=lambda seconds: self._extend(item.ref, seconds, batch.lease_seconds),
             settle_late=settle_late,
             completion=completion,
         )
@@ -268,8 +275,8 @@ class BatchRunner:
         outcomes.log_outcome(item.task, settlement, self.policies, None)
         return settlement
 
-    def _extend(self, ref: ClaimRef, seconds: float | None) -> None:
+    def _extend(self, ref: ClaimRef, seconds: float | None, lease_seconds: float) -> None:
         # Never less than a normal lease: on Lambda that lease already outlives the invocation,
         # so a handler asking for a short extension cannot let its task go while it runs.
         # (Stores also never move an expiry earlier.)
-        self.storage.extend_leases([ref], max(seconds or 0.0, self.lease_seconds))
+        self.storage.extend_leases([ref], max(seconds or 0.0, lease_seconds))

@@ -119,20 +119,22 @@ class Settler:
     ) -> None:
         self.storage = storage
         self.telemetry = telemetry
-        #: Also how long a write may keep retrying through an outage (see ``_write_budget``).
-        self.lease_seconds = lease_seconds
+        #: How long a write may keep retrying through an outage when the call names no lease of
+        #: its own (see ``_write_budget``). A batch passes its own lease with each write.
+        self.default_lease_seconds = lease_seconds
         self.clock = clock
         self.sleep = sleep
 
     def settle(
-        self, settlements: list[Settlement], report: BatchReport, ledger: ClaimLedger, deadline: float = math.inf
+        self, settlements: list[Settlement], report: BatchReport, ledger: ClaimLedger, deadline: float = math.inf,
+        lease_seconds: float | None = None,
     ) -> None:
         if not settlements:
             return
         refused: set[str] = set()
         failed: set[str] = set()
         try:
-            self._with_retries(lambda: self.storage.settle(settlements), self._write_budget(deadline))
+            self._with_retries(lambda: self.storage.settle(settlements), self._write_budget(deadline, lease_seconds))
         except StaleClaim as exc:
             refused = set(exc.task_ids)
         except StorageUnavailable:
@@ -155,14 +157,15 @@ class Settler:
                 self.telemetry.count("snoozed" if s.outcome is Outcome.SNOOZED else _SETTLED_METRIC[s.status])
 
     def release(
-        self, items: Sequence[ClaimedTask], report: BatchReport, ledger: ClaimLedger, deadline: float = math.inf
+        self, items: Sequence[ClaimedTask], report: BatchReport, ledger: ClaimLedger, deadline: float = math.inf,
+        lease_seconds: float | None = None,
     ) -> None:
         if not items:
             return
         refs = [item.ref for item in items]
         released = 0
         try:
-            self._with_retries(lambda: self.storage.release(refs), self._write_budget(deadline))
+            self._with_retries(lambda: self.storage.release(refs), self._write_budget(deadline, lease_seconds))
             released = len(refs)
         except StaleClaim as exc:
             released = len(refs) - len(exc.task_ids)
@@ -193,10 +196,11 @@ class Settler:
                 log.exception("could not settle task %s; its lease will expire", settlement.task_id)
         return refused, failed
 
-    def _write_budget(self, deadline: float) -> float:
+    def _write_budget(self, deadline: float, lease_seconds: float | None) -> float:
         """How long a settle/release may keep retrying through an outage: up to one lease
         (after that the reaper owns the task anyway), never past the deadline."""
-        return max(0.0, min(self.lease_seconds, deadline - self.clock() - 0.5))
+        lease = self.default_lease_seconds if lease_seconds is None else lease_seconds
+        return max(0.0, min(lease, deadline - self.clock() - 0.5))
 
     def _with_retries(
         self, write: Callable[[], None], budget_seconds: float, attempts: int = 3, first_delay: float = 0.2
@@ -238,10 +242,13 @@ class OutcomeBuffer:
         *,
         settle_batch: int,
         settle_interval: float,
+        lease_seconds: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         write_behind: bool = False,
     ) -> None:
         self._settler = settler
+        #: The batch's lease, given when the batch started: bounds how long a write retries.
+        self._lease_seconds = lease_seconds
         #: A full buffer is written by the buffer's thread rather than by the caller of ``add``
         #: (the runner's thread goes on with the next handler meanwhile).
         self._write_behind = write_behind
@@ -296,12 +303,13 @@ class OutcomeBuffer:
         with self._write_lock:
             with self._lock:
                 batch, self._pending, self._oldest, self._full = self._pending, [], math.inf, False
-            self._settler.settle(batch, self._report, self._ledger, self._deadline)
+            self._settler.settle(batch, self._report, self._ledger, self._deadline, self._lease_seconds)
 
     def release_unstarted(self) -> None:
         """Release every claim of the batch whose handler has not started."""
         with self._write_lock:
-            self._settler.release(self._batch.take_unstarted(), self._report, self._ledger, self._deadline)
+            self._settler.release(self._batch.take_unstarted(), self._report, self._ledger, self._deadline,
+                                  self._lease_seconds)
 
     def close(self) -> None:
         """Stop the watcher (after any write it has in progress) and settle what is left."""
