@@ -6,6 +6,8 @@ The engine (this package) knows nothing of Lambda. Public surface:
   run again later without spending a retry;
 * ``Client`` -- enqueue, inspect and operate from Python, on a store;
 * ``HttpClient`` -- the same interface over a deployed rdq API (SigV4, API key or bearer token);
+* ``verify_signature`` -- check, in a Python receiver, that a request to an HTTPS target came
+  from rdq (``docs/targets.md``);
 * ``open_storage`` -- the storage SPI (``rdq_core.storage.spi``) behind every host;
 * ``rdq_core.compliance`` -- the kit every backend must pass.
 """
@@ -32,6 +34,8 @@ from .handlers import Snooze, TaskContext, handler, registry
 from .model import Attempt, Backoff, ErrorInfo, Outcome, QueueStats, Task, TaskStatus
 from .retry import PolicyBook, RetryPolicy
 from .storage import open_storage
+from .targets.errors import InvalidSignature
+from .targets.signing import verify_signature
 
 if TYPE_CHECKING:
     from .http_client import HttpClient
@@ -50,7 +54,8 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "ApiUnavailable", "Attempt", "Backoff", "ClaimLost", "Client", "ConfigurationError", "ErrorInfo", "HttpClient",
-    "InvalidCursor", "InvalidInput", "NotAuthorized", "Outcome", "PermanentError", "PolicyBook", "QueueStats",
-    "RdqError", "RetryPolicy", "Snooze", "StaleClaim", "StorageUnavailable", "Task", "TaskConflict", "TaskContext",
+    "InvalidCursor", "InvalidInput", "InvalidSignature", "NotAuthorized", "Outcome", "PermanentError", "PolicyBook",
+    "QueueStats", "RdqError", "RetryPolicy", "Snooze", "StaleClaim", "StorageUnavailable", "Task", "TaskConflict", "TaskContext",
     "TaskNotFound", "TaskStatus", "UnsupportedOperation", "handler", "open_storage", "registry",
+    "verify_signature",
 ]

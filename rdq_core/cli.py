@@ -88,8 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--handlers", metavar="MODULE[,MODULE]", help="handler modules (default: $RDQ_HANDLERS, else the examples)")
 
     worker = commands.add_parser("worker", help="a long-running worker (container hosts)")
+    dev.add_argument("--targets", metavar="FILE", dest="targets_file", help=_TARGETS_HELP)
     worker.add_argument("--handlers", metavar="MODULE[,MODULE]", default=os.environ.get("RDQ_HANDLERS"),
-                        required="RDQ_HANDLERS" not in os.environ)
+                        help="handler modules (default: $RDQ_HANDLERS); needed unless --targets binds every handler")
+    worker.add_argument("--targets", metavar="FILE", dest="targets_file", help=_TARGETS_HELP)
     worker.add_argument("--queues", metavar="Q[,Q]", type=_queue_list, help="queues to serve (default: every queue in the store)")
     worker.add_argument("--batch", type=_positive_int, default=10, help="tasks per claim (default 10)")
     worker.add_argument("--lease", type=_positive_float, default=30.0, help="lease seconds, renewed by a heartbeat (default 30)")
@@ -311,6 +313,7 @@ def cmd_dev(args: argparse.Namespace, url: str) -> int:
     _import_handler_modules(modules)
     try:
         run_dev(url, host=args.host, port=args.port, handler_modules=modules or None)
+    _bind_targets(args.targets_file)
     except ValueError as exc:  # a configuration the dev host refuses (e.g. --host 0.0.0.0 without a token)
         raise InvalidInput(str(exc), "--host") from None
     except OSError as exc:
@@ -336,6 +339,9 @@ def cmd_worker(args: argparse.Namespace, url: str) -> int:
     _import_handler_modules(_module_list(args.handlers))
     queues = args.queues or []
     config = WorkerConfig(queues=queues, batch_size=args.batch, lease_seconds=args.lease, concurrency=args.concurrency,
+    if not _bind_targets(args.targets_file) and not _module_list(args.handlers):
+        raise InvalidInput("give the handler modules (--handlers or $RDQ_HANDLERS), or bind handlers to targets "
+                           "(--targets FILE, $RDQ_TARGETS_FILE, ./rdq-targets.json or $RDQ_TARGETS)", "--handlers")
                           overrun_grace_seconds=args.overrun_grace, idle_poll_seconds=args.idle_poll,
                           settle_behind=args.settle_behind,
                           schedules_file=args.schedules_file, schedules_every_seconds=max(args.schedules_every, 0.0))
@@ -672,6 +678,8 @@ def cmd_invoke(args: argparse.Namespace, url: str) -> int:
     # The function's own output (Powertools logs and EMF metrics print to stdout, as on Lambda)
     # goes to stderr: stdout carries only the function's return value, for pipes and jq.
     with contextlib.redirect_stdout(sys.stderr):
+    if args.function == "worker":  # as the deployed worker's entry point does (functions/worker/app.py)
+        _bind_targets(None)
         function = import_module(f"rdq_core.lambda_host.{args.function}")
         result = function.lambda_handler(event, LocalLambdaContext(f"rdq-{args.function}", timeout))
     _print_json(result)
@@ -940,6 +948,22 @@ def _check_storage_url(url: str) -> None:
     except ValueError as exc:
         # Not echoed: a URL that does not parse cannot be redacted reliably.
         raise ConfigurationError(f"the storage URL is malformed ({exc}); check --storage or RDQ_STORAGE_URL") from None
+_TARGETS_HELP = ("handler names bound to a Lambda function or an HTTPS endpoint, a JSON file (default: "
+                 "$RDQ_TARGETS_FILE, else ./rdq-targets.json if present; $RDQ_TARGETS adds bindings as JSON); "
+                 "docs/targets.md")
+
+
+def _bind_targets(file: str | None) -> list[str]:
+    """Register the operator's target bindings (``rdq_core.targets``); the names bound. A
+    malformed binding, or a name also registered by a handler module, is a usage error."""
+    from .targets import bind_targets, load_targets
+
+    try:
+        return bind_targets(load_targets(file))
+    except ConfigurationError as exc:
+        raise InvalidInput(str(exc), "--targets") from None
+
+
     if parts.scheme.lower() not in _BACKENDS:
         raise InvalidInput(f"unsupported storage URL scheme {parts.scheme!r} in {_redact(url)}; expected one of "
                            f"{', '.join(sorted(_BACKENDS))}", "--storage")

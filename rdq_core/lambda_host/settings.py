@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError
 from ..retry import PolicyBook, policy_book_from_config
+
+if TYPE_CHECKING:
+    from ..targets import Target
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -37,6 +41,9 @@ class Settings:
     #: Queues the worker serves; empty means every queue the store knows (``list_queues``).
     queues: tuple[str, ...] = ()
     policies_json: str = ""
+    #: Handler names bound to a Lambda function or an HTTPS endpoint (``RDQ_TARGETS``, the
+    #: ``Targets`` parameter; ``rdq_core.targets``).
+    targets_json: str = ""
     batch_size: int = 10
     #: Handlers one invocation runs at once (``RDQ_HANDLER_CONCURRENCY``, the ``HandlerConcurrency``
     #: parameter): as many claim loops on threads of their own, sharing ``batch_size`` between them.
@@ -88,6 +95,7 @@ class Settings:
             handler_modules=_names("RDQ_HANDLERS"),
             queues=_names("RDQ_QUEUES"),
             policies_json=os.environ.get("RDQ_QUEUE_POLICIES", ""),
+            targets_json=os.environ.get("RDQ_TARGETS", ""),
             batch_size=int(_number("RDQ_BATCH_SIZE", 10)),
             handler_concurrency=min(MAX_HANDLER_CONCURRENCY, max(1, int(_number("RDQ_HANDLER_CONCURRENCY", 1)))),
             lease_grace_seconds=_number("RDQ_LEASE_GRACE_SECONDS", 30.0),
@@ -113,7 +121,15 @@ class Settings:
         # Parsed here, as the function starts: a bad policy (a misspelled key) fails the start
         # with its own message instead of waiting for the first invocation that has work.
         settings.policy_book()
+        settings.targets()
         return settings
+
+    def targets(self) -> dict[str, Target]:
+        if not self.targets_json.strip():
+            return {}  # no bindings: their parser is not even imported
+        from ..targets import targets_from_json
+
+        return targets_from_json(self.targets_json)
 
     def policy_book(self) -> PolicyBook:
         try:
