@@ -33,6 +33,7 @@ lifecycle rule on objects of finished tasks) is in docs/serverless.md, "Large pa
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -68,6 +69,12 @@ S3_SINGLE_PUT_BYTES = 5 * 1024**3
 #: The tag the worker puts on a succeeded task's payload object; the bucket's lifecycle rule
 #: expires tagged objects (and every ``results/`` object) after the retention period.
 FINISHED_TAG = ("rdq-finished", "true")
+#: The tag a presigned upload carries until a task is enqueued with it (``enqueued`` clears it):
+#: the bucket's lifecycle rule expires tagged objects after ``PENDING_UPLOAD_DAYS``, so an upload
+#: no task ever names does not stay in the bucket.
+PENDING_TAG = ("rdq-pending", "true")
+#: Days the lifecycle rule keeps a pending upload (template.yaml, PayloadBucket: never-enqueued-uploads).
+PENDING_UPLOAD_DAYS = 2
 #: Presigned URLs are valid this long.
 PRESIGN_SECONDS = 900
 
@@ -150,9 +157,15 @@ class PayloadStore(ABC):
         """Tell the retention rule the object's task finished (S3: a tag; elsewhere nothing)."""
         return None
 
+    def clear_pending(self, key: str) -> None:
+        """A task now names the uploaded object: it must not expire as a pending upload (S3: the
+        tag goes; elsewhere nothing)."""
+        return None
+
     @abstractmethod
-    def upload_target(self, key: str, size: int) -> dict[str, Any]:
-        """Where a caller puts an object of ``size`` bytes: ``{"url", "method", "headers"}``."""
+    def upload_target(self, key: str, size: int, sha256: str) -> dict[str, Any]:
+        """Where a caller puts an object of ``size`` bytes hashing to ``sha256`` (hex):
+        ``{"url", "method", "headers"}``; the caller sends exactly those headers."""
 
     @abstractmethod
     def download_url(self, key: str) -> str: ...
@@ -221,11 +234,24 @@ class S3PayloadStore(PayloadStore):
         self._call("put_object_tagging", Key=key,
                    Tagging={"TagSet": [{"Key": FINISHED_TAG[0], "Value": FINISHED_TAG[1]}]})
 
-    def upload_target(self, key: str, size: int) -> dict[str, Any]:
+    def clear_pending(self, key: str) -> None:
+        # The only tag an object has when its task is enqueued is the pending one (the worker
+        # tags it finished later), so all of them go.
+        self._call("delete_object_tagging", Key=key)
+
+    def upload_target(self, key: str, size: int, sha256: str) -> dict[str, Any]:
+        # Length, checksum and the pending tag are signed headers of the URL: S3 refuses a PUT of
+        # another length or without the tag (SignatureDoesNotMatch), and one whose body does not
+        # hash to the checksum (BadDigest). So the URL uploads this object and nothing larger.
+        checksum = base64.b64encode(bytes.fromhex(sha256)).decode()
+        tagging = f"{PENDING_TAG[0]}={PENDING_TAG[1]}"
         url = self.client.generate_presigned_url(
-            "put_object", Params={"Bucket": self.bucket, "Key": key, "ContentType": "application/json"},
+            "put_object", Params={"Bucket": self.bucket, "Key": key, "ContentType": "application/json",
+                                  "ContentLength": size, "ChecksumSHA256": checksum, "Tagging": tagging},
             ExpiresIn=PRESIGN_SECONDS)
-        return {"url": url, "method": "PUT", "headers": {"Content-Type": "application/json"}}
+        headers = {"Content-Type": "application/json", "Content-Length": str(size),
+                   "x-amz-checksum-sha256": checksum, "x-amz-tagging": tagging}
+        return {"url": url, "method": "PUT", "headers": headers}
 
     def download_url(self, key: str) -> str:
         url: str = self.client.generate_presigned_url(
@@ -272,7 +298,7 @@ class LocalPayloadStore(PayloadStore):
         for key in keys:
             self._path(key).unlink(missing_ok=True)
 
-    def upload_target(self, key: str, size: int) -> dict[str, Any]:
+    def upload_target(self, key: str, size: int, sha256: str) -> dict[str, Any]:
         return {"url": self._path(key).as_uri(), "method": "PUT", "headers": {}}
 
     def download_url(self, key: str) -> str:
@@ -409,6 +435,23 @@ def checked_upload(store: PayloadStore | None, queue: str, data: Any, task_id: s
     return ref
 
 
+def enqueued(store: PayloadStore | None, ref: PayloadRef, task: Task) -> None:
+    """An enqueue with the uploaded ``ref`` answered ``task``: when the task names that very
+    object (created, or a deduplicated replace), the object stops being a pending upload and
+    lives as long as its task. An idempotent repeat whose task names another object leaves this
+    upload pending: the lifecycle rule removes it. A tag that cannot be cleared raises
+    (``StorageUnavailable``, 503): the caller's retry is a repeat that clears it, before the
+    lifecycle rule would take the payload of a pending task.
+
+    Cleared after the task is written, never before: an enqueue that then fails (a conflict, the
+    store down) leaves nothing that escapes expiry. A worker that ran and tagged the task
+    finished in between loses that tag; retention (``RetentionHours``) still deletes the object
+    with its task."""
+    if store is None or ref.bucket != store.bucket or task.headers.get(REF_HEADER) != ref.to_header():
+        return
+    store.clear_pending(ref.key)
+
+
 def upload_offer(store: PayloadStore | None, queue: str, size: Any, sha256: Any, task_id: Any) -> dict[str, Any]:
     """What ``POST /v1/queues/{queue}/payloads`` answers: where to PUT, and the reference, for
     the payload of task ``task_id`` (the only task that may then be enqueued with it)."""
@@ -424,7 +467,7 @@ def upload_offer(store: PayloadStore | None, queue: str, size: Any, sha256: Any,
     if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
         raise InvalidInput("sha256 must be 64 lowercase hexadecimal digits", "sha256")
     key = new_key("payloads", queue, task_id)
-    target = store.upload_target(key, size)
+    target = store.upload_target(key, size, sha256)
     ref = PayloadRef(store.bucket, key, size, sha256)
     return {"upload": {**target, "expires_in_seconds": PRESIGN_SECONDS}, "payload_ref": ref.to_dict()}
 

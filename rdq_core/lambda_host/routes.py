@@ -151,10 +151,13 @@ def _reject_unknown_fields(body: Mapping[str, Any], known: set[str]) -> None:
 def enqueue_task(request: ApiRequest, queue: str) -> Reply:
     body = request.json_body()
     _check_payload_size(body, "payload")
+    if ref is not None:
+        payloads.enqueued(payloads.default_store(), ref, result.task)  # no longer a pending upload
     body, ref_data = _split_payload_ref(body, "payload_ref")  # a large payload uploaded beforehand
     new_task = build_new_task(queue, body)
-    if ref_data is not None:
-        new_task = payloads.with_ref(new_task, _checked_ref(ref_data, queue, new_task.id, "payload_ref"))
+    ref = None if ref_data is None else _checked_ref(ref_data, queue, new_task.id, "payload_ref")
+    if ref is not None:
+        new_task = payloads.with_ref(new_task, ref)
     (new_task,) = tracecontext.stamped([new_task], tracecontext.request_headers(request.header))  # trace context
     result = _client(request).enqueue_new(new_task)  # TaskConflict (409) if the id is taken on another queue
     _wake_worker(request, queue, [new_task], [result])
@@ -179,16 +182,20 @@ def enqueue_batch(request: ApiRequest, queue: str) -> Reply:
             _check_payload_size(item, f"tasks[{index}].payload")
     refs: dict[int, Any] = {}
     if any(isinstance(item, Mapping) and "payload_ref" in item for item in items):
+    checked: dict[int, payloads.PayloadRef] = {}
         items = list(items)
         for index, item in enumerate(items[: Limits.batch_items]):
             if isinstance(item, Mapping) and "payload_ref" in item:
                 items[index], ref_data = _split_payload_ref(item, f"tasks[{index}].payload_ref")
                 if ref_data is not None:
+    for index, ref in checked.items():
+        if not results[index].conflict:
+            payloads.enqueued(payloads.default_store(), ref, results[index].task)  # no longer pending uploads
                     refs[index] = ref_data
     new_tasks = build_new_tasks(queue, items)
     for index, ref_data in refs.items():
-        ref = _checked_ref(ref_data, queue, new_tasks[index].id, f"tasks[{index}].payload_ref")
-        new_tasks[index] = payloads.with_ref(new_tasks[index], ref)
+        checked[index] = _checked_ref(ref_data, queue, new_tasks[index].id, f"tasks[{index}].payload_ref")
+        new_tasks[index] = payloads.with_ref(new_tasks[index], checked[index])
     new_tasks = tracecontext.stamped(new_tasks, tracecontext.request_headers(request.header))  # trace context
     results = _client(request).enqueue_new_many(new_tasks)  # one round trip for the whole batch
     _wake_worker(request, queue, new_tasks, results)

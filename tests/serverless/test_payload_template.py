@@ -69,7 +69,7 @@ PAYLOADS, RESULTS = repr(_sub("${PayloadBucket.Arn}/payloads/*")), repr(_sub("${
 
 def test_each_function_gets_only_what_it_does_with_the_bucket(resources):
     assert _grants(resources, "PayloadApiPolicy") == {
-        "s3:PutObject": {PAYLOADS}, "s3:PutObjectTagging": {PAYLOADS},
+        "s3:PutObject": {PAYLOADS}, "s3:PutObjectTagging": {PAYLOADS}, "s3:DeleteObjectTagging": {PAYLOADS},
         "s3:GetObject": {PAYLOADS, RESULTS}, "s3:DeleteObject": {PAYLOADS, RESULTS},
         "s3:ListBucket": {repr(BUCKET_ARN)},
     }
