@@ -186,7 +186,10 @@ def _wait_until(condition, timeout: float = 10.0) -> None:
 @pytest.fixture
 def published(store_url, lambda_context, monkeypatch, capsys) -> Iterator[set[Metric]]:
     """Runs a scenario in which every outcome the dashboard shows happens once at least, and
-    yields the metrics the code printed as EMF along the way."""
+    yields the metrics the code printed as EMF along the way. The functions publish under their
+    stack's name (POWERTOOLS_SERVICE_NAME in the template), here STACK's."""
+    monkeypatch.setattr(observability, "SERVICE", STACK)
+    monkeypatch.setattr(observability.metrics, "service", STACK)
     client = Client(connection.shared_storage())
     storage = client.storage
     client.enqueue("emails", "quick", {"n": 1}, id="ok-1")                              # Claimed, Succeeded
@@ -222,7 +225,7 @@ def test_the_scenario_publishes_every_rate_and_gauge(published):
     names = {name for _, name, _ in published}
     assert {"Claimed", "Succeeded", "Retried", "DeadLettered", "LeaseExpired", "Released", "TooLongForWorker",
             "StaleSettlements", "ClaimLatency", "QueueDepth", "DeadTasks", "OldestPendingAge"} <= names
-    assert ("rdq", "QueueDepth", (("queue", "reports"), ("service", "rdq"))) in published
+    assert ("rdq", "QueueDepth", (("queue", "reports"), ("service", STACK))) in published
 
 
 def test_a_lease_that_expires_on_the_last_attempt_counts_as_dead_lettered(store_url, lambda_context, capsys):
@@ -246,13 +249,15 @@ def test_a_lease_that_expires_on_the_last_attempt_counts_as_dead_lettered(store_
 # -- the dashboard -------------------------------------------------------------------------------------
 
 _QUERY = re.compile(r"^SELECT (?P<stat>AVG|COUNT|MAX|MIN|SUM)\((?P<name>\w+)\) FROM SCHEMA\((?P<schema>[^)]*)\)"
+                    r" WHERE service = '(?P<service>[^']*)'"
                     r" GROUP BY (?P<group>[\w, ]+?)(?: ORDER BY \w+\(\) (?:ASC|DESC))?(?: LIMIT \d+)?$")
 
 
 def _query_metric(expression: str) -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
     """(namespace, metric, schema dimensions, GROUP BY keys) of a Metrics Insights query."""
     match = _QUERY.match(expression)
-    assert match, f"not a grouped Metrics Insights query: {expression!r}"
+    assert match, f"not a grouped Metrics Insights query on one service: {expression!r}"
+    assert match["service"] == STACK, "a query reads this stack's metrics only, not every stack's of the account"
     namespace, *dims = (part.strip().strip('"') for part in match["schema"].split(","))
     group = tuple(key.strip() for key in match["group"].split(","))
     assert set(group) <= set(dims), expression
@@ -356,9 +361,10 @@ def test_alarms_name_published_metrics_and_the_per_queue_ones_name_the_queue(sta
             assert metric in published, (name, metric)  # named queues: the scenario's emails and reports
             continue
         (query,) = props["Metrics"]
-        namespace, metric_name, dims, group = _query_metric(query["Expression"])
+        expression = _sub(query["Expression"], stack)
+        namespace, metric_name, dims, group = _query_metric(expression)
         assert group == ("queue",) and query["ReturnData"] is True, name
-        assert "ORDER BY" in query["Expression"], "a multi-time-series alarm needs GROUP BY and ORDER BY"
+        assert "ORDER BY" in expression, "a multi-time-series alarm needs GROUP BY and ORDER BY"
         assert any((ns, n) == (namespace, metric_name) and tuple(k for k, _ in d) == dims for ns, n, d in published)
         alarm_name = _sub(props["AlarmName"], stack)
         description = _sub(props["AlarmDescription"], stack)
@@ -415,7 +421,7 @@ def test_alarm_queue_parameters_create_alarms_named_after_each_queue(queues):
     for name, props in named.items():
         rendered = _resolve(props, stack["values"], stack["conditions"])
         queue = queues[f"AlarmQueue{name[len('QueueAlarm')]}"]
-        assert rendered["Dimensions"] == [{"Name": "queue", "Value": queue}, {"Name": "service", "Value": "rdq"}]
+        assert rendered["Dimensions"] == [{"Name": "queue", "Value": queue}, {"Name": "service", "Value": STACK}]
         kind = {"DeadTasks": "dead-tasks", "OldestPendingAge": "oldest-pending-age"}[rendered["MetricName"]]
         assert rendered["AlarmName"] == f"{STACK}-rdq-queue-{queue}-{kind}"
         assert f"queue {queue}:" in rendered["AlarmDescription"] and f" {queue}`" in rendered["AlarmDescription"]

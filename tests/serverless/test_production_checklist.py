@@ -14,7 +14,7 @@ import pytest
 
 from rdq_core import Client
 from rdq_core.events import EventSettings, OutboxEvent
-from rdq_core.lambda_host import connection, reaper
+from rdq_core.lambda_host import connection, observability, reaper
 
 from .conftest import load_event
 from .test_dashboard import STACK, _emf_metrics, _resolve, _stack, _stack_owns, published  # noqa: F401 - a fixture
@@ -127,6 +127,9 @@ def test_the_outbox_alarm_reads_the_age_the_reaper_publishes(store_url, lambda_c
                                        at=datetime.now(timezone.utc))])
     time.sleep(0.05)  # the store stamps the event; the age is counted from that
     monkeypatch.setattr(reaper, "publisher", publisher())
+    # The functions publish under their stack's name (POWERTOOLS_SERVICE_NAME in the template).
+    monkeypatch.setattr(observability, "SERVICE", STACK)
+    monkeypatch.setattr(observability.metrics, "service", STACK)
     capsys.readouterr()
     reaper.lambda_handler(load_event("reaper-scheduled"), lambda_context("rdq-reaper", 60))
     reaper.metrics.flush_metrics()
@@ -243,3 +246,56 @@ def test_the_documented_stack_name_limit_is_the_tightest_resource_name_limit():
     from .conftest import REPO
 
     assert f"at most {MAX_STACK_NAME} characters" in (REPO / "docs" / "serverless.md").read_text()
+
+
+def test_every_test_the_checklist_names_exists():
+    """A ticked item names its tests: each ``test_...`` and ``tests/...py`` in the checklist must
+    exist, so that a renamed test cannot leave an item pointing at nothing."""
+    from .conftest import REPO
+
+    guide = (REPO / "docs" / "serverless.md").read_text()
+    checklist = guide[guide.index("## Production checklist"):]
+    checklist = checklist[: checklist.index("\n### ")]
+    defined = {name for path in (REPO / "tests").rglob("test_*.py")
+               for name in re.findall(r"^def (test_\w+)", path.read_text(), re.M)}
+    named = set(re.findall(r"`(test_\w+)`", checklist))
+    assert len(named) > 20 and not named - defined, sorted(named - defined)
+    files = set(re.findall(r"`(tests/[\w/]+\.py)`", checklist))
+    assert files and all((REPO / f).exists() for f in files), sorted(f for f in files if not (REPO / f).exists())
+
+
+# -- 6. several stacks in one account -------------------------------------------------------------------
+
+def _service_dimensions(stack: dict[str, Any]) -> set[str]:
+    """Every value the stack's alarms and dashboard give the ``service`` dimension, and the service
+    its Metrics Insights queries are held to."""
+    found: set[str] = set()
+    for name, resource in stack["resources"].items():
+        if resource["Type"] == "AWS::CloudWatch::Alarm":
+            props = _props(stack, name)
+            found |= {d["Value"] for d in props.get("Dimensions", []) if d["Name"] == "service"}
+            text = json.dumps(props.get("Metrics", []))
+        elif resource["Type"] == "AWS::CloudWatch::Dashboard":
+            text = _props(stack, name)["DashboardBody"]
+            body = json.loads(text)
+            for widget in body["widgets"]:
+                for row in widget["properties"].get("metrics", []):
+                    cells = [c for c in row if isinstance(c, str)]
+                    found |= {cells[i + 1] for i in range(len(cells) - 1) if cells[i] == "service"}
+        else:
+            continue
+        found |= set(re.findall(r"WHERE service = '([^']*)'", text))
+    return found
+
+
+@pytest.mark.parametrize("stack_name", ["orders", "billing-eu"])
+def test_each_stack_publishes_and_watches_its_own_service_dimension(stack_name):
+    # Two stacks in one account and Region: each function publishes under its stack's name, and
+    # every alarm and dashboard widget of the stack reads that name only, so they never mix.
+    stack = _created({"AlarmQueue1": "emails"})
+    stack["values"]["AWS::StackName"] = stack_name
+    services = {_resolve(stack["resources"][f]["Properties"]["Environment"]["Variables"]["POWERTOOLS_SERVICE_NAME"],
+                         stack["values"], stack["conditions"])
+                for f in ("ApiFunction", "WorkerFunction", "ReaperFunction")}
+    assert services == {stack_name}
+    assert _service_dimensions(stack) == {stack_name}

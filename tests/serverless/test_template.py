@@ -102,7 +102,8 @@ def test_three_functions_on_python312_with_thin_handlers(resources):
         # With layered packaging, the chosen backend's engine layer, plus the X-Ray layer only when
         # tracing is on; with bundled packaging, none. (SAM suffixes layer logical ids with a
         # content hash, hence the prefixes.)
-        engine, tracing = props["Layers"]
+        # (The worker's own list adds your handler layers: resolved in the tests below.)
+        engine, tracing = (props if name != "WorkerFunction" else functions["ApiFunction"]["Properties"])["Layers"]
         on_layers, chosen, no_engine = engine["Fn::If"]
         assert on_layers == "UseLayers" and no_engine == {"Ref": "AWS::NoValue"}
         on_postgres, postgres_layer, otherwise = chosen["Fn::If"]
@@ -130,9 +131,13 @@ def _value(template: dict, parameters: dict[str, str], node: object, conditions:
             raw = parameters.get(arg, str(declared.get("Default", "")))
             return raw.split(",") if declared["Type"] == "CommaDelimitedList" and raw else ([] if declared["Type"] ==
                                                                                                  "CommaDelimitedList" else raw)
-        if key == "Fn::Join":
+        if key == "Fn::Join":  # a resource's Ref joins as its logical id
             separator, items = arg
-            return separator.join(str(i) for i in _value(template, parameters, items, conditions))
+            return separator.join(i["Ref"] if isinstance(i, dict) and "Ref" in i else str(i)
+                                  for i in _value(template, parameters, items, conditions))
+        if key == "Fn::Split":
+            separator, text = arg
+            return str(_value(template, parameters, text, conditions)).split(separator)
         if key == "Fn::Equals":
             left, right = (_value(template, parameters, a, conditions) for a in arg)
             return left == right
@@ -167,8 +172,9 @@ def created(parameters: dict[str, str]) -> dict:
     kept = {name: r for name, r in template["Resources"].items()
             if "Condition" not in r or _condition(template, given, r["Condition"], conditions)}
     for fn in of_type(kept, "AWS::Lambda::Function").values():
-        fn["Properties"]["Layers"] = [layer["Ref"] for layer in _value(template, given, fn["Properties"].get("Layers", []),
-                                                                       conditions)]
+        layers = _value(template, given, fn["Properties"].get("Layers", []), conditions)
+        fn["Properties"]["Layers"] = [] if layers == {"Ref": "AWS::NoValue"} else [
+            layer["Ref"] if isinstance(layer, dict) else layer for layer in layers]
     return kept
 
 
@@ -192,6 +198,32 @@ def test_bundled_packaging_creates_and_attaches_no_layer(tracing):
     functions = of_type(resources, "AWS::Lambda::Function")
     assert len(functions) == 3 and all(fn["Properties"]["Layers"] == [] for fn in functions.values())
     assert transformed()["Parameters"]["Packaging"]["Default"] == "layers", "AWS keeps the layers"
+
+
+HANDLER_LAYERS = ["arn:aws:lambda:us-east-1:123456789012:layer:orders-handlers:3",
+                  "arn:aws:lambda:us-east-1:123456789012:layer:orders-deps:1"]
+
+
+@pytest.mark.parametrize("packaging, tracing", [("layers", "false"), ("layers", "true"), ("bundled", "false")])
+def test_handler_layers_follow_rdqs_own_on_the_worker_only(packaging, tracing):
+    """HandlerLayerArns (examples/sam-app): your layers after rdq's, in order, on the worker alone,
+    and never an empty or placeholder entry (the list is joined and split, no AWS::NoValue in it)."""
+    base = {"Packaging": packaging, "StorageBackend": "redis", "EnableTracing": tracing}
+    rdq_own = ([] if packaging == "bundled" else ["RdqRedisLayer"] + (["RdqTracingLayer"] if tracing == "true" else []))
+    for given, handler_layers in (({}, []), ({"HandlerLayerArns": HANDLER_LAYERS[0]}, HANDLER_LAYERS[:1]),
+                                  ({"HandlerLayerArns": ",".join(HANDLER_LAYERS)}, HANDLER_LAYERS)):
+        functions = of_type(created({**base, **given}), "AWS::Lambda::Function")
+        worker = [layer.rstrip("0123456789abcdef") if layer.startswith("Rdq") else layer
+                  for layer in functions["WorkerFunction"]["Properties"]["Layers"]]
+        assert worker == rdq_own + handler_layers, given
+        for name in ("ApiFunction", "ReaperFunction"):
+            assert not set(HANDLER_LAYERS) & set(functions[name]["Properties"]["Layers"]), name
+    template = transformed()
+    assert template["Parameters"]["HandlerLayerArns"] == {**template["Parameters"]["HandlerLayerArns"],
+                                                          "Type": "CommaDelimitedList", "Default": ""}
+    (worker_group,) = [group for group in template["Metadata"]["AWS::CloudFormation::Interface"]["ParameterGroups"]
+                       if group["Label"]["default"] == "Worker"]
+    assert "HandlerLayerArns" in worker_group["Parameters"]
 
 
 def test_functions_are_built_by_the_functions_makefile():
@@ -359,7 +391,10 @@ def test_iam_is_scoped_to_each_functions_own_needs(resources):
 
 def test_log_retention_alarms_and_outputs(resources):
     groups = of_type(resources, "AWS::Logs::LogGroup")
-    assert len(groups) == 3 and all(g["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"} for g in groups.values())
+    # The three functions' groups, and the API's access logs when ApiAccessLogs is on.
+    assert set(groups) == {"ApiLogGroup", "WorkerLogGroup", "ReaperLogGroup", "ApiAccessLogGroup"}
+    assert [name for name, g in groups.items() if "Condition" in g] == ["ApiAccessLogGroup"]
+    assert all(g["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"} for g in groups.values())
     # The all-queue alarms watch one metric each; the per-queue ones (a Metrics Insights query each)
     # are checked in test_dashboard.py.
     alarms = {a["Properties"]["MetricName"] for a in of_type(resources, "AWS::CloudWatch::Alarm").values()

@@ -41,15 +41,22 @@ def _rules_hold(parameters: dict[str, str]) -> list[str]:
 
 
 # -- 1. private subnets ------------------------------------------------------------------------------
+def _endpoints(stack: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The stack's VPC endpoints by service (the last part of their service name)."""
+    return {_resolve(r["Properties"]["ServiceName"], stack["values"], stack["conditions"]).rsplit(".", 1)[1]: r
+            for r in of_type(stack["resources"], "AWS::EC2::VPCEndpoint").values()}
+
+
 @pytest.mark.parametrize("storage, endpoint", [({}, "secretsmanager"),
                                                ({"StorageUrlSecretArn": "", "StorageUrlParameterName": "/rdq/url"}, "ssm")])
 def test_create_vpc_endpoints_makes_interface_endpoints_for_every_api_the_functions_call(storage, endpoint):
-    stack = _stack({**VPC, "CreateVpcEndpoints": "true", **storage})
-    endpoints = {_resolve(r["Properties"]["ServiceName"], stack["values"], stack["conditions"]).rsplit(".", 1)[1]: r
-                 for r in of_type(stack["resources"], "AWS::EC2::VPCEndpoint").values()}
+    stack = _stack({**VPC, "CreateVpcEndpoints": "true", "VpcEndpointS3": "interface", "EventBusName": "default",
+                    **storage})
+    endpoints = _endpoints(stack)
     # The storage URL's service (every cold start), Lambda (fan-out, wake-up), S3 (large payloads),
-    # Scheduler (the schedule routes). Only the storage URL's service in use.
-    assert set(endpoints) == {endpoint, "lambda", "s3", "scheduler"}
+    # Scheduler (the schedule routes), EventBridge (the reaper's PutEvents, with a bus). Only the
+    # storage URL's service in use.
+    assert set(endpoints) == {endpoint, "lambda", "s3", "scheduler", "events"}
     values = {**stack["values"], "VpcEndpointSecurityGroup": "sg-endpoints"}
     for found in endpoints.values():
         props = _resolve(found["Properties"], values, stack["conditions"])
@@ -68,12 +75,52 @@ def test_no_endpoint_without_subnets_and_the_flag(parameters):
     assert not of_type(stack["resources"], "AWS::EC2::VPCEndpoint")
 
 
+ENDPOINTS = {**VPC, "CreateVpcEndpoints": "true", "RouteTableIds": "rtb-1,rtb-2"}
+
+
+@pytest.mark.parametrize("off, gone", [
+    ({"VpcEndpointStorage": "false"}, "secretsmanager"), ({"VpcEndpointLambda": "false"}, "lambda"),
+    ({"VpcEndpointScheduler": "false"}, "scheduler"), ({"VpcEndpointEvents": "false"}, "events"),
+    ({"VpcEndpointS3": "none"}, "s3"), ({"EventBusName": ""}, "events"),
+])
+def test_each_endpoint_has_its_own_switch(off, gone):
+    # A VPC that already has a private-DNS endpoint for one service keeps it: the stack creates the others.
+    everything = {"secretsmanager", "lambda", "scheduler", "events", "s3"}
+    stack = _stack({**ENDPOINTS, "EventBusName": "default", **off})
+    assert set(_endpoints(stack)) == everything - {gone}
+
+
+def test_s3_is_a_free_gateway_endpoint_on_the_given_route_tables_by_default():
+    stack = _stack(ENDPOINTS)
+    s3 = _resolve(_endpoints(stack)["s3"]["Properties"], stack["values"], stack["conditions"])
+    assert s3 == {"VpcEndpointType": "Gateway", "VpcId": "vpc-0abc", "RouteTableIds": ["rtb-1", "rtb-2"],
+                  "ServiceName": "com.amazonaws.eu-west-1.s3"}
+    assert stack["template"]["Parameters"]["VpcEndpointS3"]["Default"] == "gateway"
+    # No private DNS for S3: the gateway's routes carry the VPC's S3 traffic under S3's public names.
+    assert "PrivateDnsEnabled" not in s3 and "DnsOptions" not in s3
+    interface = _stack({**ENDPOINTS, "VpcEndpointS3": "interface"})
+    props = _endpoints(interface)["s3"]["Properties"]
+    assert props["VpcEndpointType"] == "Interface"
+    assert props["DnsOptions"] == {"PrivateDnsOnlyForInboundResolverEndpoint": "AllResolvers"}
+
+
+def test_the_endpoint_security_group_exists_only_for_interface_endpoints():
+    only_s3_gateway = {**ENDPOINTS, "VpcEndpointStorage": "false", "VpcEndpointLambda": "false",
+                       "VpcEndpointScheduler": "false"}
+    stack = _stack(only_s3_gateway)
+    assert set(_endpoints(stack)) == {"s3"} and not of_type(stack["resources"], "AWS::EC2::SecurityGroup")
+    assert of_type(_stack({**only_s3_gateway, "VpcEndpointLambda": "true"})["resources"], "AWS::EC2::SecurityGroup")
+
+
 @pytest.mark.parametrize("parameters, broken", [
     ({}, []),
     (VPC, []),
     ({"SubnetIds": "subnet-1"}, ["SubnetIds needs SecurityGroupIds"]),
-    ({"CreateVpcEndpoints": "true", "SubnetIds": "subnet-1", "SecurityGroupIds": "sg-1"}, ["needs VpcId and SubnetIds"]),
-    ({"CreateVpcEndpoints": "true"}, ["needs VpcId and SubnetIds"]),
+    ({"CreateVpcEndpoints": "true", "SubnetIds": "subnet-1", "SecurityGroupIds": "sg-1", "VpcEndpointS3": "none"},
+     ["needs VpcId and SubnetIds"]),
+    ({"CreateVpcEndpoints": "true", "VpcEndpointS3": "interface"}, ["needs VpcId and SubnetIds"]),
+    ({**VPC, "CreateVpcEndpoints": "true"}, ["VpcEndpointS3=gateway needs RouteTableIds"]),
+    ({**VPC, "CreateVpcEndpoints": "true", "RouteTableIds": "rtb-1"}, []),
     ({"StorageUrlSecretArn": ""}, ["Give StorageUrlSecretArn or StorageUrlParameterName"]),
 ])
 def test_rules_refuse_an_incomplete_network_before_anything_is_created(parameters, broken):

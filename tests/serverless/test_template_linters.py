@@ -19,13 +19,13 @@ SUPPRESSIONS = Path(__file__).with_name("checkov_suppressions.yaml")
 #: Every optional feature on at once, so that every conditional resource and branch is linted.
 FULL = {
     "AuthMode": "API_KEY", "SubnetIds": "subnet-1,subnet-2", "SecurityGroupIds": "sg-1", "VpcId": "vpc-0abc",
-    "CreateVpcEndpoints": "true", "EnableTracing": "true", "ReserveConcurrency": "true",
+    "CreateVpcEndpoints": "true", "RouteTableIds": "rtb-1,rtb-2", "EnableTracing": "true", "ReserveConcurrency": "true",
     "StorageKmsKeyArn": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
     "EventBusName": "default", "DeadTaskTopicEmail": "ops@example.com",
     "AlarmTopicArn": "arn:aws:sns:us-east-1:123456789012:ops", "AlarmQueue1": "emails", "ExampleSchedule": "true",
     "WorkerPolicyArns": "arn:aws:iam::123456789012:policy/a,arn:aws:iam::123456789012:policy/b",
     "PermissionsBoundary": "arn:aws:iam::123456789012:policy/boundary",
-    "ApiEndpointType": "PRIVATE", "ApiVpcEndpointIds": "vpce-0abc",
+    "ApiEndpointType": "PRIVATE", "ApiVpcEndpointIds": "vpce-0abc", "ApiAccessLogs": "true", "ApiBodyLimitFirewall": "true",
 }
 PARAMETER_SETS = {"defaults": {}, "full": FULL}
 
