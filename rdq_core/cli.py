@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from . import tracecontext, validation
 from .client import FLOW_FIELDS, Client
 from .console import server as console_server
-from .http_client import ApiKey, Auth, BearerToken, HttpClient, SigV4, plaintext_credential_warning
+from .http_client import ApiKey, Auth, BearerToken, HttpClient, SigV4, default_auth, plaintext_credential_warning
 from .errors import (
     ConfigurationError, InvalidInput, RdqError, StorageUnavailable, TaskConflict, TaskNotFound, UnsupportedOperation,
 )
@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         "a deployed API instead of a store (the operator commands: " + ", ".join(sorted(REMOTE_COMMANDS)) + ")")
     remote.add_argument("--api", metavar="URL", default=os.environ.get("RDQ_API_URL") or None,
                         help="the API's base URL, e.g. https://ID.execute-api.REGION.amazonaws.com/v1 ($RDQ_API_URL); "
-                             "signed with SigV4 from the standard AWS credential chain unless --api-key or --token is given")
+                             "signed with SigV4 from the standard AWS credential chain unless --api-key or --token is "
+                             "given; a loopback URL (rdq dev, e.g. http://127.0.0.1:8787) gets no credentials unless "
+                             "--profile or --region asks for SigV4")
     remote.add_argument("--stack", metavar="NAME",
                         help="use the ApiUrl output of this CloudFormation stack as --api (needs boto3)")
     remote.add_argument("--api-key", metavar="KEY", default=os.environ.get("RDQ_API_KEY") or None,
@@ -86,9 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--host", default="127.0.0.1")
     dev.add_argument("--port", type=int, default=8787)
     dev.add_argument("--handlers", metavar="MODULE[,MODULE]", help="handler modules (default: $RDQ_HANDLERS, else the examples)")
+    dev.add_argument("--targets", metavar="FILE", dest="targets_file", help=_TARGETS_HELP)
 
     worker = commands.add_parser("worker", help="a long-running worker (container hosts)")
-    dev.add_argument("--targets", metavar="FILE", dest="targets_file", help=_TARGETS_HELP)
     worker.add_argument("--handlers", metavar="MODULE[,MODULE]", default=os.environ.get("RDQ_HANDLERS"),
                         help="handler modules (default: $RDQ_HANDLERS); needed unless --targets binds every handler")
     worker.add_argument("--targets", metavar="FILE", dest="targets_file", help=_TARGETS_HELP)
@@ -311,9 +313,9 @@ def cmd_dev(args: argparse.Namespace, url: str) -> int:
     _check_storage_url(url)
     modules = _module_list(args.handlers or os.environ.get("RDQ_HANDLERS"))
     _import_handler_modules(modules)
+    _bind_targets(args.targets_file)
     try:
         run_dev(url, host=args.host, port=args.port, handler_modules=modules or None)
-    _bind_targets(args.targets_file)
     except ValueError as exc:  # a configuration the dev host refuses (e.g. --host 0.0.0.0 without a token)
         raise InvalidInput(str(exc), "--host") from None
     except OSError as exc:
@@ -337,11 +339,11 @@ def cmd_worker(args: argparse.Namespace, url: str) -> int:
         log.warning("ended %d process(es) the previous worker image's handlers left running: %s",
                     len(ended), ", ".join(map(str, ended)))
     _import_handler_modules(_module_list(args.handlers))
-    queues = args.queues or []
-    config = WorkerConfig(queues=queues, batch_size=args.batch, lease_seconds=args.lease, concurrency=args.concurrency,
     if not _bind_targets(args.targets_file) and not _module_list(args.handlers):
         raise InvalidInput("give the handler modules (--handlers or $RDQ_HANDLERS), or bind handlers to targets "
                            "(--targets FILE, $RDQ_TARGETS_FILE, ./rdq-targets.json or $RDQ_TARGETS)", "--handlers")
+    queues = args.queues or []
+    config = WorkerConfig(queues=queues, batch_size=args.batch, lease_seconds=args.lease, concurrency=args.concurrency,
                           overrun_grace_seconds=args.overrun_grace, idle_poll_seconds=args.idle_poll,
                           settle_behind=args.settle_behind,
                           schedules_file=args.schedules_file, schedules_every_seconds=max(args.schedules_every, 0.0))
@@ -663,23 +665,27 @@ def cmd_invoke(args: argparse.Namespace, url: str) -> int:
     event = _read_json_argument(args.event, "EVENT.json")
     if not isinstance(event, dict):
         raise InvalidInput("the event must be a JSON object", "EVENT.json")
+    from .lambda_host.local_invoke import LocalLambdaContext, proxy_event_problem
+
+    problem = proxy_event_problem(event) if args.function == "api" else None
+    if problem:
+        raise InvalidInput(f"the event is not an API Gateway REST proxy event: {problem} (events/api-*.json are "
+                           "examples; `sam local generate-event apigateway aws-proxy` makes one)", "EVENT.json")
     os.environ["RDQ_STORAGE_URL"] = url
     os.environ.setdefault("RDQ_AUTO_MIGRATE", "true")
     modules = _module_list(args.handlers or os.environ.get("RDQ_HANDLERS")) or ["rdq_core.examples"]
     os.environ["RDQ_HANDLERS"] = ",".join(modules)
     _import_handler_modules(modules)
+    if args.function == "worker":  # as the deployed worker's entry point does (functions/worker/app.py)
+        _bind_targets(None)
     os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
     os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "rdq")
     from importlib import import_module
-
-    from .lambda_host.local_invoke import LocalLambdaContext
 
     timeout = args.timeout or {"api": 29, "worker": 60, "reaper": 60}[args.function]
     # The function's own output (Powertools logs and EMF metrics print to stdout, as on Lambda)
     # goes to stderr: stdout carries only the function's return value, for pipes and jq.
     with contextlib.redirect_stdout(sys.stderr):
-    if args.function == "worker":  # as the deployed worker's entry point does (functions/worker/app.py)
-        _bind_targets(None)
         function = import_module(f"rdq_core.lambda_host.{args.function}")
         result = function.lambda_handler(event, LocalLambdaContext(f"rdq-{args.function}", timeout))
     _print_json(result)
@@ -758,8 +764,10 @@ def _client(args: argparse.Namespace, url: str) -> Client | HttpClient:
         auth = ApiKey(args.api_key)
     elif args.token:
         auth = BearerToken(args.token)
-    else:
+    elif args.profile or args.region:  # AWS settings given: sign, whatever the host
         auth = SigV4(profile=args.profile, region=args.region)
+    else:
+        auth = default_auth(args.api)  # loopback (rdq dev): no credentials; anywhere else SigV4
     warning = plaintext_credential_warning(args.api, auth)
     if warning:
         print(f"rdq: {warning}", file=sys.stderr, flush=True)
@@ -938,16 +946,6 @@ def _import_handler_modules(modules: Sequence[str]) -> None:
             raise InvalidInput(f"handler module {module!r}: {exc}", "--handlers") from None
 
 
-def _check_storage_url(url: str) -> None:
-    """Configuration errors in the URL itself are usage errors (exit 2), named as such."""
-    from .storage import _BACKENDS
-
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - parsing the port is what finds a malformed one
-    except ValueError as exc:
-        # Not echoed: a URL that does not parse cannot be redacted reliably.
-        raise ConfigurationError(f"the storage URL is malformed ({exc}); check --storage or RDQ_STORAGE_URL") from None
 _TARGETS_HELP = ("handler names bound to a Lambda function or an HTTPS endpoint, a JSON file (default: "
                  "$RDQ_TARGETS_FILE, else ./rdq-targets.json if present; $RDQ_TARGETS adds bindings as JSON); "
                  "docs/targets.md")
@@ -964,6 +962,16 @@ def _bind_targets(file: str | None) -> list[str]:
         raise InvalidInput(str(exc), "--targets") from None
 
 
+def _check_storage_url(url: str) -> None:
+    """Configuration errors in the URL itself are usage errors (exit 2), named as such."""
+    from .storage import _BACKENDS
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsing the port is what finds a malformed one
+    except ValueError as exc:
+        # Not echoed: a URL that does not parse cannot be redacted reliably.
+        raise ConfigurationError(f"the storage URL is malformed ({exc}); check --storage or RDQ_STORAGE_URL") from None
     if parts.scheme.lower() not in _BACKENDS:
         raise InvalidInput(f"unsupported storage URL scheme {parts.scheme!r} in {_redact(url)}; expected one of "
                            f"{', '.join(sorted(_BACKENDS))}", "--storage")
@@ -976,7 +984,7 @@ def _open_storage(url: str) -> Storage:
     _check_storage_url(url)
     try:
         return open_storage(url)
-    except InvalidInput:
+    except (InvalidInput, ConfigurationError):  # already say what is wrong (a missing driver names its install)
         raise
     except ValueError as exc:
         raise InvalidInput(f"storage URL {_redact(url)}: {exc}", "--storage") from None

@@ -3,12 +3,14 @@
 ```python
 from rdq_core.http_client import ApiKey, BearerToken, HttpClient, SigV4
 
-# A deployed stack (IAM auth, the default): the standard AWS credential chain, as the AWS CLI
-# resolves it (environment, profile, SSO, instance/container role); region from the profile,
-# else from the execute-api host name.
+# A deployed stack (IAM auth): SigV4 is the default for any API that is not on a loopback
+# address, with the standard AWS credential chain as the AWS CLI resolves it (environment,
+# profile, SSO, instance/container role); region from the profile, else from the execute-api host.
+rdq = HttpClient("https://abc123.execute-api.eu-west-1.amazonaws.com/prod")
 rdq = HttpClient("https://abc123.execute-api.eu-west-1.amazonaws.com/prod", auth=SigV4(profile="ops"))
 rdq = HttpClient(url, auth=ApiKey("…"))                        # AuthMode=apikey stacks (x-api-key)
-rdq = HttpClient("http://127.0.0.1:8787", auth=BearerToken(os.environ["RDQ_API_TOKEN"]))  # rdq dev
+rdq = HttpClient("http://127.0.0.1:8787")                       # rdq dev: loopback, no credentials by default
+rdq = HttpClient("http://127.0.0.1:8787", auth=BearerToken(os.environ["RDQ_API_TOKEN"]))  # rdq dev with a token
 
 task = rdq.enqueue("emails", "send_email", {"to": "a@b.c"}, id="order-42")
 rdq.get(task.id).attempts
@@ -71,11 +73,11 @@ from . import payloads as payload_objects
 from . import operations, tracecontext
 from .client_protocol import EnqueueOptions, check_enqueue_options
 from .ids import new_task_id
+from .validation import Limits
 from .operations import Operation
 from .model import AuditPage, Backoff, DeadPage, EnqueueResult, NewTask, QueueStats, Task, TaskPage, TaskStatus
-from .validation import Limits
 
-__all__ = ["ApiKey", "Auth", "BearerToken", "HttpClient", "SigV4", "plaintext_credential_warning"]
+__all__ = ["ApiKey", "Auth", "BearerToken", "HttpClient", "NoAuth", "SigV4", "default_auth", "plaintext_credential_warning"]
 
 
 # -- authentication ----------------------------------------------------------------------------
@@ -110,6 +112,25 @@ class ApiKey:
         return "ApiKey(***)"
 
 
+@dataclass(frozen=True)
+class NoAuth:
+    """No credentials at all: ``rdq dev`` without ``RDQ_API_TOKEN`` (the default for a loopback
+    API), or an API behind a gateway of your own that authenticates by other means."""
+
+    def headers(self, method: str, url: str, headers: Mapping[str, str], body: bytes) -> dict[str, str]:
+        return {}
+
+
+def default_auth(api_url: str, *, profile: str | None = None, region: str | None = None) -> Auth:
+    """The credentials ``HttpClient`` and ``rdq --api`` send when none are named: none to an API
+    on a loopback address (``rdq dev``, which without a token serves loopback callers only and
+    never checks AWS credentials), SigV4 to any other (a deployed stack's IAM auth)."""
+    host = urllib.parse.urlsplit(api_url).hostname or ""
+    if _is_loopback(host):
+        return NoAuth()
+    return SigV4(profile=profile, region=region)
+
+
 class SigV4:
     """AWS Signature Version 4 for API Gateway (service ``execute-api``) with botocore's signer.
 
@@ -125,8 +146,8 @@ class SigV4:
             import botocore.session
         except ImportError:
             raise ConfigurationError(
-                "SigV4 signing needs botocore: pip install botocore (or rdq's dev extra), or use an API key"
-                " or bearer token") from None
+                "SigV4 signing needs botocore: pip install botocore (or rdq's dev extra), or use an API key,"
+                " a bearer token or NoAuth()") from None
         self._session = session if session is not None else botocore.session.Session(profile=profile)
         self._region = region or self._session.get_config_variable("region")
         self.service = service
@@ -209,7 +230,8 @@ class HttpClient:
         self._base_path = parts.path.rstrip("/")
         #: What messages name: scheme, host and port, never a path, key or token.
         self.api = f"{parts.scheme}://{parts.netloc}"
-        self.auth = auth
+        #: ``None``: ``default_auth`` (no credentials on loopback, SigV4 elsewhere).
+        self.auth: Auth = auth if auth is not None else default_auth(api_url)
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self.retry_seconds, self.backoff_initial, self.backoff_max = retry_seconds, backoff_initial, backoff_max
         self._ssl_context = ssl_context or ssl.create_default_context()  # verifies certificate and host name
@@ -278,28 +300,6 @@ class HttpClient:
         bodies = [_task_body(item) if isinstance(item, Mapping) else item for item in items]
         bodies = [self._offloaded(queue, body) if isinstance(body, dict) else body for body in bodies]  # large payloads
         trace = tracecontext.http_headers(tracecontext.enqueue_headers(traceparent, tracestate))
-        response = self._call("POST", f"/v1/queues/{_segment(queue)}/tasks:batch", IDEMPOTENT, body={"tasks": bodies},
-                              headers=trace)
-        results = []
-        for sent, answer in zip(bodies, response.json()["results"], strict=True):
-            task = Task(
-                id=answer["id"], queue=answer.get("queue", queue), handler=sent.get("handler", ""),
-                payload=sent.get("payload"), status=TaskStatus(answer.get("status", TaskStatus.PENDING.value)),
-                headers=dict(sent.get("headers") or {}), max_attempts=sent.get("max_attempts"),
-                backoff=Backoff.from_dict(sent.get("backoff")), priority=int(sent.get("priority") or 0),
-                concurrency_key=sent.get("concurrency_key"), rate_key=sent.get("rate_key"), group=sent.get("group"),
-                dedupe_key=sent.get("dedupe_key"),
-            )
-            results.append(EnqueueResult(task=task, created=answer["result"] == "created",
-                                         conflict=answer["result"] == "conflict",
-                                         deduplicated=bool(answer.get("deduplicated", False))))
-        return results
-
-    # -- reading and operating -------------------------------------------------------------
-    def get(self, task_id: str, *, resolve: bool = False) -> Task:
-        """``resolve=True`` downloads a payload or result kept in the payload store (presigned URLs
-        from ``GET /v1/tasks/{id}/objects``) and checks its size and SHA-256."""
-        task = Task.from_dict(self._call("GET", f"/v1/tasks/{_segment(task_id, 'id')}", IDEMPOTENT, task_id=task_id).json())
         return self._enqueue_batch(queue, bodies, trace)
 
     def enqueue_new_many(self, new_tasks: Sequence[NewTask], *, connection: Any = None) -> list[EnqueueResult]:
@@ -322,6 +322,28 @@ class HttpClient:
         return [results[index] for index in range(len(new_tasks))]
 
     def _enqueue_batch(self, queue: str, bodies: list[Any], trace: Mapping[str, str]) -> list[EnqueueResult]:
+        response = self._call("POST", f"/v1/queues/{_segment(queue)}/tasks:batch", IDEMPOTENT, body={"tasks": bodies},
+                              headers=trace)
+        results = []
+        for sent, answer in zip(bodies, response.json()["results"], strict=True):
+            task = Task(
+                id=answer["id"], queue=answer.get("queue", queue), handler=sent.get("handler", ""),
+                payload=sent.get("payload"), status=TaskStatus(answer.get("status", TaskStatus.PENDING.value)),
+                headers=dict(sent.get("headers") or {}), max_attempts=sent.get("max_attempts"),
+                backoff=Backoff.from_dict(sent.get("backoff")), priority=int(sent.get("priority") or 0),
+                concurrency_key=sent.get("concurrency_key"), rate_key=sent.get("rate_key"), group=sent.get("group"),
+                dedupe_key=sent.get("dedupe_key"),
+            )
+            results.append(EnqueueResult(task=task, created=answer["result"] == "created",
+                                         conflict=answer["result"] == "conflict",
+                                         deduplicated=bool(answer.get("deduplicated", False))))
+        return results
+
+    # -- reading and operating -------------------------------------------------------------
+    def get(self, task_id: str, *, resolve: bool = False) -> Task:
+        """``resolve=True`` downloads a payload or result kept in the payload store (presigned URLs
+        from ``GET /v1/tasks/{id}/objects``) and checks its size and SHA-256."""
+        task = Task.from_dict(self._call("GET", f"/v1/tasks/{_segment(task_id, 'id')}", IDEMPOTENT, task_id=task_id).json())
         return self._resolved(task) if resolve else task
 
     def cancel(self, task_id: str) -> Task:
@@ -585,8 +607,7 @@ class HttpClient:
         if data:
             headers["Content-Type"] = "application/json"
         headers.update(extra or {})  # the trace context of an enqueue (traceparent, tracestate)
-        if self.auth is not None:
-            headers.update(self.auth.headers(method, url, headers, data))
+        headers.update(self.auth.headers(method, url, headers, data))
         connection: http.client.HTTPConnection
         if self._scheme == "https":
             connection = http.client.HTTPSConnection(self._host, self._port, timeout=self.connect_timeout,
@@ -712,6 +733,15 @@ def _transfer(method: str, url: str, headers: Mapping[str, str], data: bytes, ti
 
 
 # -- request bodies ----------------------------------------------------------------------------
+def _new_task_body(new_task: NewTask) -> dict[str, Any]:
+    """A validated task's JSON body; its trace context is left out (it travels as a header)."""
+    return _task_body({"id": new_task.id, "handler": new_task.handler, "payload": new_task.payload,
+                       "headers": tracecontext.with_trace(new_task.headers, {}) or None,
+                       "max_attempts": new_task.max_attempts,
+                       "backoff": new_task.backoff, "run_at": new_task.run_at,
+                       "delay_seconds": new_task.delay_seconds or None, **new_task.flow_fields()})
+
+
 def _task_body(item: Mapping[str, Any]) -> dict[str, Any]:
     """One task's JSON body, with an id: generated here when absent, so retries are repeats."""
     body: dict[str, Any] = {}
@@ -732,15 +762,6 @@ def _task_body(item: Mapping[str, Any]) -> dict[str, Any]:
     if body.get("id") is None:
         body["id"] = new_task_id()
     return body
-
-def _new_task_body(new_task: NewTask) -> dict[str, Any]:
-    """A validated task's JSON body; its trace context is left out (it travels as a header)."""
-    return _task_body({"id": new_task.id, "handler": new_task.handler, "payload": new_task.payload,
-                       "headers": tracecontext.with_trace(new_task.headers, {}) or None,
-                       "max_attempts": new_task.max_attempts,
-                       "backoff": new_task.backoff, "run_at": new_task.run_at,
-                       "delay_seconds": new_task.delay_seconds or None, **new_task.flow_fields()})
-
 
 
 def _selection(ids: Iterable[str] | None, error_type: str | None, handler: str | None, all: bool) -> dict[str, Any]:

@@ -6,17 +6,28 @@ import the Lambda host, so the offline AWS settings live here, once.
 Servers: every fixture below gets its server or its fresh store from
 ``rdq_core.compliance.servers`` (the one place that starts, owns and stops them). A shared server
 that does not answer fails the test under ``CI`` and skips it elsewhere.
+
+A run stopped by SIGTERM or SIGHUP (``timeout``, a closed terminal) tears down as after Ctrl-C,
+so every scratch database and owned server goes with it; the PostgreSQL scratch database of a run
+killed outright is dropped by the next run (``sweep_stale_scratch_databases``).
+
+The quick subset, ``python -m pytest -m "not slow"``, is ``tests/unit``: every other package (the
+kit on four backends, chaos, faults, the serverless checks, the browser, the attacks) is ``slow``.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
+from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 
 from rdq_core.compliance import servers
 from tests.loopback import rdq_settings
+from tests.rdq_servers import scratch_database_prefix, sweep_stale_scratch_databases
 
 for _name, _value in {
     "AWS_DEFAULT_REGION": "us-east-1",
@@ -29,6 +40,35 @@ for _name, _value in {
     "POWERTOOLS_LOG_LEVEL": "WARNING",
 }.items():
     os.environ[_name] = _value
+
+
+TESTS = Path(__file__).resolve().parent
+#: The packages of the quick subset; everything else is marked ``slow``.
+QUICK_PACKAGES = frozenset({"unit"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            package = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        except ValueError:  # a test outside tests/ (a plugin's own)
+            continue
+        if package not in QUICK_PACKAGES:
+            item.add_marker(pytest.mark.slow)
+
+
+def _stop_as_if_interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM and SIGHUP end the run the way Ctrl-C does: pytest then runs every teardown."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(stop) is signal.SIG_DFL:
+            signal.signal(stop, _stop_as_if_interrupted)
 
 
 @pytest.fixture
@@ -46,7 +86,10 @@ def pg_database_url() -> Iterator[str]:
     problem = servers.pg_reachable(servers.SHARED_PG_URL)
     if problem:
         servers.fail_or_skip(problem)
-    with servers.pg_scratch_database(servers.SHARED_PG_URL) as url:
+    swept = sweep_stale_scratch_databases(servers.SHARED_PG_URL)
+    if swept:
+        print(f"\ndropped {len(swept)} scratch database(s) of test runs that were killed: {', '.join(swept)}")
+    with servers.pg_scratch_database(servers.SHARED_PG_URL, prefix=scratch_database_prefix()) as url:
         yield url
 
 

@@ -1,5 +1,6 @@
-"""rdq's own servers for tests: ``rdq dev`` as a subprocess, and a loopback proxy in front of it
-that verifies SigV4 signatures with botocore or injects faults.
+"""rdq's own servers for tests: ``rdq dev`` as a subprocess, a loopback proxy in front of it
+that verifies SigV4 signatures with botocore or injects faults, and the names of the test run's
+scratch PostgreSQL databases (so that a run killed before it could drop its own is swept later).
 
 Used by ``tests/unit/test_http_client.py`` (HttpClient end to end) and ``tests/browser/`` (the
 console in a real browser). Each server binds 127.0.0.1 on a port the kernel picks and is
@@ -8,6 +9,7 @@ stopped by its owner (``stop()``, by PID for the subprocess).
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import http.client
 import os
@@ -170,3 +172,50 @@ class Proxy(LoopbackHttpServer):
                 pass
 
         super().__init__(Handler)
+
+
+# -- scratch databases of test runs ------------------------------------------------------------------
+
+#: This machine, in a scratch database's name: a sweep judges only the runs of its own machine,
+#: whose process ids it can check.
+HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
+_SCRATCH_NAME = re.compile(r"^rdq_test_(?P<host>[0-9a-f]{6})_(?P<pid>[0-9]+)_[0-9a-f]{12}$")
+
+
+def scratch_database_prefix(pid: int | None = None) -> str:
+    """The prefix of the scratch database of the test run in process ``pid`` (default: this one)."""
+    return f"rdq_test_{HOST_TAG}_{os.getpid() if pid is None else pid}_"
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def sweep_stale_scratch_databases(admin_url: str) -> list[str]:
+    """Drop the scratch databases of this machine's test runs whose process is gone (killed
+    before its teardown could run: ``kill -9``, a lost machine, a closed terminal); the names
+    dropped. A database someone is still connected to is left alone, as is any whose name does
+    not say which run made it."""
+    import psycopg
+    from psycopg import errors, sql
+
+    dropped: list[str] = []
+    with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as admin:
+        names = [row[0] for row in admin.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'rdq\\_test\\_%' ORDER BY datname").fetchall()]
+        for name in names:
+            found = _SCRATCH_NAME.match(name)
+            if not found or found["host"] != HOST_TAG or _process_exists(int(found["pid"])):
+                continue
+            try:
+                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+            except errors.ObjectInUse:
+                continue
+            dropped.append(name)
+    return dropped

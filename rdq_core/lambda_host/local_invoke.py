@@ -106,6 +106,40 @@ def api_proxy_event(
     }
 
 
+_HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_STRING_MAPS = ("headers", "queryStringParameters", "pathParameters", "stageVariables")
+_LIST_MAPS = ("multiValueHeaders", "multiValueQueryStringParameters")
+
+
+def proxy_event_problem(event: Mapping[str, Any]) -> str | None:
+    """What keeps ``event`` from being an API Gateway REST "aws-proxy" event the API function can
+    serve, else None. API Gateway always sends a well-formed one; a hand-written event file
+    (``rdq invoke api``) may not, and deserves a sentence rather than a ``KeyError``."""
+    method = event.get("httpMethod")
+    if not isinstance(method, str) or method.upper() not in _HTTP_METHODS:
+        return (f"'httpMethod' must be one of {', '.join(sorted(_HTTP_METHODS))}"
+                if "httpMethod" in event else "it has no 'httpMethod'")
+    path = event.get("path")
+    if not isinstance(path, str) or not path.startswith("/"):
+        return "'path' must be a string starting with /" if "path" in event else "it has no 'path'"
+    for name in _STRING_MAPS:
+        value = event.get(name)
+        if value is not None and not (isinstance(value, dict) and all(isinstance(v, str) for v in value.values())):
+            return f"'{name}' must be null or an object of strings"
+    for name in _LIST_MAPS:
+        value = event.get(name)
+        if value is not None and not (isinstance(value, dict) and all(
+                isinstance(v, list) and all(isinstance(item, str) for item in v) for v in value.values())):
+            return f"'{name}' must be null or an object of lists of strings"
+    if event.get("body") is not None and not isinstance(event["body"], str):
+        return "'body' must be null or a string"
+    if not isinstance(event.get("isBase64Encoded", False), bool):
+        return "'isBase64Encoded' must be true or false"
+    if event.get("requestContext") is not None and not isinstance(event["requestContext"], dict):
+        return "'requestContext' must be an object"
+    return None
+
+
 def proxy_result_body(result: Mapping[str, Any]) -> bytes:
     body = result.get("body") or ""
     if result.get("isBase64Encoded"):

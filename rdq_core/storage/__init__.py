@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 from typing import Callable
 from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
-from ..errors import InvalidInput
+from ..errors import ConfigurationError, InvalidInput
 from .spi import Storage
 
 DEFAULT_SQLITE_URL = "sqlite:///rdq.db"
@@ -87,8 +88,33 @@ def open_storage(url: str | None = None) -> Storage:
     if target is None:
         raise InvalidInput(f"unsupported storage URL scheme {scheme!r}; expected one of {sorted(_BACKENDS)}", "storage_url")
     module_name, class_name = target.split(":")
-    backend: Callable[[str], Storage] = getattr(importlib.import_module(module_name), class_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing not in _DRIVERS:
+            raise
+        raise ConfigurationError(missing_driver_message(scheme, missing)) from None
+    backend: Callable[[str], Storage] = getattr(module, class_name)
     return backend(url)
 
 
-__all__ = ["Storage", "open_storage", "register_backend", "default_storage_url", "redact_url", "DEFAULT_SQLITE_URL"]
+#: The driver each backend imports, and the extra of the rdq package that installs it.
+_DRIVERS = {"psycopg": "postgres", "redis": "redis", "pymongo": "mongo"}
+
+
+def missing_driver_message(scheme: str, driver: str) -> str:
+    """What to install for a backend whose driver is not importable: from a clone of the
+    repository (rdq_core next to its pyproject.toml) the editable install, else the package's extra."""
+    extra = _DRIVERS[driver]
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "rdq_core").is_dir():
+        where = "." if Path.cwd().resolve() == checkout else str(checkout)
+        command = f"python -m pip install -e '{where}[{extra}]'"
+    else:
+        command = f"python -m pip install 'rdq[{extra}]'"
+    return f"{scheme}:// storage needs the {driver} driver, which is not installed: {command}"
+
+
+__all__ = ["Storage", "open_storage", "register_backend", "default_storage_url", "redact_url", "DEFAULT_SQLITE_URL",
+           "missing_driver_message"]

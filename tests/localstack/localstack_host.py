@@ -1,5 +1,6 @@
 """LocalStack 2.3.2 in host mode, owned by the test run: a cached virtualenv, one process on a
-free 127.0.0.1 port with its own temporary and volume folders, stopped by its PID.
+free 127.0.0.1 port with its own temporary, volume and filesystem folders (where the legacy
+executor unpacks function code), stopped by its PID.
 
 Why 2.3.2: it is the last release whose legacy Lambda provider runs Python functions without
 Docker (``PROVIDER_OVERRIDE_LAMBDA=legacy``, ``LAMBDA_EXECUTOR=local``: each invocation is a
@@ -83,11 +84,19 @@ class LocalStackProcess:
         self.log_path = workdir / "localstack.log"
         self.process: subprocess.Popen[bytes] | None = None
 
+    @property
+    def filesystem_root(self) -> Path:
+        """Where this LocalStack keeps its runtime folders (``config.dirs``): their ``tmp`` (function
+        code unpacked by the legacy executor, cleared on start and stop) would otherwise be
+        ``/var/lib/localstack/tmp`` inside a container, or ``.filesystem`` in the installed package
+        elsewhere, shared by every LocalStack of the machine or of the virtualenv."""
+        return self.workdir / "filesystem"
+
     def environment(self) -> dict[str, str]:
         tmp = self.workdir / "tmp"
         volume = self.workdir / "volume"
-        tmp.mkdir(parents=True, exist_ok=True)
-        volume.mkdir(parents=True, exist_ok=True)
+        for folder in (tmp, volume, self.filesystem_root):
+            folder.mkdir(parents=True, exist_ok=True)
         return {
             **os.environ,
             "GATEWAY_LISTEN": f"127.0.0.1:{self.port}",
@@ -97,6 +106,13 @@ class LocalStackProcess:
             # Its own folders: LocalStack clears its tmp folder on start and stop.
             "TMPDIR": str(tmp),
             "LOCALSTACK_VOLUME_DIR": str(volume),
+            # Its runtime folders (config.dirs: the unpacked function code, the scripts the legacy
+            # executor writes) under FILESYSTEM_ROOT. That holds in host mode only: LocalStack
+            # takes any container it runs in (/.dockerenv) for its own and then uses the fixed
+            # /var/lib/localstack, shared by every LocalStack on the machine. It runs on this
+            # host's Python, not in its image: OVERRIDE_IN_DOCKER says so.
+            "OVERRIDE_IN_DOCKER": "0",
+            "FILESYSTEM_ROOT": str(self.filesystem_root),
             "SKIP_INFRA_DOWNLOADS": "1",
             "DISABLE_EVENTS": "1",
             "SKIP_SSL_CERT_DOWNLOAD": "1",

@@ -133,6 +133,10 @@ def _client_deadline(statement_timeout: str) -> float | None:
     return seconds + min(high, max(low, seconds * share))
 
 
+#: How PgBouncer (and poolers like it) refuse the startup ``options`` rdq's session settings travel in.
+_REFUSED_OPTIONS = re.compile(r"unsupported startup parameter:\s*options", re.IGNORECASE)
+
+
 #: URL parameter (rdq's own, removed before libpq sees the URL): ``off`` sends no session
 #: settings at connect, for poolers that refuse the startup ``options`` parameter (PgBouncer
 #: without ``ignore_startup_parameters = options``). The client-side deadline still applies.
@@ -380,7 +384,23 @@ class ConnectionPool:
                 **self._connect_kwargs
             )
         except psycopg.OperationalError as exc:
+            if _REFUSED_OPTIONS.search(str(exc)):
+                raise ConfigurationError(self._refused_options_message()) from None
             raise StorageUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
+
+    def _refused_options_message(self) -> str:
+        """The fix for a pooler that refuses startup ``options``: they carry rdq's session
+        settings (unless the URL turned them off) and any ``options=`` of the URL itself."""
+        fixes = []
+        if "options" in self._connect_kwargs:
+            joiner = "&" if urlsplit(self._conninfo).query else "?"
+            fixes.append(f"Add {joiner}{SESSION_TIMEOUTS_PARAM}=off&listen=off to the storage URL (no session settings at "
+                         "connect, and workers poll instead of LISTENing, which a transaction pooler cannot carry)")
+        if "options" in conninfo_to_dict(self._conninfo):
+            fixes.append(("drop" if fixes else "Drop")
+                         + " the URL's own options= (set those on the server the pooler connects to)")
+        return ("the server refused the startup parameter 'options': this is a connection pooler such as PgBouncer "
+                f"in transaction mode. {'; '.join(fixes)}. docs/scaling-out.md has the details")
 
     @contextmanager
     def session(self) -> Iterator[psycopg.Connection]:
