@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from . import tracecontext, validation
 from .client import FLOW_FIELDS, Client
+from .client_protocol import QueueClient
 from .console import server as console_server
 from .http_client import ApiKey, Auth, BearerToken, HttpClient, SigV4, default_auth, plaintext_credential_warning
 from .errors import (
@@ -587,7 +588,7 @@ def cmd_operations(args: argparse.Namespace, url: str) -> int:
     return 0
 
 
-def _follow(client: Client | HttpClient, operation: Any) -> Any:
+def _follow(client: QueueClient, operation: Any) -> Any:
     """Print progress lines (to standard error) until the operation is finished."""
     last = None
     while not operation.finished:
@@ -752,7 +753,7 @@ def stack_api_url(stack: str, *, profile: str | None = None, region: str | None 
     raise ConfigurationError(f"stack {stack!r} has no ApiUrl output: is it an rdq stack?")
 
 
-def _client(args: argparse.Namespace, url: str) -> Client | HttpClient:
+def _client(args: argparse.Namespace, url: str) -> QueueClient:
     """The store's ``Client``, or with ``--api`` an ``HttpClient`` with the same interface: the
     commands, their output and their exit codes are the same either way."""
     if not args.api:
@@ -784,7 +785,7 @@ class _NotFound(TaskNotFound):
 _FINISHED: tuple[TaskStatus, ...] = (TaskStatus.SUCCEEDED, TaskStatus.DEAD, TaskStatus.CANCELLED)
 
 
-def _wait_for(client: Client | HttpClient, task_id: str, wanted: str, timeout: float) -> Any:
+def _wait_for(client: QueueClient, task_id: str, wanted: str, timeout: float) -> Any:
     if wanted == "FINISHED":
         statuses, described = _FINISHED, "SUCCEEDED, DEAD or CANCELLED"
     else:
@@ -808,7 +809,7 @@ def _wait_for(client: Client | HttpClient, task_id: str, wanted: str, timeout: f
     return task
 
 
-def _cancel_many(client: Client | HttpClient, ids: Sequence[str], as_json: bool) -> int:
+def _cancel_many(client: QueueClient, ids: Sequence[str], as_json: bool) -> int:
     """Cancel each id; the others are still cancelled when one cannot be. Exit code: the worst
     problem met (3 not found, 4 not PENDING), 0 when all were cancelled."""
     results: list[dict[str, Any]] = []
@@ -832,7 +833,7 @@ def _cancel_many(client: Client | HttpClient, ids: Sequence[str], as_json: bool)
     return code
 
 
-def _redrive_or_purge(client: Client | HttpClient, args: argparse.Namespace) -> int:
+def _redrive_or_purge(client: QueueClient, args: argparse.Namespace) -> int:
     if args.ids:
         _check_dead_ids(client, args.queue, args.ids)
     if args.dlq_command == "redrive":
@@ -840,7 +841,7 @@ def _redrive_or_purge(client: Client | HttpClient, args: argparse.Namespace) -> 
     return _bulk_action(client, args, "purge", "purged", "dead", confirm="and their history for good")
 
 
-def _bulk_action(client: Client | HttpClient, args: argparse.Namespace, verb: str, done_key: str, kind: str,
+def _bulk_action(client: QueueClient, args: argparse.Namespace, verb: str, done_key: str, kind: str,
                  confirm: str = "") -> int:
     """redrive, purge, cancel: count what the selection matches (the API's dry run), then act,
     asking first where the action cannot be undone."""
@@ -873,7 +874,7 @@ def _bulk_action(client: Client | HttpClient, args: argparse.Namespace, verb: st
     return 0
 
 
-def _check_dead_ids(client: Client | HttpClient, queue: str, ids: Sequence[str]) -> None:
+def _check_dead_ids(client: QueueClient, queue: str, ids: Sequence[str]) -> None:
     """Name every id that cannot be redriven or purged, before changing anything."""
     missing: list[str] = []
     not_dead: list[str] = []

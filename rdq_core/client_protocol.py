@@ -14,7 +14,7 @@ refuse it (``check_enqueue_options``).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Self, Sequence, TypedDict, Unpack
 
 from .model import AuditPage, Backoff, DeadPage, EnqueueResult, NewTask, QueueStats, Task, TaskPage, TaskStatus
 from .operations import Operation
@@ -72,6 +72,10 @@ class QueueClient(Protocol):
     """Producing, reading and operating a queue, on a store or over the API."""
 
     def close(self) -> None: ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(self, *exc: object) -> None: ...
 
     # -- producing -------------------------------------------------------------------------
     def enqueue(self, queue: str, handler: str, payload: Any = None, *, connection: Any = None,
