@@ -94,7 +94,7 @@ def test_rdq_reaper_once_reaps_delivers_and_applies_retention_past_a_poisoned_op
     storage.migrate()
     poisoned_world(storage)
     publisher = Recording()
-    monkeypatch.setattr(cli, "publisher_from_settings", lambda settings: publisher)
+    monkeypatch.setattr(cli.hosts, "publisher_from_settings", lambda settings: publisher)
     code = cli.main(["--storage", url, "reaper", "--once", "--interval", "1", "--retention-hours", str(0.3 / 3600)])
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (code, report["reaped"], report["retention_deleted"], report["failed_steps"]) == (0, 1, 1, []), report

@@ -107,9 +107,11 @@ def test_http_enqueue_new_many_keeps_order_across_queues_and_reports_conflicts(d
     api_client = HttpClient(dev.url, auth=BearerToken(TOKEN), retry_seconds=10)
     prefix = f"pm{time.monotonic_ns()}"
     api_client.enqueue(f"{prefix}-b", "h", {}, id=f"{prefix}-taken")
-    first = build_new_tasks(f"{prefix}-a", [{"handler": "h", "id": f"{prefix}-{n}"} for n in range(3)])
-    clash = build_new_tasks(f"{prefix}-a", [{"handler": "h", "id": f"{prefix}-taken"}])
-    second = build_new_tasks(f"{prefix}-c", [{"handler": "h", "id": f"{prefix}-c{n}"} for n in range(2)])
+    # Not due for an hour: rdq dev's own worker leaves them PENDING while the test counts them.
+    later = {"handler": "h", "delay_seconds": 3600}
+    first = build_new_tasks(f"{prefix}-a", [{**later, "id": f"{prefix}-{n}"} for n in range(3)])
+    clash = build_new_tasks(f"{prefix}-a", [{**later, "id": f"{prefix}-taken"}])
+    second = build_new_tasks(f"{prefix}-c", [{**later, "id": f"{prefix}-c{n}"} for n in range(2)])
     mixed = [first[0], second[0], clash[0], first[1], second[1], first[2]]
 
     results = api_client.enqueue_new_many(mixed)
@@ -123,8 +125,9 @@ def test_http_enqueue_new_many_keeps_order_across_queues_and_reports_conflicts(d
 def test_http_enqueue_new_many_splits_a_queue_past_the_batch_limit(dev: DevServer) -> None:
     api_client = HttpClient(dev.url, auth=BearerToken(TOKEN), retry_seconds=10)
     queue = f"pl{time.monotonic_ns()}"
-    many = build_new_tasks(queue, [{"handler": "h"}] * Limits.batch_items)
-    many += build_new_tasks(queue, [{"handler": "h"}] * 3)
+    later = {"handler": "h", "delay_seconds": 3600}  # stays PENDING under rdq dev's own worker
+    many = build_new_tasks(queue, [later] * Limits.batch_items)
+    many += build_new_tasks(queue, [later] * 3)
     results = api_client.enqueue_new_many(many)
     assert [r.task.id for r in results] == [t.id for t in many] and all(r.created for r in results)
     assert api_client.stats(queue).pending == Limits.batch_items + 3

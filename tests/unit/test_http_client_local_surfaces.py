@@ -172,14 +172,14 @@ def test_an_api_key_or_token_over_plain_http_to_another_host_is_warned_about() -
 
 
 def test_rdq_api_warns_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
-    from rdq_core import cli
+    from rdq_core.cli.common import client_for
 
     args = argparse.Namespace(api="http://api.example.com/prod", api_key="key-7", token=None, profile=None, region=None)
-    assert isinstance(cli._client(args, ""), HttpClient)
+    assert isinstance(client_for(args, ""), HttpClient)
     err = capsys.readouterr().err
     assert "warning" in err and "unencrypted" in err and "key-7" not in err
     args.api = "https://api.example.com/prod"
-    cli._client(args, "")
+    client_for(args, "")
     assert capsys.readouterr().err == ""
 
 
