@@ -142,8 +142,11 @@ class Stack:
         return json.loads(body) if body else {}
 
 
-def deploy(localstack: LocalStackProcess, backend: str, store_url: str, build_dir: Path) -> Stack:
-    name = {"postgresql": "rdq-pg", "redis": "rdq-redis"}[backend]
+def deploy(localstack: LocalStackProcess, backend: str, store_url: str, build_dir: Path, *, name: str | None = None,
+           extra_parameters: dict[str, str] | None = None) -> Stack:
+    """The stack ``name`` (by default one per backend) from the built template; ``extra_parameters``
+    are added to (or override) the suite's parameter values."""
+    name = name or {"postgresql": "rdq-pg", "redis": "rdq-redis"}[backend]
     ssm, cfn = aws(localstack, "ssm"), aws(localstack, "cloudformation")
     s3 = aws(localstack, "s3")
     try:
@@ -155,7 +158,7 @@ def deploy(localstack: LocalStackProcess, backend: str, store_url: str, build_di
     # WorkerTimeout: the template's default; the example ``sleep`` handler (a 26 s timeout) can start
     # only while that much is left before an invocation's work deadline, which 30 s would leave ~1 s.
     parameters = {"Packaging": "bundled", "StorageBackend": backend, "StorageUrlParameterName": parameter,
-                  "AuthMode": "API_KEY", "MaxWorkerConcurrency": "2", "WorkerTimeout": "60"}
+                  "AuthMode": "API_KEY", "MaxWorkerConcurrency": "2", "WorkerTimeout": "60", **(extra_parameters or {})}
     body = packaged_template(localstack, build_dir, name, parameters)
     # From S3, as `sam deploy --resolve-s3` does: a TemplateBody may not exceed 51,200 bytes.
     s3.put_object(Bucket=BUCKET, Key=f"{name}/template.json", Body=json.dumps(body).encode())

@@ -26,6 +26,8 @@ FULL = {
     "WorkerPolicyArns": "arn:aws:iam::123456789012:policy/a,arn:aws:iam::123456789012:policy/b",
     "PermissionsBoundary": "arn:aws:iam::123456789012:policy/boundary",
     "ApiEndpointType": "PRIVATE", "ApiVpcEndpointIds": "vpce-0abc", "ApiAccessLogs": "true", "ApiBodyLimitFirewall": "true",
+    "Targets": '{"resize":{"lambda":"arn:aws:lambda:us-east-1:123456789012:function:resize"}}',
+    "TargetFunctionArns": "arn:aws:lambda:us-east-1:123456789012:function:resize",
 }
 PARAMETER_SETS = {"defaults": {}, "full": FULL}
 
