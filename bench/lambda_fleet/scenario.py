@@ -212,7 +212,7 @@ def run(scenario: Scenario, progress: Callable[[str], None] = lambda _: None) ->
                 t0 = time.monotonic()
                 with _Ticker(fleet, scenario.tick_s, t0 + scenario.first_tick_s) as ticker:
                     time.sleep(max(t0 + scenario.burst_at_s - time.monotonic(), 0.0))
-                    burst = _burst(storage, scenario, config.name, emulator.endpoint)
+                    burst = _burst(storage, scenario, config.name, emulator.endpoint, worker_fleet(env))
                     progress(f"backlog of {scenario.tasks} enqueued in {burst['enqueue_s']:.2f}s")
                     finished = _wait_for_drain(storage, scenario, t0, progress)
                 wait_end = time.monotonic() + config.timeout_s + 5
@@ -231,12 +231,18 @@ def run(scenario: Scenario, progress: Callable[[str], None] = lambda _: None) ->
                    connections.peak, idle_connections, t0)
 
 
-def _burst(storage: Storage, scenario: Scenario, function: str, endpoint: str) -> dict[str, Any]:
-    """The backlog, enqueued as API requests by ``api_containers`` containers, each waking a worker."""
+def worker_fleet(env: dict[str, str]) -> str:
+    """The worker slots' fleet name the function's environment gives it (``Settings.worker_fleet``)."""
+    return env.get("RDQ_WORKER_FLEET", "").strip() or env.get("RDQ_WORKER_FUNCTION", "").strip() or "worker"
+
+
+def _burst(storage: Storage, scenario: Scenario, function: str, endpoint: str, fleet: str) -> dict[str, Any]:
+    """The backlog, enqueued as API requests by ``api_containers`` containers, each waking a worker
+    into a slot it reserves, as the API does (``routes._wake_worker_for``)."""
     import boto3
 
     from rdq_core.aws_clients import client_config
-    from rdq_core.lambda_host.invoker import INVOKE_CONNECT_TIMEOUT, INVOKE_READ_TIMEOUT, WorkerInvoker
+    from rdq_core.lambda_host.invoker import INVOKE_CONNECT_TIMEOUT, INVOKE_READ_TIMEOUT, FleetStarts, WorkerInvoker
 
     def container() -> WorkerInvoker:
         client = boto3.client("lambda", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="emulator",
@@ -252,7 +258,8 @@ def _burst(storage: Storage, scenario: Scenario, function: str, endpoint: str) -
         last = min(first + scenario.enqueue_chunk, scenario.tasks)
         storage.enqueue([NewTask(id=f"t{n:07d}", queue=QUEUE, handler="fleet.sleep", payload=payload)
                          for n in range(first, last)])
-        wakes += containers[request % len(containers)].wake(function, [QUEUE], scenario.wake_debounce_s)
+        wakes += containers[request % len(containers)].wake(function, [QUEUE], scenario.wake_debounce_s,
+                                                            fleet=FleetStarts(storage, fleet, scenario.cap))
     return {"started": started, "ended": time.monotonic(), "enqueue_s": time.monotonic() - started, "wakes": wakes}
 
 
@@ -379,6 +386,10 @@ def _report(scenario: Scenario, config: FunctionConfig, fleet: Fleet, ticks: int
         "peak_invocations": fleet.peak_busy,
         "peak_invocations_holding_tasks": _peak_overlap(holding),
         "invocations_started": dict(Counter(i.cause for i in invocations)),
+        # Started, then found every slot held and left: the surplus a start reserved in the store avoids.
+        "invocations_without_slot": dict(Counter(i.cause for i in invocations
+                                                 if isinstance(i.result, dict) and "slot" in i.result
+                                                 and i.result["slot"] is None)),
         "invocations_with_tasks": len(by_request),
         "events_accepted": dict(fleet.events_accepted),
         "ticks_fired": ticks,

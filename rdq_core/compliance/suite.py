@@ -54,6 +54,7 @@ from .fencing import FencingCompliance
 from .history import HistoryCompliance
 from .leases import LeaseCompliance
 from .lifecycle import LifecycleCompliance
+from .live_stats import LiveStatsCompliance
 from .operations_lock import OperationLockCompliance
 from .operator import OperatorCompliance
 from .outbox import OutboxCompliance
@@ -77,6 +78,7 @@ class StorageCompliance(
     DocumentCompliance,
     OperationLockCompliance,
     WorkerSlotCompliance,
+    LiveStatsCompliance,
     OutboxCompliance,
     FlowControlCompliance,
     ProgressCompliance,

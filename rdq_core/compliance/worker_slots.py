@@ -1,6 +1,9 @@
 """Worker slots on this store: a fleet's cap holds under racing takers (threads on their own
 connections, and separate processes), a killed holder's slot comes back after its lease and not
 before, renew and free are fenced by the token, and a lowered cap lets no more than itself run.
+Pending starts (slots reserved for workers being invoked) count against the cap, expire after
+their lease, are taken over or cancelled only under their token, and racing starters never
+reserve beyond the fleet size they ask for.
 
 Overlap is measured from instants read from the store's clock *inside* each holding: after the
 take returned and before the free was sent. Each recorded interval lies within the real one, so
@@ -23,7 +26,7 @@ import pytest
 
 from ..errors import InvalidInput
 from ..storage import open_storage
-from ..storage.spi import Storage, WorkerSlot
+from ..storage.spi import Storage, WorkerSlot, WorkerStart
 from .support import OpenStore, present, race_processes, wait_until
 
 #: Seconds each racing claimant keeps taking and freeing.
@@ -75,6 +78,27 @@ def hold_until_killed(storage_url: str, fleet: str, lease_seconds: float, answer
     slot = store.take_worker_slot(fleet, 1, lease_seconds)
     answers.put(None if slot is None else (slot.number, slot.expires_at))
     time.sleep(600)
+
+
+def start_hold_and_free_until(store: Storage, fleet: str, cap: int, fleet_size: int,
+                              until: float) -> list[tuple[datetime, datetime]]:
+    """As a starter would: reserve starts, take each over as its worker, hold briefly and free;
+    the intervals from the reservation to the free."""
+    held: list[tuple[datetime, datetime]] = []
+    while time.monotonic() < until:
+        starts = store.reserve_worker_starts(fleet, cap, 30, fleet_size=fleet_size)
+        if not starts:
+            time.sleep(random.uniform(0.005, 0.03))
+            continue
+        began = store.now()
+        slots = [store.take_reserved_worker_slot(start, 30) for start in starts]
+        assert all(slots), "a pending start is taken over by its worker"
+        time.sleep(random.uniform(0.03, 0.08))
+        ended = store.now()
+        held.extend((began, ended) for _ in slots)
+        for slot in slots:
+            assert slot is not None and store.free_worker_slot(slot)
+    return held
 
 
 class WorkerSlotCompliance:
@@ -215,3 +239,106 @@ class WorkerSlotCompliance:
                                   ("kit", True, 30), ({"$ne": ""}, 1, 30), ("x" * 300, 1, 30)):
             with pytest.raises(InvalidInput):
                 storage.take_worker_slot(fleet, cap, lease)  # type: ignore[arg-type]  # deliberately wrong values
+
+    # -- pending starts ------------------------------------------------------------------------
+    def test_pending_starts_count_against_the_cap_until_taken_over_or_cancelled(self, storage: Storage) -> None:
+        fleet = "kit-starts"
+        running = present(storage.take_worker_slot(fleet, 4, 30), "a running worker")
+        starts = storage.reserve_worker_starts(fleet, 4, 30, fleet_size=9)
+        assert len(starts) == 3, "the fleet size is bounded by the cap: 4, one running"
+        assert running.number not in {start.number for start in starts}
+        assert storage.worker_slots_held(fleet) == 4 and storage.worker_starts_pending(fleet) == 3
+        assert storage.take_worker_slot(fleet, 4, 30) is None, "a pending start is not a free slot"
+        assert storage.reserve_worker_starts(fleet, 4, 30, fleet_size=4) == []
+
+        first = present(storage.take_reserved_worker_slot(starts[0], 60), "the worker takes its start over")
+        assert first.number == starts[0].number and first.token != starts[0].token
+        assert storage.worker_starts_pending(fleet) == 2 and storage.worker_slots_held(fleet) == 4
+        assert storage.take_reserved_worker_slot(starts[0], 60) is None, "taken over once"
+        assert not storage.cancel_worker_start(starts[0]), "a taken-over start is its worker's"
+        assert storage.renew_worker_slot(first, 60) is not None
+
+        forged = replace(starts[1], token="0" * 32)
+        assert storage.take_reserved_worker_slot(forged, 60) is None
+        assert not storage.cancel_worker_start(forged)
+        assert storage.worker_starts_pending(fleet) == 2, "a wrong token changed nothing"
+        assert storage.cancel_worker_start(starts[1])
+        assert not storage.cancel_worker_start(starts[1]), "cancelled once"
+        assert storage.take_reserved_worker_slot(starts[1], 60) is None, "a cancelled start is not taken over"
+        assert storage.worker_slots_held(fleet) == 3 and storage.worker_starts_pending(fleet) == 1
+
+        # The fleet is topped up to the size asked for, counting what runs and what is pending.
+        assert storage.reserve_worker_starts(fleet, 4, 30, fleet_size=3) == []
+        (again,) = storage.reserve_worker_starts(fleet, 4, 30, fleet_size=4)
+        assert again.number == starts[1].number
+        assert storage.worker_slots_held(fleet) == 4
+        for slot in (running, first):
+            assert storage.free_worker_slot(slot)
+        assert [len(storage.reserve_worker_starts(fleet, 4, 30, fleet_size=4, most=1)) for _ in range(3)] == [1, 1, 0]
+
+    def test_a_start_whose_worker_never_came_frees_itself_after_its_lease(self, storage: Storage) -> None:
+        fleet = "kit-start-expiry"
+        (start,) = storage.reserve_worker_starts(fleet, 1, self.short_lease, fleet_size=1)
+        assert storage.take_worker_slot(fleet, 1, 30) is None, "pending until its lease ends"
+        wait_until(lambda: storage.now() > start.expires_at, timeout=10, what="the start's lease to run out")
+        assert storage.worker_slots_held(fleet) == 0 and storage.worker_starts_pending(fleet) == 0
+        assert storage.take_reserved_worker_slot(start, 30) is None, "a late worker takes a slot the ordinary way"
+        slot = present(storage.take_worker_slot(fleet, 1, 30), "the slot back after the start's lease")
+        assert slot.number == start.number
+        assert not storage.cancel_worker_start(start)
+        assert storage.worker_slots_held(fleet) == 1
+
+    def test_racing_starters_never_reserve_beyond_the_fleet_size_they_ask_for(
+            self, storage: Storage, open_another: OpenStore) -> None:
+        cap, fleet_size, starters, takers = 6, 3, 12, 4
+        # Starters alone, each asking for a fleet of 3 on a cap of 6: at most 3 at any instant.
+        intervals = self._race(open_another, "kit-start-race", starters, 0, cap, fleet_size)
+        assert len(intervals) >= fleet_size
+        assert max_overlap(intervals) <= fleet_size, f"{max_overlap(intervals)} workers for a fleet of {fleet_size}"
+        assert storage.worker_slots_held("kit-start-race") == 0
+        # Starters asking for the whole cap, beside ordinary takers: never beyond the cap.
+        mixed = self._race(open_another, "kit-start-mixed", starters, takers, 2, 2)
+        assert len(mixed) >= 2 and max_overlap(mixed) <= 2, f"{max_overlap(mixed)} holders at once on a cap of 2"
+        assert storage.worker_slots_held("kit-start-mixed") == 0
+
+    def test_start_reservations_check_their_input(self, storage: Storage) -> None:
+        for fleet, cap, lease, size, most in (("", 1, 30, 1, None), ("kit", 0, 30, 1, None), ("kit", 1, 0, 1, None),
+                                              ("kit", 1, 30, -1, None), ("kit", 1, 30, True, None),
+                                              ("kit", 1, 30, 1, -1), ("kit", 1, 30, 1, 1.5)):
+            with pytest.raises(InvalidInput):
+                storage.reserve_worker_starts(fleet, cap, lease, fleet_size=size, most=most)  # type: ignore[arg-type]
+        assert storage.worker_slots_held("kit") == 0, "a refused reservation wrote nothing"
+        (start,) = storage.reserve_worker_starts("kit-start-event", 2, 30, fleet_size=1)
+        assert WorkerStart.from_event(start.to_event()) == start, "the invoked worker's event carries it whole"
+        for bad in (None, "x", {}, {**start.to_event(), "slot": "0"}, {**start.to_event(), "slot": True},
+                    {**start.to_event(), "fleet": ""}, {**start.to_event(), "token": 7},
+                    {**start.to_event(), "expires_at": "soon"}):
+            assert WorkerStart.from_event(bad) is None, bad
+
+    @staticmethod
+    def _race(open_another: OpenStore, fleet: str, starters: int, takers: int, cap: int,
+              fleet_size: int) -> list[tuple[datetime, datetime]]:
+        stores = [open_another() for _ in range(starters + takers)]
+        barrier = threading.Barrier(len(stores))
+        intervals: list[tuple[datetime, datetime]] = []
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+
+        def race(store: Storage, starter: bool) -> None:
+            try:
+                barrier.wait(60)
+                until = time.monotonic() + RACE_SECONDS
+                found = start_hold_and_free_until(store, fleet, cap, fleet_size, until) if starter \
+                    else hold_and_free_until(store, fleet, cap, until)
+                with lock:
+                    intervals.extend(found)
+            except BaseException as exc:  # noqa: BLE001 - the test fails with it below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=race, args=(store, n < starters)) for n, store in enumerate(stores)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not errors, errors[:3]
+        return intervals

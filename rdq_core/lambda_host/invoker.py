@@ -4,11 +4,18 @@ Both use ``lambda:InvokeFunction`` with ``InvocationType=Event`` on the worker f
 caller never waits for the work. Bounds:
 
 * fan-out: a worker that holds a worker slot and sees a backlog (as it starts, or as it ends
-  with work left) invokes the workers the backlog needs, but never more than the fleet's free
-  slots (``Storage.take_worker_slot``): the slots, not the kind of invocation, bound the fleet, so
-  there is no chain reaction, and an invocation that finds every slot held leaves at once;
-* wake-up: at most one per ``RDQ_WAKE_DEBOUNCE_SECONDS`` per API container, and none while every
-  slot is held (the running workers claim what was enqueued, and start more as they end).
+  with work left) reserves, in the store, a slot for each worker it will invoke
+  (``Storage.reserve_worker_starts``: the fleet topped up to what the backlog needs, counting the
+  workers running and those already on their way, one starter deciding at a time) and invokes
+  exactly those; each invoked worker takes its reservation over. The slots, not the kind of
+  invocation, bound the fleet, so there is no chain reaction, and no invocation is started only
+  to find every slot held;
+* wake-up: at most one per ``RDQ_WAKE_DEBOUNCE_SECONDS`` per API container, and only into a slot
+  it reserved (none while every slot is held or pending: the running workers claim what was
+  enqueued, and start more as they end).
+
+A reservation whose invoke fails is given back at once; one whose invocation never runs frees
+itself after ``START_LEASE_SECONDS``.
 
 Invocations are best-effort: a failure is logged and the next schedule tick picks the work up.
 So they never stand between a committed write and its answer, nor between a worker and its
@@ -29,6 +36,8 @@ import time
 from typing import Any, Callable, Literal, Protocol, Sequence
 
 from ..aws_clients import aws_client
+from ..errors import StorageUnavailable
+from ..storage.spi import Storage, WorkerStart
 
 log = logging.getLogger("rdq.lambda_host.invoker")
 
@@ -41,6 +50,31 @@ WAKE_WAIT_SECONDS = 0.5
 #: The Lambda client's bounds (seconds): an ``Event`` invoke only queues the event.
 INVOKE_CONNECT_TIMEOUT = 1.0
 INVOKE_READ_TIMEOUT = 2.0
+#: Seconds a slot reserved for an invoked worker waits for it: an ``Event`` invoke of a cold
+#: environment runs within seconds; one that never runs (dropped, throttled past this) gives its
+#: slot back by itself, and a worker that arrives later takes a free slot the ordinary way.
+START_LEASE_SECONDS = 20.0
+
+
+class FleetStarts:
+    """The store's side of the invocations this process starts: reservations of ``fleet``'s slots
+    (``Storage.reserve_worker_starts``) and their return when an invoke fails."""
+
+    def __init__(self, storage: Storage, fleet: str, cap: int) -> None:
+        self.storage, self.fleet, self.cap = storage, fleet, cap
+
+    def reserve(self, fleet_size: int, most: int | None = None) -> list[WorkerStart]:
+        return self.storage.reserve_worker_starts(self.fleet, self.cap, START_LEASE_SECONDS,
+                                                  fleet_size=fleet_size, most=most)
+
+    def give_back(self, starts: Sequence[WorkerStart]) -> None:
+        """Best-effort: a reservation not given back frees itself after its lease."""
+        for start in starts:
+            try:
+                self.storage.cancel_worker_start(start)
+            except StorageUnavailable as exc:
+                log.warning("worker start not given back; its lease frees it: %s", exc)
+                return
 
 
 class LambdaInvokeClient(Protocol):
@@ -89,39 +123,54 @@ class WorkerInvoker:
     def client(self, value: LambdaInvokeClient | None) -> None:
         self._client = value
 
-    def fan_out(self, function: str, queues: Sequence[str], extra_workers: int, deadline: float) -> BackgroundInvocations:
-        """Start ``extra_workers`` asynchronous workers from a background thread, until ``deadline``
-        (on this invoker's clock) or the first refusal: when one invoke fails (no route to Lambda,
-        throttled), the next ones would too."""
+    def fan_out(self, function: str, queues: Sequence[str], starts: Sequence[WorkerStart], deadline: float,
+                fleet: FleetStarts) -> BackgroundInvocations:
+        """Start one asynchronous worker per reserved start, each event carrying its reservation,
+        from a background thread, until ``deadline`` (on this invoker's clock) or the first
+        refusal: when one invoke fails (no route to Lambda, throttled), the next ones would too.
+        The reservations not invoked are given back."""
 
         def work(progress: BackgroundInvocations) -> None:
-            for index in range(extra_workers):
-                if self._clock() >= deadline:
-                    return
-                event = {"source": FANOUT_SOURCE, "detail-type": "rdq.fanout", "detail": {"queues": list(queues), "index": index}}
-                if not self._invoke(function, event):
+            for index, start in enumerate(starts):
+                event = {"source": FANOUT_SOURCE, "detail-type": "rdq.fanout",
+                         "detail": {"queues": list(queues), "index": index, "start": start.to_event()}}
+                if self._clock() >= deadline or not self._invoke(function, event):
+                    fleet.give_back(starts[index:])
                     return
                 progress.accepted += 1
 
         return BackgroundInvocations("rdq-fan-out", work)
 
     def wake(self, function: str, queues: Sequence[str], debounce_seconds: float,
-             wait_seconds: float = WAKE_WAIT_SECONDS, slot_free: Callable[[], bool] | None = None) -> bool:
-        """Wake one worker unless one was woken within ``debounce_seconds`` or ``slot_free`` says
-        every worker slot is held (a wake-up then would only find none); True if the invoke was
-        accepted within ``wait_seconds`` (it may still be accepted later)."""
+             wait_seconds: float = WAKE_WAIT_SECONDS, fleet: FleetStarts | None = None) -> bool:
+        """Wake one worker unless one was woken within ``debounce_seconds`` or, with ``fleet``, no
+        slot can be reserved for it (every one held or pending: a wake-up would find none); True
+        if the invoke was accepted within ``wait_seconds`` (it may still be accepted later)."""
         with self._lock:
             now = self._clock()
             if now - self._last_wake < debounce_seconds:
                 return False
             self._last_wake = now
-        if slot_free is not None and not slot_free():
-            return False
-        event = {"source": WAKE_SOURCE, "detail-type": "rdq.wake", "detail": {"queues": list(queues)}}
+        detail: dict[str, Any] = {"queues": list(queues)}
+        start: WorkerStart | None = None
+        if fleet is not None:
+            try:
+                reserved = fleet.reserve(fleet.cap, most=1)
+            except StorageUnavailable as exc:
+                # The answer is committed: a worker woken without a reservation takes a slot itself.
+                log.warning("no worker start reserved for the wake-up: %s", exc)
+            else:
+                if not reserved:
+                    return False
+                start = reserved[0]
+                detail["start"] = start.to_event()
+        event = {"source": WAKE_SOURCE, "detail-type": "rdq.wake", "detail": detail}
 
         def work(progress: BackgroundInvocations) -> None:
             if self._invoke(function, event):
                 progress.accepted += 1
+            elif fleet is not None and start is not None:
+                fleet.give_back([start])
 
         return BackgroundInvocations("rdq-wake", work).wait(wait_seconds) == 1
 
@@ -134,11 +183,9 @@ class WorkerInvoker:
             return False
 
 
-def extra_workers_for_backlog(backlog: int, batch_size: int, free_slots: int, already_working: int = 1) -> int:
-    """How many more workers a backlog justifies: one per batch, less the ``already_working`` ones
-    (the caller, while it holds a slot), within the fleet's ``free_slots``."""
-    needed = math.ceil(backlog / max(batch_size, 1)) - already_working if backlog > 0 else 0
-    return max(0, min(free_slots, needed))
+def workers_for_backlog(backlog: int, batch_size: int, cap: int) -> int:
+    """The fleet a backlog justifies: one worker per batch, within the cap."""
+    return max(0, min(cap, math.ceil(backlog / max(batch_size, 1)))) if backlog > 0 else 0
 
 
 #: The process-wide invoker; tests and ``rdq dev`` replace its client.

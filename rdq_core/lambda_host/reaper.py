@@ -108,7 +108,8 @@ class _Gauges:
                 live |= _live_queues & set(queues)  # not read this pass: not taken as idle either
                 break
             try:
-                stats = storage.stats(queue)
+                # Live work only (index-served): a queue's finished tasks are never read here.
+                stats = storage.live_stats(queue)
             except Exception as exc:  # noqa: BLE001 - one queue must not hide the others' gauges
                 logger.error("queue stats failed", extra={"queue": queue, "error_type": type(exc).__name__})
                 if queue in _live_queues:
@@ -117,7 +118,7 @@ class _Gauges:
             self.depth += stats.pending
             self.dead += stats.dead
             self.oldest = max(self.oldest, stats.oldest_pending_age_seconds)
-            if stats.pending or stats.in_flight or stats.dead:
+            if stats.live:
                 live.add(queue)
             elif queue not in _live_queues:
                 continue  # idle, and its zeros already published (or it never had gauges here)

@@ -33,13 +33,13 @@ from typing import Any, Callable, Mapping
 from .. import tracecontext
 from .. import payloads
 from ..client import Client, build_new_task, build_new_tasks
-from ..errors import InvalidInput, StorageUnavailable
+from ..errors import InvalidInput
 from ..model import EnqueueResult, NewTask
 from ..problems import ApiProblem
 from ..schedules import schedule_body
 from ..validation import Limits, operation_rate
 from .connection import shared_storage
-from .invoker import invoker
+from .invoker import FleetStarts, invoker
 from .observability import logger
 from .openapi import openapi_document
 from .paging import (audit_cursor_after, dead_cursor_after, fields_of, task_body, task_cursor_after,
@@ -128,17 +128,10 @@ def _wake_worker_for(request: ApiRequest, queue: str) -> None:
     does not wait for the schedule's next tick."""
     settings = request.settings
     if settings.wake_worker and settings.worker_function:
-        # Wake-ups count against the workers' cap: none while every worker slot is held.
+        # Wake-ups count against the workers' cap: each reserves the slot its worker will take
+        # (invoker.py), and there is none while every worker slot is held or pending.
         invoker.wake(settings.worker_function, [queue], settings.wake_debounce_seconds,
-                     slot_free=lambda: _worker_slot_free(request))
-
-
-def _worker_slot_free(request: ApiRequest) -> bool:
-    settings = request.settings
-    try:
-        return shared_storage(settings).worker_slots_held(settings.worker_fleet) < settings.max_worker_concurrency
-    except StorageUnavailable:
-        return True  # the answer is committed; a wake-up that finds no slot costs one read
+                     fleet=FleetStarts(shared_storage(settings), settings.worker_fleet, settings.max_worker_concurrency))
 
 
 def _reject_unknown_fields(body: Mapping[str, Any], known: set[str]) -> None:
@@ -151,8 +144,6 @@ def _reject_unknown_fields(body: Mapping[str, Any], known: set[str]) -> None:
 def enqueue_task(request: ApiRequest, queue: str) -> Reply:
     body = request.json_body()
     _check_payload_size(body, "payload")
-    if ref is not None:
-        payloads.enqueued(payloads.default_store(), ref, result.task)  # no longer a pending upload
     body, ref_data = _split_payload_ref(body, "payload_ref")  # a large payload uploaded beforehand
     new_task = build_new_task(queue, body)
     ref = None if ref_data is None else _checked_ref(ref_data, queue, new_task.id, "payload_ref")
@@ -160,6 +151,8 @@ def enqueue_task(request: ApiRequest, queue: str) -> Reply:
         new_task = payloads.with_ref(new_task, ref)
     (new_task,) = tracecontext.stamped([new_task], tracecontext.request_headers(request.header))  # trace context
     result = _client(request).enqueue_new(new_task)  # TaskConflict (409) if the id is taken on another queue
+    if ref is not None:
+        payloads.enqueued(payloads.default_store(), ref, result.task)  # no longer a pending upload
     _wake_worker(request, queue, [new_task], [result])
     extra: dict[str, Any] = {"task_id": new_task.id, "queue": queue, "is_new": result.created}
     if _log_payloads():
@@ -182,22 +175,22 @@ def enqueue_batch(request: ApiRequest, queue: str) -> Reply:
             _check_payload_size(item, f"tasks[{index}].payload")
     refs: dict[int, Any] = {}
     if any(isinstance(item, Mapping) and "payload_ref" in item for item in items):
-    checked: dict[int, payloads.PayloadRef] = {}
         items = list(items)
         for index, item in enumerate(items[: Limits.batch_items]):
             if isinstance(item, Mapping) and "payload_ref" in item:
                 items[index], ref_data = _split_payload_ref(item, f"tasks[{index}].payload_ref")
                 if ref_data is not None:
-    for index, ref in checked.items():
-        if not results[index].conflict:
-            payloads.enqueued(payloads.default_store(), ref, results[index].task)  # no longer pending uploads
                     refs[index] = ref_data
     new_tasks = build_new_tasks(queue, items)
+    checked: dict[int, payloads.PayloadRef] = {}
     for index, ref_data in refs.items():
         checked[index] = _checked_ref(ref_data, queue, new_tasks[index].id, f"tasks[{index}].payload_ref")
         new_tasks[index] = payloads.with_ref(new_tasks[index], checked[index])
     new_tasks = tracecontext.stamped(new_tasks, tracecontext.request_headers(request.header))  # trace context
     results = _client(request).enqueue_new_many(new_tasks)  # one round trip for the whole batch
+    for index, ref in checked.items():
+        if not results[index].conflict:
+            payloads.enqueued(payloads.default_store(), ref, results[index].task)  # no longer pending uploads
     _wake_worker(request, queue, new_tasks, results)
     # A conflict's task belongs to another queue: say only that the id is taken, not where or
     # in what state (the caller asked about this queue; the single enqueue's 409 says as much).

@@ -35,21 +35,39 @@ from ..client import Client
 from ..errors import StorageUnavailable
 from ..handlers import registry
 from ..runner import BatchRunner
-from ..storage.spi import Storage, WorkerSlot
+from ..storage.spi import Storage, WorkerSlot, WorkerStart
 from .connection import shared_storage
 from .invocation import InvocationClock, ModulePin, configured_timeout
-from .invoker import FANOUT_SOURCE, WAKE_SOURCE, BackgroundInvocations, extra_workers_for_backlog, invoker
+from .invoker import FANOUT_SOURCE, WAKE_SOURCE, BackgroundInvocations, FleetStarts, invoker, workers_for_backlog
 from .observability import LoggedRegistry, MetricsTelemetry, log_invocation, logger, metrics, tracer
 from .settings import Settings
 
 
-def _requested_queues(event: Mapping[str, Any]) -> tuple[str, ...]:
+def _started_detail(event: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The detail of an event from a fan-out or a wake-up ({} for any other event)."""
     if event.get("source") in (FANOUT_SOURCE, WAKE_SOURCE):
-        detail = event.get("detail") or {}
-        queues = detail.get("queues") if isinstance(detail, Mapping) else None
-        if isinstance(queues, list):
-            return tuple(q for q in queues if isinstance(q, str))
+        detail = event.get("detail")
+        if isinstance(detail, Mapping):
+            return detail
+    return {}
+
+
+def _requested_queues(event: Mapping[str, Any]) -> tuple[str, ...]:
+    queues = _started_detail(event).get("queues")
+    if isinstance(queues, list):
+        return tuple(q for q in queues if isinstance(q, str))
     return ()
+
+
+def _take_slot(event: Mapping[str, Any], settings: Settings, storage: Storage, lease_seconds: float) -> WorkerSlot | None:
+    """This invocation's slot: the one its starter reserved for it, if the event carries that
+    reservation and it is still pending; otherwise any free slot."""
+    start = WorkerStart.from_event(_started_detail(event).get("start"))
+    if start is not None and start.fleet == settings.worker_fleet:
+        slot = storage.take_reserved_worker_slot(start, lease_seconds)
+        if slot is not None:
+            return slot
+    return storage.take_worker_slot(settings.worker_fleet, settings.max_worker_concurrency, lease_seconds)
 
 
 def run_worker_invocation(
@@ -78,8 +96,7 @@ def _run_in_slot(event: Mapping[str, Any], settings: Settings, storage: Storage,
     # A slot of the fleet before any claim, however this invocation was started: the store, not
     # the number of invocations, caps the workers running. Leased like a task (the time left plus
     # the grace), so the slot of an invocation killed at its timeout comes back by itself.
-    slot = storage.take_worker_slot(settings.worker_fleet, settings.max_worker_concurrency,
-                                    _lease_seconds(invocation_end, settings, clock))
+    slot = _take_slot(event, settings, storage, _lease_seconds(invocation_end, settings, clock))
     if slot is None:
         summary: dict[str, Any] = {"slot": None, "claimed": 0, "started": 0, "released": 0, "too_long": 0,
                                    "outcomes": {}, "fanned_out": 0, **_fired_summary(fired)}
@@ -236,24 +253,26 @@ def _may_fan_out(settings: Settings) -> bool:
 
 def _fan_out(storage: Storage, queues: tuple[str, ...], settings: Settings, deadline: float, *,
              already_working: int) -> BackgroundInvocations | None:
-    """Start, from a background thread, the workers a backlog needs beyond ``already_working``
-    (this invocation, when it holds a slot), but no more than the fleet's free slots: the slots
-    bound the fleet, so any worker may fan out without a chain reaction. None when none is needed."""
+    """Reserve in the store a slot for each worker the backlog needs beyond those running or on
+    their way (this invocation included while it holds its slot), then start exactly those from a
+    background thread, each taking its reservation over. The slots bound the fleet and one starter
+    decides at a time, so any worker may fan out without a chain reaction or surplus invocations.
+    None when none is needed."""
     backlog = 0
     for queue in queues:
-        stats = storage.stats(queue)
+        stats = storage.live_stats(queue)  # index-served: the queue's finished tasks are not read
         # Something is due now (not only delayed), and a worker may claim it (not paused).
         if stats.oldest_pending_age_seconds > 0 and not stats.paused:
             backlog += stats.pending
-    cap = settings.max_worker_concurrency
-    if not extra_workers_for_backlog(backlog, settings.batch_size, cap, already_working):
+    fleet_size = workers_for_backlog(backlog, settings.batch_size, settings.max_worker_concurrency)
+    if fleet_size <= already_working:
         return None  # an idle or small backlog costs no read of the slots
-    free_slots = cap - storage.worker_slots_held(settings.worker_fleet)
-    extra = extra_workers_for_backlog(backlog, settings.batch_size, free_slots, already_working)
-    if not extra:
+    fleet = FleetStarts(storage, settings.worker_fleet, settings.max_worker_concurrency)
+    starts = fleet.reserve(fleet_size)
+    if not starts:
         return None
-    logger.info("fanning out", extra={"backlog": backlog, "extra_workers": extra, "free_slots": free_slots})
-    return invoker.fan_out(settings.worker_function, queues, extra, deadline)
+    logger.info("fanning out", extra={"backlog": backlog, "extra_workers": len(starts), "fleet_size": fleet_size})
+    return invoker.fan_out(settings.worker_function, queues, starts, deadline, fleet)
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -76,6 +76,7 @@ from ..model import (
 )
 from .codec import Record, RecordCodec
 from .spi import (
+    LiveQueueStats,
     OpenTransaction,
     Storage,
     decode_audit_cursor,
@@ -92,6 +93,8 @@ from .spi import (
 
 #: Counts per status, as ``stats`` primitives return them (missing statuses count 0).
 StatusCounts = Mapping[str, int]
+#: The statuses of live work: what ``live_stats`` counts.
+LIVE_STATUSES = (TaskStatus.PENDING, TaskStatus.IN_FLIGHT, TaskStatus.DEAD)
 
 
 #: The instant each status's tasks are listed by (then by id): what runs next, what expires
@@ -289,6 +292,12 @@ class StorageCore(Storage, abc.ABC):
     @abc.abstractmethod
     def _stats(self, queue: str) -> QueueCounts:
         """Counts per status and the oldest due PENDING task's age."""
+
+    def _live_stats(self, queue: str) -> QueueCounts:
+        """``_stats`` for PENDING, IN_FLIGHT and DEAD only (other counts may be left out), read
+        at a cost in proportion to those tasks. A backend whose ``_stats`` already costs that
+        (counters, not scans) keeps this default."""
+        return self._stats(queue)
 
     @abc.abstractmethod
     def _queues(self) -> Sequence[str]:
@@ -615,6 +624,20 @@ class StorageCore(Storage, abc.ABC):
             oldest_pending_age_seconds=max(0.0, float(found.oldest_due_age_seconds or 0.0)),
             paused=found.paused if found.paused is not None
             else queue in (paused if paused is not None else self.paused_queues()),
+        )
+
+    def live_stats(self, queue: str) -> LiveQueueStats:
+        _require_text(queue, "queue")
+        with self.translated_errors():
+            found = self._live_stats(queue)
+        counts = {str(status): int(n) for status, n in found.counts.items()}
+        return LiveQueueStats(
+            queue=queue,
+            pending=counts.get(TaskStatus.PENDING.value, 0),
+            in_flight=counts.get(TaskStatus.IN_FLIGHT.value, 0),
+            dead=counts.get(TaskStatus.DEAD.value, 0),
+            oldest_pending_age_seconds=max(0.0, float(found.oldest_due_age_seconds or 0.0)),
+            paused=found.paused if found.paused is not None else queue in self.paused_queues(),
         )
 
     def list_queues(self) -> list[str]:

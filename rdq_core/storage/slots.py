@@ -14,6 +14,20 @@ against the cap until their holders end: with ``h`` of them held, only slots ``n
 taken. ``h`` only falls once the cap is lowered, so every slot held below the cap was taken when
 the range was at most as wide as now: at no instant do more than ``cap`` holders run.
 
+**Pending starts.** A starter about to invoke ``k`` workers first reserves ``k`` free slots for
+them (``reserve_worker_starts``): each is the same slot document, taken the same way, marked
+``start`` and leased briefly, so a reservation counts against the cap exactly as a holder does
+(free = cap - held - pending) and needs no rule of its own. The invoked worker receives its
+reservation in its event and turns it into its own holding (``take_reserved_worker_slot``: a
+compare-and-set from the reservation's version, fenced by its token, under a fresh token); a
+reservation whose invocation never ran frees itself when its short lease ends; one whose invoke
+failed is given back at once (``cancel_worker_start``). Starts are decided one at a time per
+fleet: the decision is taken under the fleet's *plan* document (``<fleet>:plan``, leased for
+``PLAN_LEASE_SECONDS`` by the same compare-and-set), and a starter that finds it held, or written
+since its listing, decides nothing (the one deciding counts the same fleet). Within it the
+starter tops the fleet up to the size it asked for, so concurrent starters never reserve more
+than the largest of their requests.
+
 **Cost.** A take lists the fleet's documents (one read), then writes one. Whether a lease has
 expired is decided only by the store's clock; a clock estimate (the last ``now()`` reading plus
 local time since) only spares that read when every held lease is clearly still running, so a
@@ -31,7 +45,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, StorageUnavailable
 from ..model import Document
 
 if TYPE_CHECKING:
@@ -50,6 +64,10 @@ _PAGE = 200
 #: Rounds of "list, then compare-and-set" a take tries before it gives up: each lost round means
 #: another taker won a slot, so a fleet that is filling up ends in "no slot" quickly.
 _TAKE_ROUNDS = 3
+#: The longest one starter's decision holds the fleet's plan; one that runs longer stops reserving.
+PLAN_LEASE_SECONDS = 5.0
+#: The key suffix of a fleet's plan document (four characters, as long as a slot number).
+_PLAN = "plan"
 
 
 @dataclass(frozen=True)
@@ -64,6 +82,40 @@ class WorkerSlot:
     @property
     def key(self) -> str:
         return slot_key(self.fleet, self.number)
+
+
+@dataclass(frozen=True)
+class WorkerStart:
+    """A *pending start*: slot ``number`` of ``fleet`` reserved under ``token`` until ``expires_at``
+    for a worker being invoked; the worker takes it over with ``take_reserved_worker_slot``."""
+
+    fleet: str
+    number: int
+    token: str
+    expires_at: datetime
+
+    def to_event(self) -> dict[str, Any]:
+        """What the invoked worker's event carries (``from_event`` reads it back)."""
+        return {"fleet": self.fleet, "slot": self.number, "token": self.token,
+                "expires_at": self.expires_at.isoformat()}
+
+    @classmethod
+    def from_event(cls, value: Any) -> WorkerStart | None:
+        """The reservation an event carries; None for anything else (an event is input: a
+        malformed one makes its worker take a slot the ordinary way, nothing more)."""
+        if not isinstance(value, Mapping):
+            return None
+        fleet, number, token, expires = (value.get(k) for k in ("fleet", "slot", "token", "expires_at"))
+        if not (isinstance(fleet, str) and isinstance(token, str) and 0 < len(token) <= 64
+                and isinstance(number, int) and not isinstance(number, bool) and 0 <= number < MAX_CAP
+                and isinstance(expires, str)):
+            return None
+        try:
+            fleet_prefix(fleet)
+            at = datetime.fromisoformat(expires)
+        except (InvalidInput, ValueError):
+            return None
+        return cls(fleet, number, token, at if at.tzinfo else at.replace(tzinfo=timezone.utc))
 
 
 def fleet_prefix(fleet: str) -> str:
@@ -130,32 +182,45 @@ class _Seen:
     version: int
     token: str | None
     expires_micros: int | None
+    start: bool = False  # reserved for a worker being invoked (a pending start)
 
 
-def _seen(prefix: str, document: Document) -> _Seen | None:
+def _seen(prefix: str, document: Document, suffix_number: int | None = None) -> _Seen | None:
     suffix = document.key[len(prefix):]
-    if not suffix.isdigit():
+    if suffix_number is None and not suffix.isdigit():
         return None
     body: Mapping[str, Any] = document.body if isinstance(document.body, Mapping) else {}
     token = body.get("token")
     expires = body.get("expires_at")
-    return _Seen(int(suffix), document.version, token if isinstance(token, str) and token else None,
-                 expires if isinstance(expires, int) and not isinstance(expires, bool) else None)
+    return _Seen(int(suffix) if suffix_number is None else suffix_number, document.version,
+                 token if isinstance(token, str) and token else None,
+                 expires if isinstance(expires, int) and not isinstance(expires, bool) else None,
+                 body.get("start") is True)
 
 
 def _list_fleet(storage: Storage, prefix: str) -> list[_Seen]:
+    return _list_fleet_and_plan(storage, prefix)[0]
+
+
+def _list_fleet_and_plan(storage: Storage, prefix: str) -> tuple[list[_Seen], _Seen | None]:
+    """The fleet's slots and its plan document (numbered -1), in one listing: the plan's key
+    sorts after every slot's."""
     found: list[_Seen] = []
+    plan: _Seen | None = None
     after = prefix  # sorts just before "<prefix>0000"
     while True:
         page = storage.list_documents(SLOT_KIND, limit=_PAGE, after=after)
         for document in page:
             if not document.key.startswith(prefix):
-                return found
+                return found, plan
+            if document.key == prefix + _PLAN:
+                plan = _seen(prefix, document, suffix_number=-1)
+                continue
             seen = _seen(prefix, document)
             if seen is not None:
                 found.append(seen)
         if len(page) < _PAGE:
-            return found
+            return found, plan
         after = page[-1].key
 
 
@@ -247,10 +312,110 @@ def free_worker_slot(storage: Storage, slot: WorkerSlot) -> bool:
 
 
 def worker_slots_held(storage: Storage, fleet: str) -> int:
-    """How many of ``fleet``'s slots are held now, whatever their number."""
+    """How many of ``fleet``'s slots are held now, whatever their number (pending starts included:
+    they count against the cap)."""
     slots = _list_fleet(storage, fleet_prefix(fleet))
     view = _HeldView(storage, slots)
     return sum(1 for s in slots if view.held(s))
+
+
+def worker_starts_pending(storage: Storage, fleet: str) -> int:
+    """How many of ``fleet``'s held slots are reservations not yet taken over by their worker."""
+    slots = _list_fleet(storage, fleet_prefix(fleet))
+    view = _HeldView(storage, slots)
+    return sum(1 for s in slots if s.start and view.held(s))
+
+
+def reserve_worker_starts(storage: Storage, fleet: str, cap: int, lease_seconds: float, *,
+                          fleet_size: int, most: int | None = None) -> list[WorkerStart]:
+    """Reserve slots for workers about to be invoked, so that ``fleet``'s held and pending slots
+    reach ``min(fleet_size, cap)`` (at most ``most`` new ones); each reservation lasts
+    ``lease_seconds`` unless its worker takes it over. Empty when the fleet is that big already,
+    has no free slot, or another starter is deciding now."""
+    prefix = fleet_prefix(fleet)
+    cap = _require_cap(cap)
+    lease = _require_lease(lease_seconds)
+    fleet_size = _require_count(fleet_size, "fleet_size")
+    limit = MAX_CAP if most is None else _require_count(most, "most")
+    slots, plan = _list_fleet_and_plan(storage, prefix)
+    view = _HeldView(storage, slots)
+    by_number = {s.number: s for s in slots}
+    held_above = sum(1 for s in slots if s.number >= cap and view.held(s))
+    busy = sum(1 for s in slots if view.held(s))
+    wanted = min(min(fleet_size, cap) - busy, limit)
+    # Lowest numbers first: a taker of a free slot picks at random, so it seldom wants the same one.
+    candidates = [n for n in range(cap - held_above) if n not in by_number or not view.held(by_number[n])]
+    if wanted <= 0 or not candidates:
+        return []  # a full or big-enough fleet costs one read
+    if view.now_micros is None:
+        view.now_micros = _to_micros(_estimate_of(storage).read(storage))
+    now = view.now_micros
+    if plan is not None and plan.token is not None and plan.expires_micros is not None and plan.expires_micros > now:
+        return []  # another starter is deciding
+    decided_by = time.monotonic() + PLAN_LEASE_SECONDS / 2
+    plan_token = secrets.token_hex(16)
+    planning = storage.put_document(
+        SLOT_KIND, prefix + _PLAN, {"token": plan_token, "expires_at": now + _micros(timedelta(seconds=PLAN_LEASE_SECONDS))},
+        expected_version=None if plan is None else plan.version)
+    if planning is None:
+        return []  # another starter took the plan since the listing: its decision counts this fleet
+    reserved: list[WorkerStart] = []
+    try:
+        expires = now + _micros(timedelta(seconds=lease))
+        for number in candidates:
+            # A decision that outlives half its plan lease stops: the plan may soon pass to another.
+            if len(reserved) >= wanted or time.monotonic() >= decided_by:
+                break
+            token = secrets.token_hex(16)
+            seen = by_number.get(number)
+            stored = storage.put_document(SLOT_KIND, f"{prefix}{number:04d}",
+                                          {"token": token, "expires_at": expires, "start": True},
+                                          expected_version=None if seen is None else seen.version)
+            if stored is not None:  # otherwise a taker won it since the listing
+                reserved.append(WorkerStart(fleet, number, token, _from_micros(expires)))
+    finally:
+        try:
+            storage.put_document(SLOT_KIND, prefix + _PLAN, {"token": None, "expires_at": None},
+                                 expected_version=planning.version)
+        except StorageUnavailable:
+            pass  # the plan's lease ends it; the reservations made stand
+    return reserved
+
+
+def take_reserved_worker_slot(storage: Storage, start: WorkerStart, lease_seconds: float) -> WorkerSlot | None:
+    """Turn the reservation ``start`` into a slot held for ``lease_seconds`` under a fresh token;
+    None when it is no longer pending under ``start.token`` (taken over, cancelled, or its lease
+    ran out by the store's clock: the worker then takes a slot the ordinary way)."""
+    lease = _require_lease(lease_seconds)
+    seen = _pending(storage, start)
+    if seen is None:
+        return None
+    now = _to_micros(_estimate_of(storage).read(storage))
+    if seen.expires_micros is None or seen.expires_micros <= now:
+        return None  # a free slot now: taken, if at all, under the cap's rules like any other
+    token = secrets.token_hex(16)
+    expires = now + _micros(timedelta(seconds=lease))
+    stored = storage.put_document(SLOT_KIND, slot_key(start.fleet, start.number), {"token": token, "expires_at": expires},
+                                  expected_version=seen.version)
+    return None if stored is None else WorkerSlot(start.fleet, start.number, token, _from_micros(expires))
+
+
+def cancel_worker_start(storage: Storage, start: WorkerStart) -> bool:
+    """Give back a reservation whose worker will not come (its invoke failed); whether this freed
+    it. Fenced by the token: a reservation its worker has taken over is that worker's."""
+    seen = _pending(storage, start)
+    if seen is None:
+        return False
+    return storage.put_document(SLOT_KIND, slot_key(start.fleet, start.number), {"token": None, "expires_at": None},
+                                expected_version=seen.version) is not None
+
+
+def _pending(storage: Storage, start: WorkerStart) -> _Seen | None:
+    """The stored slot while it is still the reservation ``start`` (the token is the fence)."""
+    prefix = fleet_prefix(start.fleet)
+    document = storage.get_document(SLOT_KIND, f"{prefix}{start.number:04d}")
+    seen = None if document is None else _seen(prefix, document)
+    return seen if seen is not None and seen.start and seen.token == start.token else None
 
 
 def _current(storage: Storage, slot: WorkerSlot) -> _Seen | None:
@@ -265,6 +430,12 @@ def _require_cap(cap: Any) -> int:
     if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_CAP:
         raise InvalidInput(f"cap must be an integer in 1..{MAX_CAP}", field="cap")
     return cap
+
+
+def _require_count(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CAP:
+        raise InvalidInput(f"{field} must be an integer in 0..{MAX_CAP}", field=field)
+    return value
 
 
 def _require_lease(lease_seconds: Any) -> float:

@@ -31,7 +31,8 @@ Contract (held by the compliance kit, ``rdq_core.compliance``):
   bounded time (connect, statement and socket timeouts, overridable from the URL), so a
   half-open connection can never hang a claim loop.
 * **Worker slots.** ``take_worker_slot`` / ``renew_worker_slot`` / ``free_worker_slot`` cap how
-  many workers of a fleet run at once, leased and fenced like claims; written once over the engine
+  many workers of a fleet run at once, leased and fenced like claims; ``reserve_worker_starts``
+  counts workers being invoked against the same cap before they run; written once over the engine
   documents (``slots.py``), so a store that keeps the documents' compare-and-set promise has them.
 * **Idempotent enqueue.** An id that exists on the same queue is a no-op that returns the
   existing task (``created=False``) and changes nothing; on another queue it is a conflict.
@@ -52,6 +53,7 @@ import abc
 import base64
 import binascii
 import json
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
@@ -79,6 +81,25 @@ from ..model import (
 from ..validation import TASK_ID, without_lone_surrogates
 from . import slots
 from .slots import WorkerSlot as WorkerSlot  # re-exported: the SPI's slot type
+from .slots import WorkerStart as WorkerStart  # re-exported: a reserved (pending) start
+
+
+@dataclass(frozen=True)
+class LiveQueueStats:
+    """A queue's live work (``Storage.live_stats``): what its gauges and the worker's fan-out
+    read. Finished tasks (SUCCEEDED, CANCELLED) are not counted, nor read."""
+
+    queue: str
+    pending: int
+    in_flight: int
+    dead: int
+    oldest_pending_age_seconds: float
+    paused: bool = False
+
+    @property
+    def live(self) -> bool:
+        """Whether the queue has any live work (pending, in flight or dead)."""
+        return bool(self.pending or self.in_flight or self.dead)
 
 
 class EnqueueListener(Protocol):
@@ -223,6 +244,15 @@ class Storage(abc.ABC):
         """Counts per status and the age of the oldest due PENDING task (``now -
         min(next_attempt_at)`` over due tasks; 0 when none is due). Cheap: index lookups."""
 
+    def live_stats(self, queue: str) -> LiveQueueStats:
+        """``stats`` without the finished counts: PENDING, IN_FLIGHT and DEAD counts, the oldest
+        due age and the paused flag, read at a cost in proportion to the queue's live work (a
+        backend answers it from indexes that hold only those statuses), not to every task ever
+        kept. The per-minute gauges and the worker's fan-out read this."""
+        found = self.stats(queue)
+        return LiveQueueStats(found.queue, found.pending, found.in_flight, found.dead,
+                              found.oldest_pending_age_seconds, found.paused)
+
     @abc.abstractmethod
     def list_queues(self) -> list[str]:
         """Names of queues that hold at least one task."""
@@ -308,8 +338,30 @@ class Storage(abc.ABC):
         return slots.free_worker_slot(self, slot)
 
     def worker_slots_held(self, fleet: str) -> int:
-        """How many of ``fleet``'s slots are held now (those above a lowered cap included)."""
+        """How many of ``fleet``'s slots are held now (those above a lowered cap, and pending
+        starts, included)."""
         return slots.worker_slots_held(self, fleet)
+
+    def reserve_worker_starts(self, fleet: str, cap: int, lease_seconds: float, *, fleet_size: int,
+                              most: int | None = None) -> list[WorkerStart]:
+        """Reserve free slots for workers about to be invoked (*pending starts*, leased for
+        ``lease_seconds``), so that held and pending slots reach ``min(fleet_size, cap)``, at most
+        ``most`` of them new. One starter decides at a time per fleet; one that finds another
+        deciding reserves nothing. A reservation counts against the cap like a held slot."""
+        return slots.reserve_worker_starts(self, fleet, cap, lease_seconds, fleet_size=fleet_size, most=most)
+
+    def take_reserved_worker_slot(self, start: WorkerStart, lease_seconds: float) -> WorkerSlot | None:
+        """The invoked worker takes over its reservation: the slot held for ``lease_seconds``
+        under a fresh token; None when it is no longer pending under ``start.token``."""
+        return slots.take_reserved_worker_slot(self, start, lease_seconds)
+
+    def cancel_worker_start(self, start: WorkerStart) -> bool:
+        """Give back a reservation whose worker will not come; fenced by its token."""
+        return slots.cancel_worker_start(self, start)
+
+    def worker_starts_pending(self, fleet: str) -> int:
+        """How many of ``fleet``'s held slots are reservations not yet taken over."""
+        return slots.worker_starts_pending(self, fleet)
 
     @abc.abstractmethod
     def record_audit(self, *, actor: str, action: str, queue: str, selection: Any, count: int) -> AuditEntry:

@@ -101,7 +101,8 @@ class SlotWatch:
 
 
 def slot_numbers(store_url: str, fleet: str) -> list[int]:
-    """The numbers of every slot document the fleet ever wrote (free or held)."""
+    """The numbers of every slot document the fleet ever wrote (free, held or reserved for a
+    start); the fleet's plan document (``<fleet>:plan``, where starts are decided) is not a slot."""
     prefix = fleet_prefix(fleet)
     storage = open_storage(store_url)
     try:
@@ -109,7 +110,8 @@ def slot_numbers(store_url: str, fleet: str) -> list[int]:
         documents = storage.list_documents(SLOT_KIND, limit=1000, after=prefix)
     finally:
         storage.close()
-    return [int(d.key[len(prefix):]) for d in documents if d.key.startswith(prefix)]
+    return [int(d.key[len(prefix):]) for d in documents
+            if d.key.startswith(prefix) and d.key[len(prefix):].isdigit()]
 
 
 def run_interval(task: Task) -> tuple[datetime, datetime]:

@@ -3,9 +3,10 @@
 A short scenario on PostgreSQL: 300 tasks of 50 ms, a cap of 3, a schedule ticking every second
 (so ticks overlap with running invocations and with each other's fan-out) and a burst of API
 wake-ups from four API containers. Whatever started the invocations, the backlog drains with no
-task lost, no two attempts of a task overlapping, and never more than the cap of invocations
-holding tasks at once. Also the emulator's own contract, through boto3: a synchronous call over
-the concurrency limit is a 429, an asynchronous one is queued.
+task lost, no two attempts of a task overlapping, never more than the cap of invocations holding
+tasks at once, and no fan-out or wake-up invocation started only to find every slot held. Also
+the emulator's own contract, through boto3: a synchronous call over the concurrency limit is a
+429, an asynchronous one is queued.
 """
 
 from __future__ import annotations
@@ -43,13 +44,18 @@ def test_overlapping_ticks_and_wakeups_drain_within_the_cap(pg_admin_url: str) -
     result = run(scenario)
     summary = json.dumps({k: result[k] for k in (
         "drained", "drain_s", "peak_invocations", "peak_invocations_holding_tasks", "invocations_started",
-        "statuses", "lost_examples", "overlapping_attempt_examples", "overlapping_runs", "timeouts", "errors")})
+        "invocations_without_slot", "statuses", "lost_examples", "overlapping_attempt_examples", "overlapping_runs",
+        "timeouts", "errors")})
     assert result["drained"], summary
     assert result["lost_tasks"] == 0, summary
     assert result["overlapping_attempts"] == 0 and not result["overlapping_runs"], summary
     assert result["timeouts"] == 0 and result["errors"] == 0, summary
     assert result["invocations_started"].get("tick", 0) >= 2 and result["invocations_started"].get("wake", 0) >= 1, summary
     assert result["peak_invocations_holding_tasks"] <= scenario.cap, summary
+    # Fan-outs and wake-ups start only into slots they reserved: none of them finds the fleet full
+    # (ticks may: nothing reserves a slot for them).
+    without_slot = result["invocations_without_slot"]
+    assert without_slot.get("fanout", 0) == 0 and without_slot.get("wake", 0) == 0, summary
 
 
 def test_the_invoke_api_throttles_sync_calls_and_queues_events(tmp_path: Path) -> None:

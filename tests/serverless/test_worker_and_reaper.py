@@ -12,7 +12,7 @@ import pytest
 
 from rdq_core import Client
 from rdq_core.lambda_host import connection, reaper, worker
-from rdq_core.lambda_host.invoker import extra_workers_for_backlog, invoker
+from rdq_core.lambda_host.invoker import invoker, workers_for_backlog
 
 from .conftest import load_event
 
@@ -151,10 +151,10 @@ def test_scheduled_worker_fans_out_bounded_by_max_concurrency(client, lambda_con
 
 @pytest.mark.parametrize(
     "backlog, batch, cap, expected",
-    [(0, 10, 4, 0), (10, 10, 4, 0), (11, 10, 4, 1), (35, 10, 4, 3), (10_000, 10, 4, 3), (10_000, 10, 1, 0)],
+    [(0, 10, 4, 0), (10, 10, 4, 1), (11, 10, 4, 2), (35, 10, 4, 4), (10_000, 10, 4, 4), (10_000, 10, 1, 1)],
 )
-def test_fan_out_size(backlog, batch, cap, expected):
-    assert extra_workers_for_backlog(backlog, batch, free_slots=cap - 1) == expected
+def test_fleet_size_for_a_backlog(backlog, batch, cap, expected):
+    assert workers_for_backlog(backlog, batch, cap) == expected
 
 
 def test_delayed_tasks_are_not_a_backlog(client, lambda_context, monkeypatch):

@@ -14,6 +14,7 @@ import pytest
 from rdq_core import Client
 from rdq_core.lambda_host import connection, worker
 from rdq_core.lambda_host.invoker import FANOUT_SOURCE, invoker
+from rdq_core.storage.spi import WorkerStart
 
 from . import slot_handlers
 from .conftest import load_event
@@ -180,3 +181,62 @@ def test_a_postgres_invocation_uses_one_connection_and_leaves_none_open(lambda_c
             assert pool.open_count == 0, "a frozen environment would keep an idle connection open"
         finally:
             connection.close_shared_storage()
+
+
+def test_fan_out_reserves_a_slot_for_each_worker_it_starts_and_each_takes_its_own(client, lambda_context, monkeypatch):
+    monkeypatch.setenv("RDQ_MAX_WORKER_CONCURRENCY", "3")
+    monkeypatch.setenv("RDQ_BATCH_SIZE", "2")
+    recorder = RecordingLambdaClient()
+    monkeypatch.setattr(invoker, "_client", recorder)
+    client.enqueue_many("slots", [{"handler": "quick", "payload": n} for n in range(40)])
+    summary = worker.lambda_handler(load_event("worker-scheduled"), lambda_context(FLEET, 30))
+    assert summary["fanned_out"] == 2
+    starts = [WorkerStart.from_event(i["Payload"]["detail"]["start"]) for i in recorder.invocations]
+    assert all(starts) and {s.number for s in starts if s} | {summary["slot"]} == {0, 1, 2}
+    # Until the invoked workers run, their slots are pending: no other invocation gets one.
+    assert client.storage.worker_slots_held(FLEET) == 2 and client.storage.worker_starts_pending(FLEET) == 2
+    late = worker.lambda_handler(load_event("worker-scheduled"), lambda_context(FLEET, 30))
+    assert late["slot"] == summary["slot"], "the one free slot; the other two wait for their workers"
+    taken = []
+    real_take = type(client.storage).take_reserved_worker_slot
+
+    def recording(self: Any, start: WorkerStart, lease_seconds: float) -> Any:
+        slot = real_take(self, start, lease_seconds)
+        taken.append((start.number, slot))
+        return slot
+
+    monkeypatch.setattr(type(client.storage), "take_reserved_worker_slot", recording)
+    first = worker.lambda_handler(recorder.invocations[0]["Payload"], lambda_context(FLEET, 30))
+    assert taken and taken[0][1] is not None and first["slot"] == taken[0][0] == starts[0].number  # type: ignore[union-attr]
+    assert client.storage.worker_starts_pending(FLEET) == 1
+
+
+def test_a_start_whose_invoke_fails_is_given_back(client, lambda_context, monkeypatch):
+    monkeypatch.setenv("RDQ_MAX_WORKER_CONCURRENCY", "4")
+    monkeypatch.setenv("RDQ_BATCH_SIZE", "1")
+
+    class Refusing:
+        def invoke(self, **kwargs: Any) -> Any:
+            raise RuntimeError("no route to Lambda")
+
+    monkeypatch.setattr(invoker, "_client", Refusing())
+    client.enqueue_many("slots", [{"handler": "quick", "payload": n} for n in range(20)])
+    summary = worker.lambda_handler(load_event("worker-scheduled"), lambda_context(FLEET, 30))
+    assert summary["fanned_out"] == 0 and summary["claimed"] == 20
+    assert client.storage.worker_slots_held(FLEET) == 0, "no reservation outlives a refused invoke"
+
+
+def test_an_api_wake_up_reserves_the_slot_its_worker_takes(client, lambda_context, monkeypatch):
+    monkeypatch.setenv("RDQ_MAX_WORKER_CONCURRENCY", "2")
+    monkeypatch.setenv("RDQ_WAKE_DEBOUNCE_SECONDS", "0")
+    recorder = RecordingLambdaClient()
+    monkeypatch.setattr(invoker, "_client", recorder)
+    monkeypatch.setattr(invoker, "_last_wake", float("-inf"))
+    for _ in range(3):
+        call(request("POST", "/v1/queues/slots/tasks", {"handler": "quick"}), lambda_context)
+    assert len(recorder.invocations) == 2, "two slots: two wake-ups, the third finds both pending"
+    assert client.storage.worker_starts_pending(FLEET) == 2
+    summary = worker.lambda_handler(recorder.invocations[1]["Payload"], lambda_context(FLEET, 20))
+    start = WorkerStart.from_event(recorder.invocations[1]["Payload"]["detail"]["start"])
+    assert start is not None and summary["slot"] == start.number and summary["claimed"] == 3
+    assert client.storage.worker_starts_pending(FLEET) == 1 and client.storage.worker_slots_held(FLEET) == 1

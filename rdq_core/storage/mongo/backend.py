@@ -32,7 +32,8 @@ from ...events import task_event_id
 from ...flow import FlowPolicy
 from ...model import ClaimRef, DedupeMode, NewTask, Outcome, Settlement, TaskStatus
 from ..codec import RecordCodec, epoch_millis
-from ..core import ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore, dedupe_states_of
+from ..core import (LIVE_STATUSES, ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore,
+                    dedupe_states_of)
 from ..querytext import migrations
 from ..spi import from_micros, storable_json, to_micros
 from .flow_claim import FlowClaim
@@ -673,11 +674,12 @@ class MongoStorage(StorageCore):
             if len(docs) < PURGE_CHUNK:
                 return purged
 
-    def _stats(self, queue: str) -> QueueCounts:
+    def _stats(self, queue: str, statuses: Sequence[TaskStatus] = tuple(TaskStatus)) -> QueueCounts:
         now_ms = _epoch_ms(self._server_now())
+        # Each count is a range of the (queue, status) index: only the statuses asked for are read.
         counts = {
             status.value: self._tasks.count_documents({"queue": queue, "status": status.value})
-            for status in TaskStatus
+            for status in statuses
         }
         oldest_due = self._tasks.find_one(
             {"queue": queue, "status": TaskStatus.PENDING.value, "next_attempt_at_ms": {"$lte": now_ms}},
@@ -686,6 +688,9 @@ class MongoStorage(StorageCore):
         )
         oldest_age = None if oldest_due is None else (now_ms - oldest_due["next_attempt_at_ms"]) / 1000
         return QueueCounts(counts, oldest_age)
+
+    def _live_stats(self, queue: str) -> QueueCounts:
+        return self._stats(queue, LIVE_STATUSES)
 
     def _queues(self) -> list[str]:
         return [q for q in self._tasks.distinct("queue") if isinstance(q, str)]

@@ -42,7 +42,8 @@ from ...errors import (
 from ...flow import PRIORITIES, Candidate, FlowPolicy, FlowState, candidate_count, choose_work_conserving
 from ...model import ClaimRef, ErrorInfo, NewTask, Settlement, TaskStatus
 from ..codec import Record, RecordCodec, decoded, instant
-from ..core import ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore, dedupe_states_of
+from ..core import (LIVE_STATUSES, ORDER_FIELD, DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore,
+                    dedupe_states_of)
 from ..querytext import migrations, named_queries
 from ..spi import from_micros, storable_json, to_micros
 from .pool import MAX_CONNECTIONS_ENV, MAX_IDLE_CONNECTIONS, WATCHDOG, ConnectionPool
@@ -388,6 +389,11 @@ class PostgresStorage(StorageCore):
     def _stats(self, queue: str) -> QueueCounts:
         row = self._fetch_all(QUERIES["stats"], {"queue": queue})[0]
         counts = {status.value: row[status.value.lower()] for status in TaskStatus}
+        return QueueCounts(counts=counts, oldest_due_age_seconds=row["oldest_pending_age_seconds"], paused=row["paused"])
+
+    def _live_stats(self, queue: str) -> QueueCounts:
+        row = self._fetch_all(QUERIES["live_stats"], {"queue": queue})[0]
+        counts = {status.value: row[status.value.lower()] for status in LIVE_STATUSES}
         return QueueCounts(counts=counts, oldest_due_age_seconds=row["oldest_pending_age_seconds"], paused=row["paused"])
 
     def _queues(self) -> list[str]:

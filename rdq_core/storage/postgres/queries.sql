@@ -587,6 +587,19 @@ SELECT count(*) FILTER (WHERE status = 'PENDING')   AS pending,
 FROM rdq_tasks
 WHERE queue = %(queue)s
 
+-- name: live_stats
+-- Each count walks the partial index holding only its status (rdq_tasks_pending_due_idx,
+-- rdq_tasks_lease_expiry_idx, rdq_tasks_dead_idx): the cost follows the queue's live work, not
+-- the finished tasks it keeps.
+SELECT (SELECT count(*) FROM rdq_tasks WHERE queue = %(queue)s AND status = 'PENDING')   AS pending,
+       (SELECT count(*) FROM rdq_tasks WHERE queue = %(queue)s AND status = 'IN_FLIGHT') AS in_flight,
+       (SELECT count(*) FROM rdq_tasks WHERE queue = %(queue)s AND status = 'DEAD')      AS dead,
+       coalesce((SELECT extract(epoch FROM now() - min(p.next_attempt_at))::float8
+                 FROM rdq_tasks AS p
+                 WHERE p.queue = %(queue)s AND p.status = 'PENDING'
+                   AND p.next_attempt_at <= now()), 0) AS oldest_pending_age_seconds,
+       EXISTS (SELECT 1 FROM rdq_paused_queues AS q WHERE q.queue = %(queue)s) AS paused
+
 -- name: list_queues
 -- A skip scan over the (queue, status) index: one index probe per distinct queue, not a scan
 -- of every task.

@@ -501,12 +501,15 @@ class SQLiteStorage(StorageCore):
         with self._write() as (conn, _):
             return self._execute(conn, _fill(_Q["purge_dead"], selection=where), params).rowcount
 
-    def _stats(self, queue: str) -> QueueCounts:
+    def _stats(self, queue: str, counting: str = "status_counts") -> QueueCounts:
         conn = self._conn()
         now = _now_micros()
-        counts = dict(self._execute(conn, _Q["status_counts"], (queue,)).fetchall())
+        counts = dict(self._execute(conn, _Q[counting], (queue,)).fetchall())
         oldest, paused = self._execute(conn, _Q["oldest_due"], (queue, now)).fetchone()
         return QueueCounts(counts, (now - oldest) / 1_000_000 if oldest is not None else None, paused=bool(paused))
+
+    def _live_stats(self, queue: str) -> QueueCounts:
+        return self._stats(queue, "live_status_counts")
 
     def _queues(self) -> list[str]:
         return [r[0] for r in self._execute(self._conn(), _Q["queues"]).fetchall()]

@@ -226,6 +226,10 @@ DELETE FROM rdq_tasks WHERE {selection}
 -- name: status_counts
 SELECT status, COUNT(*) FROM rdq_tasks WHERE queue = ? GROUP BY status
 
+-- name: live_status_counts
+-- Three ranges of the (queue, status) index: finished tasks are never read.
+SELECT status, COUNT(*) FROM rdq_tasks WHERE queue = ? AND status IN ('PENDING', 'IN_FLIGHT', 'DEAD') GROUP BY status
+
 -- name: oldest_due
 -- With the queue's paused flag, read in the same statement.
 SELECT MIN(next_attempt_at), EXISTS (SELECT 1 FROM rdq_paused_queues WHERE queue = ?1)
