@@ -7,7 +7,8 @@ immediate hand-off. The settle is fenced by the token the task was held under, s
 reapers, or a worker that extended its lease just in time, can never produce a second row.
 
 Reaping is the first step of the maintenance pass (reap → advance operations → deliver the
-outbox → retention), which ``maintenance_pass`` runs with each step guarded: a step that raises is
+outbox → retention, and among them the console's per-minute metrics, ``Storage.roll_up_metrics``),
+which ``maintenance_pass`` runs with each step guarded: a step that raises is
 logged (its name and the error's type, never a payload) and the next step runs. Within reaping,
 one task whose settlement cannot be built or written is logged and skipped; the rest are reaped.
 """
@@ -173,6 +174,43 @@ def maintenance_pass(steps: Sequence[tuple[str, Callable[[], Any]]]) -> PassRepo
     return report
 
 
+def store_outage(report: PassReport) -> BaseException | None:
+    """The error a pass met because the store could not be reached (or holds no schema), if any."""
+    return next((exc for exc in report.failed.values() if isinstance(exc, (StorageUnavailable, SchemaMissing))), None)
+
+
+def maintain_forever(
+    run_pass: Callable[[], PassReport],
+    *,
+    interval: float = 5.0,
+    should_stop: Callable[[], bool] = lambda: False,
+    max_backoff: float = 30.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], object] = time.sleep,
+    who: str = "reaper",
+) -> None:
+    """Run ``run_pass`` every ``interval`` seconds until ``should_stop``.
+
+    A storage outage does not end it: it logs one line when the outage starts, backs off (0.5 s
+    doubling to ``max_backoff``) instead of hammering the store, and one line when the store
+    answers again. A step that raises for any other reason was logged by the pass, which went on.
+    """
+    health = StorageHealth(log, clock=clock)
+    backoff = ReconnectBackoff(max_backoff)
+    while not should_stop():
+        outage = store_outage(run_pass())
+        if outage is not None:
+            health.failed(who, outage)
+            pause = backoff.next()
+        else:
+            health.ok()
+            backoff.reset()
+            pause = interval
+        wake_at = clock() + pause
+        while not should_stop() and clock() < wake_at:
+            sleep(min(0.05, pause))
+
+
 def reap_forever(
     storage: Storage,
     policies: PolicyBook | None = None,
@@ -186,32 +224,18 @@ def reap_forever(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], object] = time.sleep,
 ) -> None:
-    """The long-running reaper: a pass every ``interval`` seconds until ``should_stop``.
+    """Reaping every ``interval`` seconds, through outages (``maintain_forever``); ``between_passes``
+    runs after reaping in each pass unless the store is down. Hosts run the whole maintenance pass
+    instead (``rdq_core.maintenance``); this is reaping alone, for harnesses that want only it."""
 
-    A storage outage does not end it: it logs one line when the outage starts, backs off
-    (0.5 s doubling to ``max_backoff``) instead of hammering the store, and one line when the
-    store answers again. ``between_passes`` runs after reaping in each pass (operations, the
-    outbox, retention) unless the store is down; a step that raises for any other reason is
-    logged and the pass goes on (see ``maintenance_pass``).
-    """
-    health = StorageHealth(log, clock=clock)
-    backoff = ReconnectBackoff(max_backoff)
-    while not should_stop():
+    def one_pass() -> PassReport:
         report = maintenance_pass([
             ("reap", lambda: reap_expired_leases(storage, policies, batch_size=batch_size, telemetry=telemetry))])
-        outage = report.failed.get("reap")
-        if not isinstance(outage, (StorageUnavailable, SchemaMissing)):
-            # Reaping got through, or failed for a reason of its own: the rest of the pass runs.
-            report = maintenance_pass([("between_passes", between_passes)])
-            failed = report.failed.get("between_passes")
-            outage = failed if isinstance(failed, (StorageUnavailable, SchemaMissing)) else None
-        if outage is not None:
-            health.failed("reaper", outage)
-            pause = backoff.next()
-        else:
-            health.ok()
-            backoff.reset()
-            pause = interval
-        wake_at = clock() + pause
-        while not should_stop() and clock() < wake_at:
-            sleep(min(0.05, pause))
+        if store_outage(report) is None:
+            rest = maintenance_pass([("between_passes", between_passes)])
+            report.results.update(rest.results)
+            report.failed.update(rest.failed)
+        return report
+
+    maintain_forever(one_pass, interval=interval, should_stop=should_stop, max_backoff=max_backoff, clock=clock,
+                     sleep=sleep)

@@ -14,8 +14,9 @@ the handler's thread. Only after that can its lease lapse, so two executions of 
 overlap (a process that left the worker's process tree, by a double fork, is the limit: see
 docs/running-workers.md).
 
-The worker also reaps expired leases itself (every ``reap_interval_seconds``, one bounded,
-fenced pass), so a crashed worker's tasks come back without a separate ``rdq reaper``.
+The worker also runs the maintenance pass itself (every ``reap_interval_seconds``, bounded by
+it: ``rdq_core.maintenance``), so a crashed worker's tasks come back, bulk operations advance and
+the outbox is delivered without a separate ``rdq reaper``.
 
 Storage outages: the claim loop (``rdq_core.claiming``, shared with the Lambda worker) backs
 off (0.5 s doubling to 30 s) and reconnects; the claim loop, the heartbeat and the reaper share
@@ -33,13 +34,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from .claiming import ClaimLoop, run_concurrently
-from .errors import SchemaMissing, StaleClaim, StorageUnavailable
+from .errors import StaleClaim, StorageUnavailable
 from .execution import Overrun
 from .handlers import HandlerRegistry
 from .model import ClaimedTask, ClaimRef
 from .outage import StorageHealth
 from .retry import PolicyBook
-from .reaper import reap_expired_leases
+from .events import EventSettings, publisher_from_settings
+from .maintenance import MaintenancePlan, retention_hours_from_env, run_maintenance
+from .reaper import store_outage
 from .runner import BatchRunner
 from .settling import ClaimLedger
 from .storage.spi import Storage
@@ -273,20 +276,23 @@ class Worker:
         return min(max(self.config.lease_seconds / 2, 0.5), 30.0)
 
     def _reap_loop(self) -> None:
-        """Recover crashed workers' tasks: one bounded pass per interval. Fenced settles make
-        any number of workers reaping at once record exactly one LEASE_EXPIRED per lost lease."""
+        """The maintenance pass every host runs (``rdq_core.maintenance``), once per interval and
+        bounded by it: reap expired leases (fenced settles make any number of workers reaping at
+        once record exactly one LEASE_EXPIRED per lost lease), advance bulk operations, deliver
+        the outbox where a bus is set, roll up the console's metrics, and apply retention where
+        ``RDQ_RETENTION_HOURS`` asks for it. Each step is guarded; an outage is one log line."""
         interval = self._reap_interval()
-        queues: list[str | None] = [*self.config.queues] or [None]
+        plan = MaintenancePlan(
+            policies=self.policies, reap_batch_size=self.config.reap_batch_size,
+            reap_queues=[*self.config.queues] or [None],
+            publisher=publisher_from_settings(EventSettings.from_env()), retention_hours=retention_hours_from_env(),
+            operation_seconds=interval / 2, event_seconds=interval / 4, retention_seconds=interval / 4)
         while not self.stop_event.wait(interval):
-            try:
-                for queue in queues:
-                    reap_expired_leases(self.storage, self.policies, batch_size=self.config.reap_batch_size,
-                                        deadline=self.clock() + interval, queue=queue,
-                                        telemetry=self.telemetry, clock=self.clock)
-            except (StorageUnavailable, SchemaMissing) as exc:
-                self.health.failed("reaper", exc)
-            except Exception:  # reaping is retried next pass
-                log.exception("unexpected error reaping expired leases; retrying in %gs", interval)
+            report = run_maintenance(self.storage, plan, deadline=self.clock() + interval, clock=self.clock,
+                                     telemetry=self.telemetry, stopping=self.stop_event.is_set)
+            outage = store_outage(report.passed)
+            if outage is not None:
+                self.health.failed("reaper", outage)
 
     def _schedules_loop(self) -> None:
         """Fire the schedules file's due periods until the worker stops (schedules.ScheduleFirer)."""

@@ -10,13 +10,12 @@ import logging
 import math
 import os
 import sys
-import time
 from typing import Any, Callable
 
 from ..errors import InvalidInput, RdqError
-from ..events import EventSettings, deliver_events, publisher_from_settings
-from ..operations import drive_operations
-from ..reaper import PassReport, ReapReport, maintenance_pass, reap_expired_leases, reap_forever
+from ..events import EventSettings, publisher_from_settings
+from ..maintenance import MaintenancePlan, MaintenanceReport, run_maintenance
+from ..reaper import PassReport, maintain_forever
 from ..storage import redact_url as _redact
 from .common import (
     TARGETS_HELP, bind_operator_targets, check_storage_url, import_handler_modules, module_list, open_store,
@@ -132,52 +131,32 @@ def cmd_worker(args: argparse.Namespace, url: str) -> int:
 def cmd_reaper(args: argparse.Namespace, url: str) -> int:
     stopping: list[bool] = []
     stop_on_signals(lambda: stopping.append(True))
-    policies = policies_from_env()
+    # The maintenance pass every host runs (rdq_core/maintenance.py). Bulk operations advance for
+    # most of the interval (at their own rate), the outbox gets the rest, and retention runs until
+    # nothing is that old or the reaper is stopping.
+    plan = MaintenancePlan(policies=policies_from_env(), reap_batch_size=args.batch,
+                           publisher=publisher_from_settings(EventSettings.from_env()),
+                           retention_hours=args.retention_hours, operation_seconds=args.interval * 0.75,
+                           event_seconds=args.interval / 4, retention_seconds=math.inf)
     with open_store(url) as storage:
 
-        def apply_retention() -> int:
-            purged = 0
-            while not stopping and (batch := storage.purge_succeeded(args.retention_hours * 3600, 1000)):
-                purged += batch
-            if purged:
-                log.info("retention: deleted %d finished task(s) older than %gh", purged, args.retention_hours)
-            return purged
-
-        publisher = publisher_from_settings(EventSettings.from_env())
-
-        def after_reaping() -> PassReport:
-            # Bulk operations advance for most of the interval (at their own rate), then the outbox
-            # (theirs included) gets the rest, then retention. Each step is guarded: one that
-            # raises is logged and the next still runs.
-            started = time.monotonic()
-            return maintenance_pass([
-                ("operations", lambda: drive_operations(
-                    storage, deadline=started + args.interval * 0.75,
-                    clock=lambda: math.inf if stopping else time.monotonic(),
-                    sleep=lambda seconds: time.sleep(min(seconds, 0.5)))),
-                ("events", lambda: None if publisher is None else deliver_events(
-                    storage, publisher, deadline=max(time.monotonic(), started + args.interval * 0.75)
-                    + args.interval / 4)),
-                ("retention", apply_retention),
-            ])
+        def one_pass() -> PassReport:
+            return run_maintenance(storage, plan, deadline=math.inf, stopping=lambda: bool(stopping)).passed
 
         if args.once:
-            reaping = maintenance_pass([("reap", lambda: reap_expired_leases(storage, policies, batch_size=args.batch))])
-            rest = after_reaping()
-            report = reaping.result("reap", ReapReport())
-            operations, delivery = rest.result("operations"), rest.result("events")
+            report = MaintenanceReport(one_pass())
+            operations = report.passed.result("operations")
+            reaped = report.reaped
             print(json.dumps({
-                "reaped": report.expired, "rescheduled": report.rescheduled, "dead_lettered": report.dead_lettered,
-                "retention_deleted": rest.result("retention", 0),
+                "reaped": reaped.expired, "rescheduled": reaped.rescheduled, "dead_lettered": reaped.dead_lettered,
+                "retention_deleted": report.retention_deleted,
                 "operation_chunks": operations.chunks if operations else 0,
                 "operations_failed": len(operations.failed) if operations else 0,
-                "events_delivered": delivery.delivered if delivery else 0,
-                "failed_steps": sorted([*reaping.failed, *rest.failed])}))
-            return 1 if reaping.failed or rest.failed else 0
+                "events_delivered": report.delivery.delivered, "failed_steps": sorted(report.failed)}))
+            return 1 if report.failed else 0
         log.info("reaper on %s: a pass every %gs, retention %gh", _redact(url), args.interval, args.retention_hours)
         # Long-running: survives storage outages with backoff (one log line per incident).
-        reap_forever(storage, policies, interval=args.interval, batch_size=args.batch,
-                     should_stop=lambda: bool(stopping), between_passes=after_reaping)
+        maintain_forever(one_pass, interval=args.interval, should_stop=lambda: bool(stopping))
     return 0
 
 

@@ -14,14 +14,13 @@ oldest outbox event the pass took and could not deliver, 0 when it delivered all
 template's outbox alarm watches it.
 
 Retention (``RDQ_RETENTION_HOURS``, the template's ``RetentionHours``) purges finished tasks in
-chunks of ``RETENTION_CHUNK`` for at most ``RDQ_RETENTION_SECONDS`` of the pass, and deletes the
-payload and result objects of the purged ones (``payloads.purge_finished_tasks``).
+chunks of ``maintenance.RETENTION_CHUNK`` for at most ``RDQ_RETENTION_SECONDS`` of the pass, and
+deletes the payload and result objects of the purged ones (``maintenance.apply_retention``). The
+steps and their order are the maintenance pass every host runs (``rdq_core.maintenance``).
 """
 
 from __future__ import annotations
 
-import math
-import os
 import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -29,10 +28,10 @@ from typing import Any, Callable
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from .. import payloads
-from ..events import DeliveryReport, EventSettings, OutboxEvent, Publisher, deliver_events, publisher_from_settings
-from ..operations import DriveReport, drive_operations
-from ..reaper import ReapReport, maintenance_pass, reap_expired_leases
+from ..events import DeliveryReport, EventSettings, OutboxEvent, Publisher, publisher_from_settings
+from ..maintenance import MaintenancePlan, retention_hours_from_env, run_maintenance
+from ..operations import DriveReport
+from ..reaper import ReapReport
 from ..storage.spi import Storage
 from .connection import shared_storage
 from .invocation import InvocationClock, ModulePin, configured_timeout
@@ -50,27 +49,18 @@ def run_reaper_invocation(
     deadline = invocation.check() - settings.settle_reserve_seconds
     configured = event_publisher()
     publisher = None if configured is None else _UndeliveredAge(configured)
-    event_share = settings.event_seconds if publisher is not None else 0.0
-    retention_hours = _retention_hours()
     gauges = _Gauges()
-    # Each step is guarded (rdq_core.reaper.maintenance_pass): one that raises is logged and the
-    # next still runs, so a bad operation never stops delivery, nor a bad event retention.
-    report = maintenance_pass([
-        ("reap", lambda: reap_expired_leases(
-            storage, settings.policy_book(), batch_size=settings.reaper_batch_size, deadline=deadline,
-            telemetry=MetricsTelemetry(), clock=clock)),
-        ("gauges", lambda: gauges.publish(storage, deadline, clock)),
-        # Bulk operations (redrive, purge, cancel as jobs) advance in what is left of the invocation,
-        # capped so the next scheduled reaping is not delayed, and leaving the events their share.
-        ("operations", lambda: drive_operations(
-            storage, deadline=min(deadline - event_share, clock() + settings.operation_seconds), clock=clock)),
-        # Then the outbox (operations' own rdq.operation.finished included), bounded the same way.
-        ("events", lambda: DeliveryReport() if publisher is None else deliver_events(
-            storage, publisher, deadline=min(deadline, clock() + settings.event_seconds), clock=clock)),
-        # Retention only where it is asked for (RDQ_RETENTION_HOURS); otherwise `rdq reaper` runs it.
-        ("retention", lambda: 0 if retention_hours is None else _apply_retention(
-            storage, retention_hours, min(deadline, clock() + settings.retention_seconds), clock)),
-    ])
+    # The pass every host runs (rdq_core/maintenance.py), each step guarded: a bad operation never
+    # stops delivery, nor a bad event retention. The gauges read the state reaping left. Bulk
+    # operations advance in what is left of the invocation, capped so the next scheduled reaping is
+    # not delayed, and leaving the events their share; retention only where it is asked for
+    # (RDQ_RETENTION_HOURS); otherwise `rdq reaper` runs it.
+    plan = MaintenancePlan(
+        policies=settings.policy_book(), reap_batch_size=settings.reaper_batch_size, publisher=publisher,
+        retention_hours=retention_hours_from_env(), operation_seconds=settings.operation_seconds,
+        event_seconds=settings.event_seconds, retention_seconds=settings.retention_seconds,
+        host_steps=[("gauges", lambda until: gauges.publish(storage, until, clock))])
+    report = run_maintenance(storage, plan, deadline=deadline, clock=clock, telemetry=MetricsTelemetry()).passed
     reaped: ReapReport = report.result("reap", ReapReport())
     operations: DriveReport = report.result("operations", DriveReport())
     delivery: DeliveryReport = report.result("events", DeliveryReport())
@@ -135,35 +125,6 @@ class _Gauges:
 
 #: Queues this container published gauges for on its last pass (kept while the container is warm).
 _live_queues: set[str] = set()
-
-
-def _retention_hours() -> float | None:
-    """``RDQ_RETENTION_HOURS`` when set to a positive number: finished tasks older than that are
-    deleted by this function too. Unset (the default), retention is left to ``rdq reaper``."""
-    text = os.environ.get("RDQ_RETENTION_HOURS", "").strip()
-    if not text:
-        return None
-    try:
-        hours = float(text)
-    except ValueError:
-        logger.error("RDQ_RETENTION_HOURS is not a number; retention skipped", extra={"value": text[:40]})
-        return None
-    return hours if math.isfinite(hours) and hours > 0 else None
-
-
-#: Finished tasks purged per store round trip by retention.
-RETENTION_CHUNK = 1000
-
-
-def _apply_retention(storage: Storage, hours: float, deadline: float, clock: Callable[[], float]) -> int:
-    """Chunks until nothing is that old or the share of the pass is spent; the rest waits for the
-    next tick. Lanes found with nothing that old are not read again in this pass."""
-    purged = 0
-    idle_lanes: set[tuple[str, str]] = set()
-    while clock() < deadline and (batch := payloads.purge_finished_tasks(
-            storage, hours * 3600, RETENTION_CHUNK, idle_lanes=idle_lanes)):
-        purged += batch
-    return purged
 
 
 class _UndeliveredAge:

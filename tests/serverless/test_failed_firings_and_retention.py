@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rdq_core import Client, payloads
+from rdq_core import Client, maintenance, payloads
 from rdq_core.lambda_host import connection, reaper
 from rdq_core.retry import PolicyBook
 
@@ -168,11 +168,11 @@ def test_retention_keeps_to_its_share_of_the_pass(store_url, monkeypatch):
     def chunk(*args: Any, **kwargs: Any) -> int:
         calls.append(now[0])
         now[0] += 4.0  # each chunk takes 4 s
-        return reaper.RETENTION_CHUNK
+        return maintenance.RETENTION_CHUNK
 
     monkeypatch.setattr(payloads, "purge_finished_tasks", chunk)
-    purged = reaper._apply_retention(storage, 1.0, deadline=10.0, clock=lambda: now[0])
-    assert calls == [0.0, 4.0, 8.0] and purged == 3 * reaper.RETENTION_CHUNK
+    purged = maintenance.apply_retention(storage, 1.0, deadline=10.0, clock=lambda: now[0])
+    assert calls == [0.0, 4.0, 8.0] and purged == 3 * maintenance.RETENTION_CHUNK
 
 
 # -- 5. gauges only for queues with live work ------------------------------------------------------

@@ -5,12 +5,13 @@ function and on ``rdq reaper --once``."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any, Sequence
 
 import pytest
 
-from rdq_core import cli, operations
+from rdq_core import Client, cli, maintenance, operations
 from rdq_core.compliance.support import dead_letter, success
 from rdq_core.events import EventSettings, OutboxEvent
 from rdq_core.lambda_host import connection, reaper
@@ -111,7 +112,52 @@ def test_a_step_that_raises_does_not_stop_the_steps_after_it(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise OverflowError("date value out of range")
 
-    monkeypatch.setattr(reaper, "drive_operations", broken)
+    monkeypatch.setattr(maintenance, "drive_operations", broken)  # the pass every host runs
     summary = reaper.lambda_handler(load_event("reaper-scheduled"), lambda_context("rdq-reaper", 60))
     assert summary["failed_steps"] == ["operations"], summary
     assert_the_rest_was_done(storage, publisher.got)
+
+
+def test_every_host_runs_the_same_steps_in_the_same_order(tmp_path: Any) -> None:
+    storage = open_storage(f"sqlite:///{tmp_path}/rdq.db")
+    storage.migrate()
+    seen: list[str] = []
+    plan = maintenance.MaintenancePlan(publisher=Recording(), retention_hours=1.0,
+                                       host_steps=[("gauges", lambda deadline: seen.append("gauges"))])
+    report = maintenance.run_maintenance(storage, plan, deadline=time.monotonic() + 10)
+    assert list(report.passed.results) == ["reap", "gauges", *maintenance.STEP_ORDER[1:]]
+    assert seen == ["gauges"] and report.failed == {}
+    storage.close()
+
+
+def test_rdq_worker_runs_the_whole_pass_past_a_poisoned_operation(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rdq_core import worker as worker_module
+    from rdq_core.worker import Worker, WorkerConfig
+
+    url = f"sqlite:///{tmp_path}/rdq.db"
+    storage = open_storage(url)
+    storage.migrate()
+    poisoned_world(storage)
+    publisher = Recording()
+    monkeypatch.setattr(worker_module, "publisher_from_settings", lambda settings: publisher)
+    monkeypatch.setenv("RDQ_RETENTION_HOURS", str(0.3 / 3600))
+    # The worker serves (and so reaps) "fine", paused so that it claims nothing the test then reads.
+    Client(storage, payload_store=None).pause("fine")
+    worker = Worker(storage, WorkerConfig(queues=["fine"], reap_interval_seconds=0.2, wake_up=False,
+                                          schedules_every_seconds=0))
+    runner = threading.Thread(target=worker.run_forever)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            lapsed = storage.get("lapsed")
+            if storage.get("old-done") is None and lapsed is not None and lapsed.status is TaskStatus.PENDING \
+                    and any(event.type == "rdq.task.dead" for event in publisher.got):
+                break
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+        runner.join(timeout=30)
+    assert_the_rest_was_done(storage, publisher.got)
+    storage.close()
