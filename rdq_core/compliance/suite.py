@@ -13,6 +13,7 @@ one promise of the storage SPI (see ``spi.py``); a backend's test class subclass
 | ``dlq.py``            | paging, filters, cursors, redrive, purge                            |
 | ``operator.py``       | get, cancel, stats, queues, retention                               |
 | ``browsing.py``       | listings by status, counts, cancel by filter, pause, the audit trail |
+| ``charts.py``         | the console's per-minute metrics: outcomes, depth, latency, retention |
 | ``documents.py``      | engine documents: compare-and-set, delete, paging               |
 | ``operations_lock.py`` | bulk operations: one per queue under racing starters, the finished event |
 | ``worker_slots.py``   | worker slots: a fleet's cap under racing threads and processes, leases, fencing |
@@ -39,6 +40,7 @@ from ..storage import open_storage
 from ..storage.spi import Storage
 from .bounds import BoundsCompliance
 from .browsing import BrowsingCompliance
+from .charts import ChartsCompliance
 from .dedupe_snooze import DedupeSnoozeCompliance
 from .documents import DocumentCompliance
 from .capabilities import Capabilities
@@ -75,6 +77,7 @@ class StorageCompliance(
     DeadLetterCompliance,
     OperatorCompliance,
     BrowsingCompliance,
+    ChartsCompliance,
     DocumentCompliance,
     OperationLockCompliance,
     WorkerSlotCompliance,

@@ -761,6 +761,13 @@ class StorageCore(Storage, abc.ABC):
             rows = self._doc_page(kind, after, limit)
         return [Document(kind, key, version, json.loads(body)) for key, version, body in rows]
 
+    def roll_up_metrics(self, as_of: datetime | None = None) -> int:
+        # Over the listings' keyset pages (with history) and the engine documents: every built-in
+        # backend has it without code of its own (rollup.py).
+        from . import rollup
+
+        return rollup.roll_up(self, as_of)
+
     def _audit_entry(self, record: Record) -> AuditEntry:
         at = self.codec.time(record["at"])
         assert at is not None, "an audit entry has a time"

@@ -371,6 +371,27 @@ class Storage(abc.ABC):
     def list_audit(self, *, queue: str | None = None, limit: int, cursor: str | None = None) -> AuditPage:
         """Audit entries (of ``queue``, or all) newest first, keyset-paged by ``(at, id)``."""
 
+    # -- per-minute metrics for the console's charts (``rollup.py``) ----------------------------
+    # Kept in engine documents by the maintenance pass, read from them: no backend code of its own.
+    def roll_up_metrics(self, as_of: datetime | None = None) -> int:
+        """The maintenance step: count the minutes closed since the last pass (tasks finished,
+        retries, per-handler durations and failures, depth) and delete those past a day; the
+        number of minute documents written. ``as_of`` stands for the store's clock."""
+        raise UnsupportedOperation(f"{type(self).__name__} keeps no per-minute metrics")
+
+    def queue_metrics(self, queue: str, window: str = "hour", as_of: datetime | None = None) -> dict[str, Any]:
+        """``queue``'s series per minute over ``window`` ("hour" or "day") up to the minute before
+        ``as_of`` (default: the store's now); see ``rollup.queue_series``."""
+        from . import rollup
+
+        return rollup.queue_series(self, queue, window, as_of)
+
+    def metrics_overview(self, window: str = "hour", as_of: datetime | None = None) -> dict[str, Any]:
+        """Every queue's finished tasks per minute over ``window``, summed, with per-queue totals."""
+        from . import rollup
+
+        return rollup.overview_series(self, window, as_of)
+
     # -- lifecycle events (the outbox; rdq_core/events.py) ----------------------------------
     @abc.abstractmethod
     def configure_events(self, settings: EventSettings) -> None:
