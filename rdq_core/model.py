@@ -151,6 +151,8 @@ class Task:
     rate_key: str | None = None
     group: str | None = None
     dedupe_key: str | None = None
+    #: While IN_FLIGHT: when the running attempt's claim was stamped (the store's clock); else None.
+    claimed_at: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -177,6 +179,7 @@ class Task:
             "rate_key": self.rate_key,
             "group": self.group,
             "dedupe_key": self.dedupe_key,
+            "claimed_at": _iso(self.claimed_at),
         }
 
     @classmethod
@@ -206,6 +209,7 @@ class Task:
             rate_key=data.get("rate_key"),
             group=data.get("group"),
             dedupe_key=data.get("dedupe_key"),
+            claimed_at=_parse_iso(data.get("claimed_at")),
         )
 
 

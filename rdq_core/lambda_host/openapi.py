@@ -11,7 +11,7 @@ tests/hostile/test_fuzz_openapi.py fuzzes the API against this document.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable, Protocol, Sequence
 from zoneinfo import available_timezones
 
 from .. import payloads, validation
@@ -19,8 +19,38 @@ from ..model import Outcome
 from ..validation import Limits
 from ..schedules import EXPRESSION_PATTERN, SCHEDULE_NAME
 
-if TYPE_CHECKING:  # routes.py imports this module (its openapi route serves the document)
-    from .routes import Route
+
+
+class Route(Protocol):
+    """What the document needs of a route (``routes.Route`` has it). Named here so that this
+    module, which ``routes.py`` imports for its openapi route, does not import the table back."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def operation_id(self) -> str: ...
+
+    @property
+    def summary(self) -> str: ...
+
+    @property
+    def responses(self) -> tuple[tuple[int, str, str], ...]: ...
+
+    @property
+    def problems(self) -> tuple[int, ...]: ...
+
+    @property
+    def request_schema(self) -> str | None: ...
+
+    @property
+    def query(self) -> tuple[str, ...]: ...
+
+    @property
+    def path_parameters(self) -> Sequence[str]: ...
 
 _PROBLEM_REF = {"$ref": "#/components/responses/Problem"}
 
@@ -70,6 +100,8 @@ _QUERY_PARAMS = {
                "schema": {"type": "string", "enum": ["", "full", "summary"]}},
     "queue": {"name": "queue", "in": "query", "description": "one queue's entries; empty means every queue",
               "schema": {"type": "string", "pattern": f"^({validation.QUEUE_NAME.pattern})?$"}},
+    "window": {"name": "window", "in": "query", "description": "the last hour (60 points) or day (1440); empty means hour",
+               "schema": {"type": "string", "enum": ["", "hour", "day"]}},
 }
 
 # -- trace context (rdq_core.tracecontext): the request headers an enqueue reads ----------------
@@ -215,6 +247,7 @@ def _schemas() -> dict[str, Any]:
                 "priority": {"type": "integer", "minimum": 0, "maximum": Limits.max_priority},
                 "concurrency_key": _nullable(flow_key), "rate_key": _nullable(flow_key), "group": _nullable(flow_key),
                 "dedupe_key": _nullable(flow_key),
+                "claimed_at": {**timestamp, "description": "while IN_FLIGHT: when the running attempt was claimed"},
                 "deduplicated": {"type": "boolean", "description": "enqueue only: true when a task with the same "
                                                                    "dedupe_key was found and is returned instead"},
             },
@@ -228,6 +261,32 @@ def _schemas() -> dict[str, Any]:
                 "oldest_pending_age_seconds": {"type": "number"},
                 "paused": {"type": "boolean", "description": "workers claim nothing from a paused queue"},
             },
+        },
+        # The console's charts (rdq_core/storage/rollup.py): one point per minute, oldest first.
+        "QueueMetrics": {
+            "type": "object",
+            "required": ["queue", "window", "step_seconds", "minutes", "succeeded", "retried", "dead_lettered",
+                         "cancelled", "pending", "in_flight", "dead", "oldest_pending_age_seconds", "totals", "handlers"],
+            "properties": {
+                "queue": {"type": "string"}, "window": {"type": "string", "enum": ["hour", "day"]},
+                "step_seconds": {"type": "integer"},
+                "minutes": {"type": "array", "items": {"type": "integer"},
+                            "description": "each point's start, epoch seconds: a minute apart over an hour, five over a day"},
+                **{name: {"type": "array", "items": {"type": "number"},
+                          "description": "per minute (over a day, the average of the point's minutes)"}
+                   for name in ("succeeded", "retried", "dead_lettered", "cancelled")},
+                "totals": {"type": "object", "additionalProperties": {"type": "integer"}},
+                **{name: {"type": "array", "items": {"type": ["number", "null"]},
+                          "description": "as the maintenance pass saw it when it closed the minute; null: no sample"}
+                   for name in ("pending", "in_flight", "dead", "oldest_pending_age_seconds")},
+                "handlers": {"type": "array", "items": {"type": "object", "required": ["handler", "summary"]}},
+            },
+        },
+        "MetricsOverview": {
+            "type": "object", "required": ["window", "step_seconds", "minutes", "totals", "queues"],
+            "properties": {"window": {"type": "string"}, "step_seconds": {"type": "integer"},
+                           "minutes": {"type": "array", "items": {"type": "integer"}},
+                           "queues": {"type": "array", "items": {"type": "object", "required": ["queue"]}}},
         },
         "QueueList": {
             "type": "object", "required": ["queues"],

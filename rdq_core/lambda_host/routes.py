@@ -32,7 +32,8 @@ from typing import Any, Callable, Mapping
 
 from .. import tracecontext
 from .. import payloads
-from ..client import Client, build_new_task, build_new_tasks
+from ..client import Client
+from ..new_tasks import build_new_task, build_new_tasks
 from ..errors import InvalidInput
 from ..model import EnqueueResult, NewTask
 from ..problems import ApiProblem
@@ -222,6 +223,16 @@ def queue_stats(request: ApiRequest, queue: str) -> Reply:
 
 def list_queues(request: ApiRequest) -> Reply:
     return Reply(200, {"queues": [stats.to_dict() for stats in _client(request).list_queues()]})
+
+
+def queue_metrics(request: ApiRequest, queue: str) -> Reply:
+    params = request.query(("window",))
+    return Reply(200, _client(request).storage.queue_metrics(queue, params.get("window") or "hour"))
+
+
+def metrics_overview(request: ApiRequest) -> Reply:
+    params = request.query(("window",))
+    return Reply(200, _client(request).storage.metrics_overview(params.get("window") or "hour"))
 
 
 # Every list route's page is bounded by bytes as well as by limit (paging.py): it ends early,
@@ -466,6 +477,14 @@ ROUTES: tuple[Route, ...] = (
           responses=((200, "queues by name", "QueueList"),), problems=COMMON_PROBLEMS),
     Route("GET", "/v1/queues/{queue}/stats", "queueStats", queue_stats, "Counts per status and the oldest pending task's age",
           responses=((200, "counts per status", "QueueStats"),), problems=(422, *COMMON_PROBLEMS)),
+    Route("GET", "/v1/queues/{queue}/metrics", "queueMetrics", queue_metrics,
+          "Per minute over the last hour or day: tasks succeeded, retried, dead-lettered, cancelled; depth; "
+          "per handler attempts, failure rate and p50/p95/p99 duration",
+          responses=((200, "one point per minute", "QueueMetrics"),), problems=(422, *COMMON_PROBLEMS), query=("window",)),
+    Route("GET", "/v1/metrics", "metricsOverview", metrics_overview,
+          "Every queue's finished tasks per minute over the last hour or day, summed, with per-queue totals",
+          responses=((200, "one point per minute", "MetricsOverview"),), problems=(422, *COMMON_PROBLEMS),
+          query=("window",)),
     Route("GET", "/v1/queues/{queue}/tasks", "listTasks", list_tasks,
           "Tasks of a queue by status (each status in its own order), cursor-paged; no attempt history",
           responses=((200, "one page", "TaskPage"),), problems=(400, 422, *COMMON_PROBLEMS), query=_TASKS_QUERY),

@@ -143,13 +143,13 @@ class RecordCodec:
         # Inline rather than helper calls: this runs once per claimed task.
         payload, headers, backoff = get("payload"), get("headers"), get("backoff")
         result, last_error = get("result"), get("last_error")
-        max_attempts = get("max_attempts")
+        max_attempts, status = get("max_attempts"), TaskStatus(get("status"))
         return _trusted_task(
             id=get("id"),
             queue=get("queue"),
             handler=get("handler"),
             payload=None if payload is None else document(payload),
-            status=TaskStatus(get("status")),
+            status=status,
             headers=dict(document(headers) or {}) if headers is not None else {},
             attempt_count=int(get("attempt_count") or 0),
             redrive_count=int(get("redrive_count") or 0),
@@ -168,6 +168,8 @@ class RecordCodec:
             rate_key=get("rate_key") or None,
             group=get("group") or None,
             dedupe_key=get("dedupe_key") or None,
+            # Only while in flight: a store may keep the last claim's time after it ends, or not.
+            claimed_at=time(get("claimed_at")) if status is TaskStatus.IN_FLIGHT else None,
         )
 
     def claimed(self, record: Record) -> ClaimedTask:

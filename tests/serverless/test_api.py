@@ -146,6 +146,7 @@ def test_openapi_event_serves_a_document_covering_every_route(store_url, lambda_
         "/v1/queues/{queue}:pause", "/v1/queues/{queue}:resume", "/v1/audit",
         "/v1/operations", "/v1/operations/{operation_id}", "/v1/operations/{operation_id}:cancel",
         "/v1/schedules", "/v1/schedules/{schedule}", "/v1/queues/{queue}/payloads", "/v1/tasks/{task_id}/objects",
+        "/v1/queues/{queue}/metrics", "/v1/metrics",
     }
     assert set(doc["paths"]["/v1/tasks/{task_id}"]) == {"get", "delete"}
     openapi_spec_validator = pytest.importorskip("openapi_spec_validator")
