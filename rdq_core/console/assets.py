@@ -15,7 +15,12 @@ ASSETS: dict[str, tuple[str, str]] = {
     "/index.html": ("index.html", "text/html; charset=utf-8"),
     "/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/app.css": ("app.css", "text/css; charset=utf-8"),
+    "/charts.js": ("charts.js", "text/javascript; charset=utf-8"),
     "/favicon.svg": ("favicon.svg", "image/svg+xml"),
+    # uPlot (MIT), the charts: vendored from its npm package, unchanged (vendor/uplot/VERSION).
+    "/vendor/uplot/uPlot.iife.min.js": ("vendor/uplot/uPlot.iife.min.js", "text/javascript; charset=utf-8"),
+    "/vendor/uplot/uPlot.min.css": ("vendor/uplot/uPlot.min.css", "text/css; charset=utf-8"),
+    "/vendor/uplot/LICENSE": ("vendor/uplot/LICENSE", "text/plain; charset=utf-8"),
 }
 
 #: Everything the console loads comes from its own origin; no inline script or style, no frames.
@@ -49,5 +54,5 @@ def asset_for(path: str) -> Asset | None:
     if entry is None:
         return None
     name, content_type = entry
-    body = resources.files(__package__).joinpath("static", name).read_bytes()
+    body = resources.files(__package__).joinpath("static", *name.split("/")).read_bytes()
     return Asset(body, content_type)

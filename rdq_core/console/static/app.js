@@ -81,6 +81,22 @@
     return { node, body, caption, wrap: el('div', { class: 'table-wrap', tabindex: '0', role: 'region', 'aria-label': captionText }, node) };
   }
 
+  // Each body cell names its column (data-label): at phone width a row is shown as a card with
+  // those names, so no column is cut off.
+  function labelCells(list) {
+    const names = [...list.node.querySelectorAll('thead th')].map((th) => th.textContent.trim());
+    for (const row of list.body.rows) {
+      [...row.cells].forEach((cell, i) => { if (names[i] && cell.colSpan === 1) cell.dataset.label = names[i]; });
+    }
+  }
+
+  // Long text in a table cell: cut to fit (an ellipsis, or a few lines), the whole of it on hover
+  // and to assistive technology (title, and the text itself stays in the DOM).
+  function clip(text, lines) {
+    const value = text === null || text === undefined ? '' : String(text);
+    return el('span', { class: lines ? 'clamp' : 'clip', title: value }, value);
+  }
+
   function timeNode(iso) {
     if (!iso) return '—';
     const date = new Date(iso);
@@ -320,6 +336,8 @@
       section = 'audit'; auditView(ctx);
     } else if (parts[0] === 'operations' && parts.length === 1) {
       section = 'operations'; operationsView(ctx);
+    } else if (parts[0] === 'schedules' && parts.length === 1) {
+      section = 'schedules'; schedulesView(ctx);
     } else {
       view.append(heading('Not found'), el('p', {}, 'No such page. ', el('a', { href: '#/queues' }, 'Back to the queues')));
       document.title = 'Not found · rdq console';
@@ -353,6 +371,7 @@
         state.items = data[options.key] || [];
         state.nextCursor = data.next_cursor || null;
         setChildren(list.body, state.items.map(options.row));
+        labelCells(list);
         empty.hidden = state.items.length > 0;
         list.caption.textContent = `${options.caption} (page ${state.page})`;
         pageInfo.textContent = `Page ${state.page}: ${state.items.length} shown${state.nextCursor ? ', more on the next page' : ''}.`;
@@ -408,6 +427,13 @@
     return form;
   }
 
+  // The charts (charts.js, over vendor/uplot): made once the page's helpers exist.
+  let charts = null;
+  function chartsModule() {
+    if (!charts) charts = window.RdqCharts({ el, api, seg, every, showError });
+    return charts;
+  }
+
   // -- views -------------------------------------------------------------------------------
   function queuesView(ctx) {
     // State and its button come first: at phone width they stay in view, the counts scroll.
@@ -416,7 +442,9 @@
     const empty = el('p', { class: 'empty', hidden: true }, 'No queue holds a task yet. ',
       el('a', { href: '#/enqueue' }, 'Enqueue one'), '.');
     const updated = el('p', { class: 'muted', id: 'queues-updated' });
-    ctx.view.append(heading('Queues'), list.wrap, empty, updated);
+    const overview = chartsModule().overviewChart(ctx);
+    ctx.view.append(heading('Queues'), list.wrap, empty, updated, overview.node);
+    overview.load();
     const rows = new Map();
     let loadFailed = false;
 
@@ -433,7 +461,7 @@
         oldest: cell('oldest', ''), succeeded: cell('succeeded', 'num'), cancelled: cell('cancelled', 'num'),
       };
       const tr = el('tr', { 'data-queue': queue },
-        el('th', { scope: 'row' }, el('a', { href: `#/queues/${seg(queue)}/tasks` }, queue)),
+        el('th', { scope: 'row' }, el('a', { href: `#/queues/${seg(queue)}/tasks` }, clip(queue))),
         cells.state, cells.pending, cells.in_flight, cells.dead, cells.oldest, cells.succeeded, cells.cancelled);
       return { tr, cells, button, badge, deadLink };
     }
@@ -470,6 +498,7 @@
         if (!same) {
           const focused = document.activeElement;
           setChildren(list.body, order.map((name) => rows.get(name).tr));
+          labelCells(list);
           if (focused && list.body.contains(focused)) focused.focus();
         }
         empty.hidden = queues.length > 0;
@@ -507,6 +536,13 @@
     }
   }
 
+  // This life's attempts (of the maximum); the one running counts, as on the task's page.
+  function attemptsCell(task) {
+    const used = task.attempt_count + (task.status === 'IN_FLIGHT' ? 1 : 0);
+    const text = task.max_attempts ? `${used} / ${task.max_attempts}` : String(used);
+    return task.status === 'IN_FLIGHT' ? `${text}, running` : text;
+  }
+
   function tasksView(ctx, queue) {
     const path = `/queues/${seg(queue)}/tasks`;
     const filters = filterForm(ctx, path, [
@@ -526,12 +562,14 @@
       row: (task) => {
         const [label, at] = whenOf(task);
         return el('tr', { 'data-task': task.id },
-          el('th', { scope: 'row' }, el('a', { href: `#/tasks/${seg(task.id)}` }, task.id)),
+          el('th', { scope: 'row' }, el('a', { href: `#/tasks/${seg(task.id)}` }, clip(task.id))),
           el('td', {}, statusBadge(task.status)),
-          el('td', {}, task.handler),
-          el('td', { class: 'num' }, task.max_attempts ? `${task.attempt_count} / ${task.max_attempts}` : task.attempt_count),
-          el('td', {}, `${label} `, timeNode(at)),
-          el('td', { class: 'wrap' }, task.last_error ? `${task.last_error.type}: ${task.last_error.message}` : '—'));
+          el('td', {}, clip(task.handler)),
+          el('td', { class: 'num' }, attemptsCell(task)),
+          el('td', { class: 'when' }, `${label} `, timeNode(at)),
+          el('td', { class: 'wrap' }, task.last_error
+            ? [task.status === 'SUCCEEDED' ? el('span', { class: 'muted' }, 'earlier: ') : null,
+              el('code', { class: 'error-type' }, clip(task.last_error.type)), ' ', clip(task.last_error.message, 2)] : '—'));
       },
     });
     const cancelButton = el('button', { type: 'button', class: 'danger', 'aria-describedby': 'tasks-cancel-scope' },
@@ -563,6 +601,7 @@
         cancelling = false;
       }
     });
+    const queueCharts = chartsModule().queueCharts(ctx, queue);
     const bulkBar = el('div', { class: 'bulk', role: 'group', 'aria-label': 'Bulk actions' },
       el('p', { class: 'scope', id: 'tasks-cancel-scope' }, `Cancel applies to ${scopeText}.`),
       el('div', { class: 'buttons' }, cancelButton));
@@ -570,8 +609,9 @@
       el('p', { class: 'links' }, el('a', { href: `#/queues/${seg(queue)}/dlq` }, 'Dead-letter queue'), ' · ',
         el('a', { href: hashLink('/enqueue', { queue }) }, 'Enqueue to this queue'), ' · ',
         el('a', { href: hashLink('/audit', { queue }) }, 'Audit log of this queue')),
-      filters, bulkBar, list.node);
+      queueCharts.node, filters, bulkBar, list.node);
     list.load();
+    queueCharts.load();
   }
 
   function errorBlock(error, label) {
@@ -582,56 +622,133 @@
       error.stack ? el('details', {}, el('summary', {}, 'Stack trace'), el('pre', { class: 'stack' }, error.stack)) : null);
   }
 
+  // Where the task's current life starts in its history: the trailing attempt_count budgeted
+  // attempts are this life's (a redrive resets the count; a snooze spends none).
+  function lifeStart(task) {
+    const attempts = task.attempts || [];
+    let budgeted = 0;
+    let index = attempts.length;
+    while (index > 0) {
+      if (attempts[index - 1].outcome !== 'SNOOZED') {
+        if (budgeted >= task.attempt_count) break;
+        budgeted += 1;
+      }
+      index -= 1;
+    }
+    return index;
+  }
+
   function taskView(ctx, id) {
     const body = el('div');
     ctx.view.append(heading(`Task ${id}`), body);
     let shown = '';
 
+    // The budget of this life, then the whole history: one story, told once.
+    function budgetText(task, running) {
+      const used = task.attempt_count + (running ? 1 : 0);
+      const of = task.max_attempts ? ` of ${task.max_attempts}` : '';
+      const verb = running ? `attempt ${used}${of} running` : `${used}${of} attempt(s) used`;
+      return task.redrive_count ? `${verb} since its last redrive` : verb;
+    }
+
+    function attemptItem(a, firstOfLife, redriven) {
+      return el('li', { class: `attempt outcome-${String(a.outcome).toLowerCase()}`, 'data-attempt': a.attempt_no },
+        firstOfLife && redriven ? el('p', { class: 'life-break' }, 'Redriven: a fresh budget starts with this attempt.') : null,
+        el('h3', {}, `Attempt ${a.attempt_no}: `, el('span', { class: 'outcome' }, a.outcome)),
+        el('dl', { class: 'inline' },
+          el('dt', {}, 'Started'), el('dd', {}, timeNode(a.started_at)),
+          el('dt', {}, 'Finished'), el('dd', {}, timeNode(a.finished_at)),
+          el('dt', {}, 'Duration'), el('dd', { class: 'duration' }, duration(a.started_at, a.finished_at))),
+        errorBlock(a.error, 'Error'));
+    }
+
     function render(task) {
+      const attempts = task.attempts || [];
+      const running = task.status === 'IN_FLIGHT';
+      const life = lifeStart(task);
       const rows = [
         ['Queue', el('a', { href: `#/queues/${seg(task.queue)}/tasks` }, task.queue)],
         ['Handler', task.handler],
         ['Status', statusBadge(task.status)],
-        ['Attempts', task.max_attempts ? `${task.attempt_count} of ${task.max_attempts}` : task.attempt_count],
+        ['Budget', budgetText(task, running)],
+        ['History', `${attempts.length + (running ? 1 : 0)} attempt(s) in all, below`],
         ['Redrives', task.redrive_count],
         ['Created', timeNode(task.created_at)],
         ['Updated', timeNode(task.updated_at)],
-        ['Next attempt', timeNode(task.next_attempt_at)],
-        ['Lease expires', timeNode(task.lease_expires_at)],
-        ['Dead at', timeNode(task.dead_at)],
       ];
+      if (task.status === 'PENDING') rows.push(['Next attempt', timeNode(task.next_attempt_at)]);
+      if (task.status === 'DEAD') rows.push(['Dead at', timeNode(task.dead_at)]);
       const summary = el('dl', { class: 'summary' }, rows.map(([name, value]) => [el('dt', {}, name), el('dd', {}, value)]));
       const actions = el('div', { class: 'buttons' });
       if (task.status === 'PENDING') {
         actions.append(el('button', { type: 'button', class: 'danger', onclick: () => cancel(task) }, 'Cancel task'));
       }
       if (task.status === 'DEAD') {
-        actions.append(el('a', { class: 'button-link', href: `#/queues/${seg(task.queue)}/dlq` }, 'Open the dead-letter queue'));
+        actions.append(el('button', { type: 'button', onclick: (event) => redrive(task, event.currentTarget) }, 'Redrive…'),
+          el('a', { class: 'button-link', href: `#/queues/${seg(task.queue)}/dlq` }, 'Open the dead-letter queue'));
       }
-      const attempts = task.attempts || [];
-      const timeline = el('ol', { class: 'timeline', 'aria-label': 'Attempt timeline' }, attempts.map((a) => el('li', {
-        class: `attempt outcome-${String(a.outcome).toLowerCase()}`, 'data-attempt': a.attempt_no,
-      },
-      el('h3', {}, `Attempt ${a.attempt_no}: `, el('span', { class: 'outcome' }, a.outcome)),
-      el('dl', { class: 'inline' },
-        el('dt', {}, 'Started'), el('dd', {}, timeNode(a.started_at)),
-        el('dt', {}, 'Finished'), el('dd', {}, timeNode(a.finished_at)),
-        el('dt', {}, 'Duration'), el('dd', { class: 'duration' }, duration(a.started_at, a.finished_at))),
-      errorBlock(a.error, 'Error'))));
-      setChildren(body, summary, actions,
+      // The attempt running now: what the store knows of it (the claim's time and the lease).
+      const runningNow = running ? el('section', { class: 'running', 'aria-labelledby': 'running-title' },
+        el('h2', { id: 'running-title' }, `Running now: attempt ${attempts.length + 1}`),
+        el('dl', { class: 'inline' },
+          el('dt', {}, 'Started'), el('dd', {}, timeNode(task.claimed_at)),
+          el('dt', {}, 'Lease expires'), el('dd', {}, timeNode(task.lease_expires_at))),
+        el('p', { class: 'muted' }, 'A worker holds this attempt\'s claim until the lease expires; it extends the lease while the handler runs. '
+          + 'If the worker stops, the reaper ends the attempt as LEASE_EXPIRED once the lease has run out.')) : null;
+      // The error that matters now: why it is dead, or why it waits to retry. Once it succeeded
+      // (or was cancelled), earlier errors are history, told in the timeline.
+      let errorNow = null;
+      if (task.last_error && task.status === 'DEAD') {
+        errorNow = [el('h2', {}, 'Why it is dead'), errorBlock(task.last_error, 'Last error')];
+      } else if (task.last_error && (task.status === 'PENDING' || running) && attempts.length) {
+        errorNow = [el('h2', {}, 'Last attempt failed'), errorBlock(task.last_error, 'Error')];
+      }
+      const failedBefore = attempts.filter((a) => a.error).length;
+      const earlier = !errorNow && failedBefore
+        ? el('p', { class: 'earlier-errors' }, `${failedBefore} earlier attempt(s) failed before it ${task.status === 'SUCCEEDED' ? 'succeeded' : 'was ' + task.status.toLowerCase()}: their errors are in the history below.`)
+        : null;
+      const items = attempts.map((a, i) => attemptItem(a, i === life, task.redrive_count > 0 && life > 0));
+      if (running) {
+        items.push(el('li', { class: 'attempt outcome-running', 'data-attempt': attempts.length + 1 },
+          life === attempts.length && life > 0 ? el('p', { class: 'life-break' }, 'Redriven: a fresh budget starts with this attempt.') : null,
+          el('h3', {}, `Attempt ${attempts.length + 1}: `, el('span', { class: 'outcome' }, 'RUNNING')),
+          el('dl', { class: 'inline' }, el('dt', {}, 'Started'), el('dd', {}, timeNode(task.claimed_at)),
+            el('dt', {}, 'Lease expires'), el('dd', {}, timeNode(task.lease_expires_at)))));
+      }
+      const timeline = el('ol', { class: 'timeline', 'aria-label': 'Attempt history' }, items);
+      setChildren(body, summary, actions, runningNow, errorNow, earlier,
         el('h2', {}, 'Payload'), el('pre', { class: 'payload' }, json(task.payload)),
         Object.keys(task.headers || {}).length ? [el('h2', {}, 'Headers'), el('pre', {}, json(task.headers))] : null,
         task.result !== null && task.result !== undefined ? [el('h2', {}, 'Result'), el('pre', { class: 'result' }, json(task.result))] : null,
-        task.last_error ? [el('h2', {}, 'Last error'), errorBlock(task.last_error, 'Last error')] : null,
-        el('h2', { id: 'attempts-title' }, `Attempts (${attempts.length})`),
-        attempts.length ? timeline : el('p', { class: 'empty' }, 'Not run yet.'));
+        el('h2', { id: 'attempts-title' }, `History: ${items.length} attempt(s)`),
+        items.length ? timeline : el('p', { class: 'empty' }, 'Not run yet: it waits for a worker to claim it.'));
+    }
+
+    async function redrive(task, button) {
+      if (button.getAttribute('aria-busy') === 'true') return;
+      button.setAttribute('aria-busy', 'true');
+      try {
+        const count = await confirmedBulk({
+          path: `v1/queues/${seg(task.queue)}/dlq:redrive`, body: { ids: [task.id] }, title: 'Redrive dead tasks',
+          okVerb: 'Redrive', danger: false, resultKey: 'redriven',
+          describe: (n) => `${n} task(s) match: task ${task.id}. Redrive them? Each goes back to PENDING with a fresh retry budget.`,
+        });
+        if (count !== null) say(`Redrive: ${count} task(s) redriven.`);
+      } catch (error) {
+        showError(error);
+      } finally {
+        button.removeAttribute('aria-busy');
+      }
+      shown = '';
+      load();
+      if (!timers.length) every(TASK_REFRESH_MS, load);
     }
 
     async function load() {
       try {
         const task = await api('GET', `v1/tasks/${seg(id)}`);
         if (!ctx.alive()) return;
-        const key = `${task.status}|${task.updated_at}|${(task.attempts || []).length}`;
+        const key = `${task.status}|${task.updated_at}|${(task.attempts || []).length}|${task.lease_expires_at}`;
         if (key !== shown) { shown = key; render(task); }
         if (!['PENDING', 'IN_FLIGHT'].includes(task.status)) {
           timers.forEach(clearInterval);
@@ -706,10 +823,10 @@
         const error = task.last_error || {};
         return el('tr', { 'data-task': task.id },
           el('td', {}, el('label', { for: `select-${task.id}`, class: 'visually-hidden' }, `Select task ${task.id}`), box),
-          el('th', { scope: 'row' }, el('a', { href: `#/tasks/${seg(task.id)}` }, task.id)),
-          el('td', {}, task.handler),
-          el('td', {}, el('code', {}, error.type || '—')),
-          el('td', { class: 'wrap' }, error.message || ''),
+          el('th', { scope: 'row' }, el('a', { href: `#/tasks/${seg(task.id)}` }, clip(task.id))),
+          el('td', {}, clip(task.handler)),
+          el('td', {}, el('code', {}, clip(error.type || '—'))),
+          el('td', { class: 'wrap' }, clip(error.message || '', 2)),
           el('td', { class: 'num' }, (task.attempts || []).length || task.attempt_count),
           el('td', {}, timeNode(task.dead_at)));
       },
@@ -862,10 +979,10 @@
       fetchPage: (cursor) => api('GET', `v1/audit${qs({ queue, limit: PAGE_SIZE, cursor })}`),
       row: (entry) => el('tr', { 'data-entry': entry.id },
         el('td', {}, timeNode(entry.at)),
-        el('td', {}, entry.actor),
+        el('td', {}, clip(entry.actor)),
         el('td', {}, entry.action),
         el('td', {}, entry.queue ? el('a', { href: `#/queues/${seg(entry.queue)}/tasks` }, entry.queue) : '—'),
-        el('td', { class: 'wrap' }, el('code', {}, entry.selection ? JSON.stringify(entry.selection) : '—')),
+        el('td', { class: 'wrap' }, el('code', {}, clip(entry.selection ? JSON.stringify(entry.selection) : '—', 2))),
         el('td', { class: 'num' }, entry.count === null || entry.count === undefined ? '—' : entry.count)),
     });
     ctx.view.append(heading('Audit log'), filters, list.node);
@@ -911,16 +1028,45 @@
         el('td', { class: 'num' }, op.done),
         el('td', { class: 'num' }, op.matched),
         el('td', { class: 'num' }, op.rate_per_second ? `${op.rate_per_second}/s` : '—'),
-        el('td', {}, op.actor),
+        el('td', {}, clip(op.actor)),
         el('td', {}, op.status === 'RUNNING'
           ? el('button', { type: 'button', 'aria-label': `Cancel operation ${op.id}`,
             onclick: (event) => stop(op, event.currentTarget) }, 'Cancel')
           : '—'))));
-      if (!operations.length) list.body.append(el('tr', {}, el('td', { colspan: '9' }, 'No operation.')));
+      labelCells(list);
+      if (!operations.length) {
+        list.body.append(el('tr', {}, el('td', { colspan: '9', class: 'wrap' },
+          'No operation yet. A redrive, purge or cancel runs here as a background operation when it selects more than '
+          + '1,000 tasks or is given a rate; start one from a queue\'s dead-letter queue or its "Cancel pending".')));
+      }
     }
     ctx.view.append(heading('Operations'), filters, list.wrap);
     load();
     every(QUEUES_REFRESH_MS, load);
+  }
+
+  // Every schedule (rdq_core/schedules.py) with its next fire time; they are managed with
+  // `rdq schedules` or POST/DELETE v1/schedules.
+  function schedulesView(ctx) {
+    const list = table('Schedules by name', ['Name', 'Expression', 'Time zone', 'Queue', 'Handler', 'Next fire']);
+    const empty = el('p', { class: 'empty', hidden: true },
+      'No schedule yet. A schedule enqueues a task on a rate or cron expression; add one with ',
+      el('code', {}, "rdq schedules add NAME 'rate(5 minutes)' --queue Q --handler H"), ' or POST v1/schedules.');
+    ctx.view.append(heading('Schedules'), list.wrap, empty);
+    api('GET', 'v1/schedules').then((answer) => {
+      if (!ctx.alive()) return;
+      const schedules = (answer && answer.schedules) || [];
+      setChildren(list.body, schedules.map((one) => el('tr', { 'data-schedule': one.name },
+        el('th', { scope: 'row' }, el('span', { class: 'clip', title: one.name }, one.name)),
+        el('td', {}, el('code', {}, one.expression)),
+        el('td', {}, one.timezone || 'UTC'),
+        el('td', {}, el('a', { href: `#/queues/${seg(one.queue)}/tasks` }, one.queue)),
+        el('td', {}, one.handler),
+        el('td', {}, timeNode(one.next_fire_at)))));
+      labelCells(list);
+      empty.hidden = schedules.length > 0;
+      list.wrap.hidden = schedules.length === 0;
+    }).catch((error) => { if (ctx.alive()) showError(error); });
   }
 
   // -- start -------------------------------------------------------------------------------
