@@ -15,13 +15,13 @@ Every argument is validated here (``InvalidInput``) before anything is written.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping, Sequence, Unpack
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, Unpack
 
 from . import payloads as payload_objects
 from . import operations, tracecontext, validation
-from .client_protocol import EnqueueOptions, check_enqueue_options
+from .client_protocol import EnqueueOptions, QueueClient, check_enqueue_options
 from .errors import InvalidCursor, InvalidInput, TaskConflict, TaskNotFound
-from .ids import new_task_id
+from .new_tasks import build_new_task, build_new_tasks
 from .operations import Operation
 from .model import (
     AuditPage,
@@ -419,69 +419,9 @@ class Client:
         self.storage.record_audit(actor=self.actor, action=action, queue=queue, selection=selection, count=count)
 
 
-def build_new_tasks(queue: str, items: Sequence[Mapping[str, Any]]) -> list[NewTask]:
-    validation.queue_name(queue)  # the batch's queue is refused as "queue", not as every item's
-    if not isinstance(items, Sequence) or isinstance(items, (str, bytes)):
-        raise InvalidInput("tasks must be a list", "tasks")
-    if not 1 <= len(items) <= validation.Limits.batch_items:
-        raise InvalidInput(f"a batch holds 1..{validation.Limits.batch_items} tasks", "tasks")
-    new_tasks = []
-    seen: set[str] = set()
-    for index, item in enumerate(items):
-        if not isinstance(item, Mapping):
-            raise InvalidInput(f"tasks[{index}] must be an object", f"tasks[{index}]")
-        try:
-            new_task = build_new_task(queue, item)
-        except InvalidInput as exc:
-            raise InvalidInput(f"tasks[{index}]: {exc}", f"tasks[{index}].{exc.field}") from None
-        if new_task.id in seen:
-            raise InvalidInput(f"tasks[{index}]: id {new_task.id!r} appears twice in the batch", f"tasks[{index}].id")
-        seen.add(new_task.id)
-        new_tasks.append(new_task)
-    return new_tasks
-
-
-#: The enqueue fields of flow control (docs/flow-control.md), besides the classic ones.
-FLOW_FIELDS = ("priority", "concurrency_key", "rate_key", "group", "dedupe_key", "dedupe_for_seconds",
-               "dedupe_states", "dedupe_mode", "dedupe_max_wait_seconds")
-_TASK_FIELDS = {"handler", "payload", "id", "delay_seconds", "run_at", "max_attempts", "backoff", "headers",
-                *FLOW_FIELDS}
-
-
 def _points_at(result: EnqueueResult, ref: payload_objects.PayloadRef) -> bool:
     """Whether the task an enqueue answered with refers to the uploaded object ``ref``."""
     return result.created or result.task.headers.get(payload_objects.REF_HEADER) == ref.to_header()
-
-
-def build_new_task(queue: str, item: Mapping[str, Any]) -> NewTask:
-    """Validate one enqueue request into a NewTask (the only way one is built)."""
-    unknown = set(item) - _TASK_FIELDS
-    if unknown:
-        raise InvalidInput(f"unknown fields: {', '.join(sorted(map(str, unknown)))}", sorted(map(str, unknown))[0])
-    if item.get("delay_seconds") is not None and item.get("run_at") is not None:
-        raise InvalidInput("give delay_seconds or run_at, not both", "run_at")
-    task_id = item.get("id")
-    return NewTask(
-        id=validation.task_id(task_id) if task_id is not None else new_task_id(),
-        queue=validation.queue_name(queue),
-        handler=validation.handler_name(item.get("handler")),
-        payload=validation.json_value(item.get("payload"), validation.Limits.payload_bytes, "payload"),
-        headers=validation.headers(item.get("headers")),
-        max_attempts=validation.max_attempts(item.get("max_attempts")),
-        backoff=validation.backoff(item.get("backoff")),
-        delay_seconds=validation.delay_seconds(item.get("delay_seconds")),
-        run_at=validation.run_at(item.get("run_at")),
-        priority=validation.priority(item.get("priority")),
-        concurrency_key=validation.flow_key(item.get("concurrency_key"), "concurrency_key"),
-        rate_key=validation.flow_key(item.get("rate_key"), "rate_key"),
-        group=validation.flow_key(item.get("group"), "group"),
-        dedupe_key=validation.flow_key(item.get("dedupe_key"), "dedupe_key"),
-        dedupe_for_seconds=validation.optional_seconds(item.get("dedupe_for_seconds"), "dedupe_for_seconds"),
-        dedupe_states=validation.dedupe_states(item.get("dedupe_states")),
-        dedupe_mode=validation.dedupe_mode(item.get("dedupe_mode")),
-        dedupe_max_wait_seconds=validation.optional_seconds(item.get("dedupe_max_wait_seconds"),
-                                                            "dedupe_max_wait_seconds"),
-    )
 
 
 def dead_filter(*, ids: Iterable[str] | None = None, error_type: str | None = None, handler: str | None = None) -> DeadFilter:
@@ -537,3 +477,8 @@ def _cursor_text(cursor: Any) -> str | None:
     if not isinstance(cursor, str) or not 0 < len(cursor) <= 1024:
         raise InvalidCursor()
     return cursor
+
+
+if TYPE_CHECKING:  # mypy proves Client is a QueueClient (rdq_core/client_protocol.py); nothing runs here
+    def _conforms(client: Client) -> QueueClient:
+        return client

@@ -1,71 +1,28 @@
 """One client interface: what ``Client`` (on a store) and ``HttpClient`` (over the API) both are.
 
 Code that works with either, the CLI for one, types its client as ``QueueClient``. mypy checks
-both classes against it (the assignments at the bottom), and ``tests/unit/test_client_protocol.py``
-checks that their signatures match it parameter for parameter, so neither side can grow a method
-or an argument the other lacks without a test saying so.
+both classes against it (an assignment at the bottom of each client's module), and
+``tests/unit/test_client_protocol.py`` checks that their signatures match it parameter for
+parameter, so neither side can grow a method or an argument the other lacks without a test
+saying so.
 
 Enqueue options are grouped into named ``TypedDict``s (``FlowOptions``, ``DedupeOptions``,
-``TaskOptions``) and taken as ``**options: Unpack[EnqueueOptions]``: the keywords callers already
-use keep working, each group is spelled once, and an unknown keyword is refused as Python would
-refuse it (``check_enqueue_options``).
+``TaskOptions``, defined with the task's fields in ``new_tasks``) and taken as
+``**options: Unpack[EnqueueOptions]``: the keywords callers already use keep working, each group
+is spelled once, and an unknown keyword is refused as Python would refuse it
+(``check_enqueue_options``).
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Self, Sequence, TypedDict, Unpack
+from typing import Any, Iterable, Mapping, Protocol, Self, Sequence, Unpack
 
-from .model import AuditPage, Backoff, DeadPage, EnqueueResult, NewTask, QueueStats, Task, TaskPage, TaskStatus
+from .model import AuditPage, DeadPage, EnqueueResult, NewTask, QueueStats, Task, TaskPage, TaskStatus
+from .new_tasks import (  # re-exported: the grouped enqueue options are part of this interface
+    ENQUEUE_OPTION_NAMES as ENQUEUE_OPTION_NAMES, DedupeOptions as DedupeOptions, EnqueueOptions as EnqueueOptions,
+    FlowOptions as FlowOptions, TaskOptions as TaskOptions, check_enqueue_options as check_enqueue_options,
+)
 from .operations import Operation
-
-
-class FlowOptions(TypedDict, total=False):
-    """Flow control of one task (docs/flow-control.md)."""
-
-    priority: int | None
-    concurrency_key: str | None
-    rate_key: str | None
-    group: str | None
-
-
-class DedupeOptions(TypedDict, total=False):
-    """Enqueue-time dedupe (docs/flow-control.md, "Dedupe")."""
-
-    dedupe_key: str | None
-    dedupe_for_seconds: float | None
-    dedupe_states: Sequence[str] | None
-    dedupe_mode: str | None
-    dedupe_max_wait_seconds: float | None
-
-
-class TaskOptions(TypedDict, total=False):
-    """The task's own fields besides its handler and payload."""
-
-    id: str | None
-    delay_seconds: float | None
-    run_at: datetime | str | None
-    max_attempts: int | None
-    backoff: Backoff | Mapping[str, float] | None
-    headers: Mapping[str, str] | None
-
-
-class EnqueueOptions(TaskOptions, FlowOptions, DedupeOptions, total=False):
-    """Every keyword ``enqueue`` takes after ``queue``, ``handler`` and ``payload``, besides how the
-    call is made (``connection``, ``traceparent``, ``tracestate``)."""
-
-
-#: The names ``EnqueueOptions`` allows, in the order the groups declare them.
-ENQUEUE_OPTION_NAMES: tuple[str, ...] = tuple(EnqueueOptions.__annotations__)
-
-
-def check_enqueue_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` as task fields; ``TypeError`` for a keyword ``enqueue`` does not take, as a
-    misspelt keyword argument is refused by Python itself."""
-    for name in options:
-        if name not in EnqueueOptions.__annotations__:
-            raise TypeError(f"enqueue() got an unexpected keyword argument {name!r}")
-    return dict(options)
 
 
 class QueueClient(Protocol):
@@ -141,14 +98,3 @@ class QueueClient(Protocol):
     def list_schedules(self) -> list[Any]: ...
 
     def delete_schedule(self, name: str) -> None: ...
-
-
-if TYPE_CHECKING:  # mypy proves both clients are QueueClients; nothing runs here
-    from .client import Client
-    from .http_client import HttpClient
-
-    def _store_client_conforms(client: Client) -> QueueClient:
-        return client
-
-    def _api_client_conforms(client: HttpClient) -> QueueClient:
-        return client

@@ -36,10 +36,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
-
-if TYPE_CHECKING:  # the storage core imports this module
-    from .storage.spi import Storage
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +170,16 @@ def operation_finished_event(operation: Any) -> OutboxEvent:
 
 
 # -- delivery ------------------------------------------------------------------------------------
+class Outbox(Protocol):
+    """What delivery needs of a store: the outbox half of the storage SPI (``Storage`` has it).
+    Named here so that this module, which the storage SPI imports for its event types, does not
+    import the SPI back."""
+
+    def take_events(self, limit: int, *, lease_seconds: float) -> list[OutboxEvent]: ...
+
+    def ack_events(self, ids: Sequence[str]) -> int: ...
+
+
 class Publisher(Protocol):
     def publish(self, events: Sequence[OutboxEvent]) -> list[bool]:
         """Send up to ``PUT_EVENTS_MAX_ENTRIES`` events; whether each was accepted, in order.
@@ -241,7 +248,7 @@ class DeliveryReport:
 
 
 def deliver_events(
-    storage: "Storage", publisher: Publisher, *, deadline: float, clock: Callable[[], float] = time.monotonic,
+    storage: Outbox, publisher: Publisher, *, deadline: float, clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], object] = time.sleep, lease_seconds: float = DEFAULT_LEASE_SECONDS,
     first_backoff_seconds: float = 0.2, tries_per_batch: int = 4,
 ) -> DeliveryReport:

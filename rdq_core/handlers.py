@@ -27,7 +27,6 @@ import asyncio
 import functools
 import importlib
 import inspect
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -35,9 +34,10 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Mapping
 
 from .errors import ConfigurationError, UnsupportedOperation
-from .validation import TRACEPARENT_HEADER, TRACESTATE_HEADER, Limits, handler_name
+from .snooze import Snooze as Snooze  # re-exported: a handler's way to say "again later"
+from .validation import TRACEPARENT_HEADER, TRACESTATE_HEADER, handler_name
 
-if TYPE_CHECKING:  # transactions imports the engine, which imports this module
+if TYPE_CHECKING:  # for the context's types only: transactions sits above this module
     from .transactions import Completion, HandlerTransaction
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
@@ -124,22 +124,6 @@ def run_awaitable(name: str, awaitable: Awaitable[Any], ctx: TaskContext) -> Any
             raise  # the handler's own
         raise TimeoutError(f"async handler {name!r} was cancelled at its deadline, {seconds:.3g}s after it "
                            "started (its timeout_seconds, or the invocation's end if sooner)") from None
-
-
-class Snooze(Exception):
-    """Raised (or returned) by a handler: run this task again in ``seconds``, spending no retry.
-
-    The task goes back to PENDING at the store's now + ``seconds``, its ``attempt_count`` (the
-    retry budget) unchanged, with one SNOOZED entry in its history. ``seconds`` is a number in
-    0..366 days, as an enqueue's ``delay_seconds``; anything else raises ``ValueError`` right
-    here, in the handler, which makes the run an ordinary failed attempt.
-    """
-
-    def __init__(self, seconds: float) -> None:
-        if type(seconds) not in (int, float) or not math.isfinite(seconds) or not 0 <= seconds <= Limits.delay_seconds:
-            raise ValueError(f"Snooze seconds must be a number in 0..{Limits.delay_seconds}, got {seconds!r}")
-        super().__init__(f"snoozed for {seconds:g}s")
-        self.seconds = float(seconds)
 
 
 #: The process-wide registry the ``@handler`` decorator writes to.

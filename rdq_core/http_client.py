@@ -56,7 +56,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Iterable, Mapping, Protocol, Sequence, Unpack
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence, Unpack
 
 from .errors import (
     ApiUnavailable,
@@ -71,7 +71,7 @@ from .errors import (
 )
 from . import payloads as payload_objects
 from . import operations, tracecontext
-from .client_protocol import EnqueueOptions, check_enqueue_options
+from .client_protocol import EnqueueOptions, QueueClient, check_enqueue_options
 from .ids import new_task_id
 from .validation import Limits
 from .operations import Operation
@@ -796,3 +796,7 @@ def _retry_after(value: str | None) -> float | None:
     except ValueError:
         return None
 
+
+if TYPE_CHECKING:  # mypy proves HttpClient is a QueueClient (rdq_core/client_protocol.py); nothing runs here
+    def _conforms(client: HttpClient) -> QueueClient:
+        return client

@@ -25,12 +25,11 @@ import traceback
 from typing import TYPE_CHECKING
 
 from .errors import InvalidInput, PermanentError
-from .handlers import Snooze
+from .snooze import Snooze
 from .model import ClaimedTask, ErrorInfo, Outcome, Settlement, Task, TaskStatus
 from .validation import Limits, json_value, repaired_text
 
 if TYPE_CHECKING:
-    from .handlers import HandlerSpec
     from .retry import PolicyBook
 
 #: One line per task outcome (``rdq worker``, ``rdq dev``, the Lambda worker, the reaper).
@@ -72,10 +71,10 @@ def unknown_handler(item: ClaimedTask) -> Settlement:
     return Settlement(item.task.id, item.claim_token, Outcome.PERMANENT_FAILURE, TaskStatus.DEAD, error=error)
 
 
-def timeout_exceeds_worker_message(spec: HandlerSpec, needed: float, settle_margin: float, longest_run_seconds: float,
-                                   longest_run_reason: str) -> str:
+def timeout_exceeds_worker_message(handler: str, timeout_seconds: float, needed: float, settle_margin: float,
+                                   longest_run_seconds: float, longest_run_reason: str) -> str:
     return (
-        f"handler {spec.name!r} has timeout_seconds={spec.timeout_seconds:g}, so a run needs "
+        f"handler {handler!r} has timeout_seconds={timeout_seconds:g}, so a run needs "
         f"{needed:g}s with the {settle_margin:g}s settle margin, but this worker can give a task "
         f"at most {longest_run_seconds:g}s"
         + (f" ({longest_run_reason})" if longest_run_reason else "")

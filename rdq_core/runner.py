@@ -267,7 +267,7 @@ class BatchRunner:
                     "rolled back; the reaper's LEASE_EXPIRED attempt stands", item.task.id)
 
     def _too_long_for_host(self, item: ClaimedTask, spec: HandlerSpec, needed: float) -> Settlement:
-        message = outcomes.timeout_exceeds_worker_message(spec, needed, self.settle_margin,
+        message = outcomes.timeout_exceeds_worker_message(spec.name, spec.timeout_seconds, needed, self.settle_margin,
                                                           self.longest_run_seconds, self.longest_run_reason)
         log.warning("dead-lettering task %s: %s", item.task.id, message)
         self.telemetry.count("too_long_for_worker")

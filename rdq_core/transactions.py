@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import threading
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Unpack
 
-from .errors import ClaimLost, InvalidInput, UnsupportedOperation
+from . import tracecontext
+from .errors import ClaimLost, InvalidInput, TaskConflict, UnsupportedOperation
 from .model import ClaimedTask, Outcome, Settlement, Task, TaskStatus
+from .new_tasks import EnqueueOptions, build_new_task, check_enqueue_options
 from .outcomes import result_problem
 from .payloads import REF_HEADER, finished, reserved_result_problem
 from .storage.spi import Storage
@@ -48,11 +50,19 @@ class HandlerTransaction:
         self.result: Any = None
         self._storage = storage
 
-    def enqueue(self, queue: str, handler: str, payload: Any = None, **fields: Any) -> Task:
-        """``Client.enqueue`` inside this transaction: the task exists if and only if it commits."""
-        from .client import Client  # the client imports the engine; imported on use, not at load
+    def enqueue(self, queue: str, handler: str, payload: Any = None, *, traceparent: str | None = None,
+                tracestate: str | None = None, **options: Unpack[EnqueueOptions]) -> Task:
+        """``Client.enqueue`` inside this transaction: the task exists if and only if it commits.
 
-        return Client(self._storage).enqueue(queue, handler, payload, connection=self.connection, **fields)
+        The payload stays inline (at most ``Limits.payload_bytes``): the payload store is not part
+        of the transaction, so a larger one is refused here, as a larger result is."""
+        fields = {"handler": handler, "payload": payload, **check_enqueue_options(options)}
+        (new_task,) = tracecontext.stamped([build_new_task(queue, fields)],
+                                           tracecontext.enqueue_headers(traceparent, tracestate))
+        (result,) = self._storage.enqueue([new_task], connection=self.connection)
+        if result.conflict:
+            raise TaskConflict(f"task id {new_task.id!r} already exists on another queue")
+        return result.task
 
 
 class Completion:

@@ -10,7 +10,8 @@ import time
 from typing import Any, Callable, Sequence
 
 from .. import tracecontext
-from ..client import FLOW_FIELDS, Client
+from ..client import Client
+from ..new_tasks import FLOW_FIELDS
 from ..client_protocol import QueueClient
 from ..errors import InvalidInput, TaskConflict, TaskNotFound
 from ..model import TaskStatus

@@ -16,7 +16,8 @@ from typing import Any, Iterator
 import pytest
 
 from rdq_core import operations
-from rdq_core.client import _TASK_FIELDS, Client, build_new_tasks
+from rdq_core.client import Client, build_new_tasks
+from rdq_core.new_tasks import TASK_FIELDS
 from rdq_core.client_protocol import ENQUEUE_OPTION_NAMES, DedupeOptions, FlowOptions, QueueClient
 from rdq_core.errors import OperationStillRunning
 from rdq_core.http_client import BearerToken, HttpClient
@@ -45,7 +46,7 @@ def test_each_client_has_every_member_with_the_protocols_parameters(client_class
 
 
 def test_the_grouped_enqueue_options_are_exactly_the_fields_a_task_takes() -> None:
-    assert set(ENQUEUE_OPTION_NAMES) == _TASK_FIELDS - {"handler", "payload"}
+    assert set(ENQUEUE_OPTION_NAMES) == TASK_FIELDS - {"handler", "payload"}
     assert len(ENQUEUE_OPTION_NAMES) == len(set(ENQUEUE_OPTION_NAMES))
     assert set(FlowOptions.__annotations__) == {"priority", "concurrency_key", "rate_key", "group"}
     assert all(name.startswith("dedupe_") for name in DedupeOptions.__annotations__)
