@@ -142,7 +142,7 @@ def test_no_other_way_in(deployed):
 ALL_ROUTES = [
     ("POST", "/v1/queues/q/tasks", {"handler": "greet"}), ("POST", "/v1/queues/q/tasks:batch", {"tasks": [{"handler": "greet"}]}),
     ("GET", "/v1/tasks/some-id", None), ("DELETE", "/v1/tasks/some-id", None), ("GET", "/v1/queues/q/stats", None),
-    ("GET", "/v1/queues", None),
+    ("GET", "/v1/queues", None), ("GET", "/v1/queues/q/metrics", None), ("GET", "/v1/metrics", None),
     ("GET", "/v1/queues/q/dlq", None), ("POST", "/v1/queues/q/dlq:redrive", {"all": True}),
     ("POST", "/v1/queues/q/dlq:purge", {"all": True}), ("GET", "/v1/openapi.json", None),
     ("GET", "/v1/queues/q/tasks", None), ("POST", "/v1/queues/q/tasks:cancel", {"all": True}),
