@@ -19,17 +19,14 @@ Prints the figures (each load, the median); asserts nothing.
 from __future__ import annotations
 
 import argparse
-import shutil
-import statistics
-import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from rdq_core.client import build_new_tasks
 from rdq_core.model import ErrorInfo, Outcome, Settlement, TaskStatus
 from rdq_core.storage import open_storage
+
+from .console_pages import console_on_filled_store, measure, report
 
 QUEUE = "dlq-bench"
 ERROR_TYPES = ("bench.PaymentDeclined", "bench.UpstreamTimeout", "bench.BadAddress")
@@ -74,63 +71,29 @@ def fill(storage_url: str, dead: int) -> float:
     return time.perf_counter() - started
 
 
-def measure(browser: Any, url: str, loads: int) -> tuple[list[float], list[float]]:
-    """(navigation start -> first row painted, DLQ request duration) in ms, one per load."""
-    first_rows, requests = [], []
-    for _ in range(loads):
-        context = browser.new_context(viewport={"width": 1280, "height": 800})
-        try:
-            context.add_init_script(FIRST_ROW_PROBE)
-            page = context.new_page()
-            page.goto(url, wait_until="commit")
-            page.wait_for_function("() => window.__firstRowMs !== undefined", timeout=60_000)
-            first_rows.append(float(page.evaluate("window.__firstRowMs")))
-            requests.append(float(page.evaluate(
-                "performance.getEntriesByType('resource').filter((e) => e.name.includes('/dlq'))"
-                ".map((e) => e.duration).pop() ?? NaN")))
-        finally:
-            context.close()
-    return first_rows, requests
-
-
-def report(label: str, first_rows: list[float], requests: list[float]) -> None:
-    each = ", ".join(f"{ms:.0f}" for ms in first_rows)
-    print(f"{label}: first row shown after {statistics.median(first_rows):.0f} ms median (loads: {each} ms); "
-          f"the DLQ request itself {statistics.median(requests):.0f} ms median")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.console_dlq", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dead", type=int, default=10_000, help="dead tasks to fill the DLQ with (default 10000)")
     parser.add_argument("--loads", type=int, default=5, help="page loads per measurement (default 5)")
     args = parser.parse_args(argv)
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        print("chromium is not installed (apt-get install -y chromium)", file=sys.stderr)
-        return 2
-    from playwright.sync_api import sync_playwright
 
-    from tests.rdq_servers import DevServer
-
-    with tempfile.TemporaryDirectory(prefix="rdq-console-dlq-") as workdir:
-        storage_url = f"sqlite:///{workdir}/dlq.db"
+    def filled(storage_url: str) -> None:
         seconds = fill(storage_url, args.dead)
         print(f"filled {QUEUE} with {args.dead} dead tasks on SQLite in {seconds:.1f} s "
               f"(enqueue, claim and settle through the storage SPI, {BATCH} at a time)")
-        dev = DevServer(Path(workdir), storage_url=storage_url, env={"RDQ_DEV_WORKER_EVERY_SECONDS": "5"})
-        try:
-            with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-                try:
-                    measure(browser, f"{dev.url}/#/queues/{QUEUE}/dlq", 1)  # warm the server's caches once
-                    report(f"DLQ view, {args.dead} dead, page of 50",
-                           *measure(browser, f"{dev.url}/#/queues/{QUEUE}/dlq", args.loads))
-                    report(f"DLQ view filtered by error type ({args.dead // len(ERROR_TYPES)} match)",
-                           *measure(browser, f"{dev.url}/#/queues/{QUEUE}/dlq?error_type={ERROR_TYPES[1]}", args.loads))
-                finally:
-                    browser.close()
-        finally:
-            dev.stop()
+
+    def timed(browser: Any, url: str, loads: int) -> tuple[list[float], list[float]]:
+        return measure(browser, url, loads, probe=FIRST_ROW_PROBE, painted_var="__firstRowMs", request_fragment="/dlq")
+
+    with console_on_filled_store("dlq", filled) as console:
+        if console is None:
+            return 2
+        browser, base = console
+        dlq_url = f"{base}/#/queues/{QUEUE}/dlq"
+        timed(browser, dlq_url, 1)  # warm the server's caches once
+        report(f"DLQ view, {args.dead} dead, page of 50", "first row shown", "DLQ", *timed(browser, dlq_url, args.loads))
+        report(f"DLQ view filtered by error type ({args.dead // len(ERROR_TYPES)} match)", "first row shown", "DLQ",
+               *timed(browser, f"{dlq_url}?error_type={ERROR_TYPES[1]}", args.loads))
     return 0
 
 

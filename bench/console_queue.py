@@ -20,12 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
-import shutil
-import statistics
-import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from rdq_core.client import build_new_tasks
@@ -33,6 +28,8 @@ from rdq_core.model import ErrorInfo, Outcome, Settlement, TaskStatus
 from rdq_core.storage import open_storage
 from rdq_core.storage import rollup
 from rdq_core.storage.spi import Storage
+
+from .console_pages import console_on_filled_store, measure, report
 
 QUEUE = "orders"
 HANDLERS = {"orders.charge": 180.0, "orders.ship": 45.0, "orders.notify": 9.0}
@@ -106,62 +103,28 @@ def fill(storage_url: str, tasks: int) -> float:
     return time.perf_counter() - started
 
 
-def measure(browser: Any, url: str, loads: int) -> tuple[list[float], list[float]]:
-    """(navigation start -> charts and first row painted, metrics request duration) in ms per load."""
-    painted, requests = [], []
-    for _ in range(loads):
-        context = browser.new_context(viewport={"width": 1280, "height": 800})
-        try:
-            context.add_init_script(PAINT_PROBE)
-            page = context.new_page()
-            page.goto(url, wait_until="commit")
-            page.wait_for_function("() => window.__paintedMs !== undefined", timeout=60_000)
-            painted.append(float(page.evaluate("window.__paintedMs")))
-            requests.append(float(page.evaluate(
-                "performance.getEntriesByType('resource').filter((e) => e.name.includes('/metrics'))"
-                ".map((e) => e.duration).pop() ?? NaN")))
-        finally:
-            context.close()
-    return painted, requests
-
-
-def report(label: str, painted: list[float], requests: list[float]) -> None:
-    each = ", ".join(f"{ms:.0f}" for ms in painted)
-    print(f"{label}: charts and first row shown after {statistics.median(painted):.0f} ms median "
-          f"(loads: {each} ms); the metrics request itself {statistics.median(requests):.0f} ms median")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.console_queue", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=2000, help="real tasks on the queue (default 2000)")
     parser.add_argument("--loads", type=int, default=5, help="page loads per measurement (default 5)")
     args = parser.parse_args(argv)
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        print("chromium is not installed (apt-get install -y chromium)", file=sys.stderr)
-        return 2
-    from playwright.sync_api import sync_playwright
 
-    from tests.rdq_servers import DevServer
-
-    with tempfile.TemporaryDirectory(prefix="rdq-console-queue-") as workdir:
-        storage_url = f"sqlite:///{workdir}/queue.db"
+    def filled(storage_url: str) -> None:
         seconds = fill(storage_url, args.tasks)
         print(f"filled {QUEUE} with {args.tasks} tasks and a day of per-minute metrics "
               f"({rollup.RETENTION_MINUTES} minutes, {len(HANDLERS)} handlers) on SQLite in {seconds:.1f} s")
-        dev = DevServer(Path(workdir), storage_url=storage_url, env={"RDQ_DEV_WORKER_EVERY_SECONDS": "5"})
-        try:
-            with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-                try:
-                    page_url = f"{dev.url}/#/queues/{QUEUE}/tasks"
-                    measure(browser, page_url, 1)  # warm the server's caches once
-                    report("queue page, last hour", *measure(browser, page_url, args.loads))
-                    report("queue page, last day", *measure(browser, f"{page_url}?window=day", args.loads))
-                finally:
-                    browser.close()
-        finally:
-            dev.stop()
+
+    def timed(browser: Any, url: str, loads: int) -> tuple[list[float], list[float]]:
+        return measure(browser, url, loads, probe=PAINT_PROBE, painted_var="__paintedMs", request_fragment="/metrics")
+
+    with console_on_filled_store("queue", filled) as console:
+        if console is None:
+            return 2
+        browser, base = console
+        page_url = f"{base}/#/queues/{QUEUE}/tasks"
+        timed(browser, page_url, 1)  # warm the server's caches once
+        for label, url in (("queue page, last hour", page_url), ("queue page, last day", f"{page_url}?window=day")):
+            report(label, "charts and first row shown", "metrics", *timed(browser, url, args.loads))
     return 0
 
 

@@ -41,7 +41,7 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 from ..errors import (
     InvalidCursor,
@@ -610,35 +610,32 @@ class StorageCore(Storage, abc.ABC):
         return [self._queue_stats(queue, paused) for queue in sorted(names)]
 
     def _queue_stats(self, queue: str, paused: set[str] | None) -> QueueStats:
+        live, counts = self._read_counts(queue, self._stats, paused)
+        return QueueStats(queue=queue, pending=live.pending, in_flight=live.in_flight, dead=live.dead,
+                          succeeded=counts.get(TaskStatus.SUCCEEDED.value, 0),
+                          cancelled=counts.get(TaskStatus.CANCELLED.value, 0),
+                          oldest_pending_age_seconds=live.oldest_pending_age_seconds, paused=live.paused)
+
+    def live_stats(self, queue: str) -> LiveQueueStats:
+        return self._read_counts(queue, self._live_stats, None)[0]
+
+    def _read_counts(self, queue: str, read: Callable[[str], QueueCounts], paused: set[str] | None
+                     ) -> tuple[LiveQueueStats, dict[str, int]]:
+        """``read``'s counts of ``queue`` as its live figures, and every count by status."""
         _require_text(queue, "queue")
         with self.translated_errors():
-            found = self._stats(queue)
+            found = read(queue)
         counts = {str(status): int(n) for status, n in found.counts.items()}
-        return QueueStats(
+        live = LiveQueueStats(
             queue=queue,
             pending=counts.get(TaskStatus.PENDING.value, 0),
             in_flight=counts.get(TaskStatus.IN_FLIGHT.value, 0),
             dead=counts.get(TaskStatus.DEAD.value, 0),
-            succeeded=counts.get(TaskStatus.SUCCEEDED.value, 0),
-            cancelled=counts.get(TaskStatus.CANCELLED.value, 0),
             oldest_pending_age_seconds=max(0.0, float(found.oldest_due_age_seconds or 0.0)),
             paused=found.paused if found.paused is not None
             else queue in (paused if paused is not None else self.paused_queues()),
         )
-
-    def live_stats(self, queue: str) -> LiveQueueStats:
-        _require_text(queue, "queue")
-        with self.translated_errors():
-            found = self._live_stats(queue)
-        counts = {str(status): int(n) for status, n in found.counts.items()}
-        return LiveQueueStats(
-            queue=queue,
-            pending=counts.get(TaskStatus.PENDING.value, 0),
-            in_flight=counts.get(TaskStatus.IN_FLIGHT.value, 0),
-            dead=counts.get(TaskStatus.DEAD.value, 0),
-            oldest_pending_age_seconds=max(0.0, float(found.oldest_due_age_seconds or 0.0)),
-            paused=found.paused if found.paused is not None else queue in self.paused_queues(),
-        )
+        return live, counts
 
     def list_queues(self) -> list[str]:
         with self.translated_errors():

@@ -147,7 +147,7 @@ def deploy(localstack: LocalStackProcess, backend: str, store_url: str, build_di
     """The stack ``name`` (by default one per backend) from the built template; ``extra_parameters``
     are added to (or override) the suite's parameter values."""
     name = name or {"postgresql": "rdq-pg", "redis": "rdq-redis"}[backend]
-    ssm, cfn = aws(localstack, "ssm"), aws(localstack, "cloudformation")
+    ssm = aws(localstack, "ssm")
     s3 = aws(localstack, "s3")
     try:
         s3.create_bucket(Bucket=BUCKET)
@@ -162,35 +162,54 @@ def deploy(localstack: LocalStackProcess, backend: str, store_url: str, build_di
     body = packaged_template(localstack, build_dir, name, parameters)
     # From S3, as `sam deploy --resolve-s3` does: a TemplateBody may not exceed 51,200 bytes.
     s3.put_object(Bucket=BUCKET, Key=f"{name}/template.json", Body=json.dumps(body).encode())
-    cfn.create_stack(StackName=name, TemplateURL=f"https://{BUCKET}.s3.amazonaws.com/{name}/template.json",
-                     Capabilities=["CAPABILITY_IAM"],
-                     Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()])
-
-    def settled() -> dict | None:
-        stack = cfn.describe_stacks(StackName=name)["Stacks"][0]
-        return stack if not stack["StackStatus"].endswith("IN_PROGRESS") else None
-
-    stack = wait_for(f"stack {name}", settled, 300, every=1.0)
-    if stack["StackStatus"] != "CREATE_COMPLETE":
-        events = cfn.describe_stack_events(StackName=name)["StackEvents"]
-        reasons = [(e["LogicalResourceId"], e.get("ResourceStatusReason")) for e in events if "FAILED" in e["ResourceStatus"]]
-        pytest.fail(f"{name}: {stack['StackStatus']}: {reasons}\n{localstack.tail(4000)}")
+    stack = create_stack(localstack, name, f"https://{BUCKET}.s3.amazonaws.com/{name}/template.json", parameters,
+                         ["CAPABILITY_IAM"], timeout=300)
     outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
-    resources = {r["LogicalResourceId"]: r.get("PhysicalResourceId")
-                 for r in cfn.describe_stack_resources(StackName=name)["StackResources"]}
-    lam = aws(localstack, "lambda")
-    # The legacy executor does not give functions an AWS endpoint; on AWS none is needed.
-    for logical in ("ApiFunction", "WorkerFunction", "ReaperFunction"):
-        function = resources[logical]
-        variables = lam.get_function_configuration(FunctionName=function)["Environment"]["Variables"]
-        lam.update_function_configuration(FunctionName=function, Environment={
-            "Variables": {**variables, "AWS_ENDPOINT_URL": localstack.endpoint}})
+    resources = stack_resources(localstack, name)
+    point_functions_at_localstack(localstack, resources)
     apigateway = aws(localstack, "apigateway")
     _spell_out_any_method(apigateway, outputs["ApiId"])
     key = apigateway.get_api_key(apiKey=outputs["ApiKeyId"], includeValue=True)["value"]
     return Stack(backend=backend, name=name, store_url=store_url,
                  api_base=f"{localstack.endpoint}/restapis/{outputs['ApiId']}/prod/_user_request_",
                  api_key=key, worker=resources["WorkerFunction"], reaper=resources["ReaperFunction"], localstack=localstack)
+
+
+def create_stack(localstack: Any, name: str, template_url: str, parameters: dict[str, str], capabilities: list[str],
+                 *, timeout: float) -> dict[str, Any]:
+    """Create ``name`` from ``template_url`` and wait until it settles; the stack, or the test
+    fails with the failed resources' reasons and LocalStack's log."""
+    cfn = aws(localstack, "cloudformation")
+    cfn.create_stack(StackName=name, TemplateURL=template_url, Capabilities=capabilities,
+                     Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()])
+
+    def settled() -> dict[str, Any] | None:
+        stack: dict[str, Any] = cfn.describe_stacks(StackName=name)["Stacks"][0]
+        return stack if not stack["StackStatus"].endswith("IN_PROGRESS") else None
+
+    stack = wait_for(f"stack {name}", settled, timeout, every=1.0)
+    if stack["StackStatus"] != "CREATE_COMPLETE":
+        events = cfn.describe_stack_events(StackName=name)["StackEvents"]
+        reasons = [(e["LogicalResourceId"], e.get("ResourceStatusReason")) for e in events if "FAILED" in e["ResourceStatus"]]
+        pytest.fail(f"{name}: {stack['StackStatus']}: {reasons}\n{localstack.tail(4000)}")
+    return stack
+
+
+def stack_resources(localstack: Any, name: str) -> dict[str, str]:
+    """A stack's resources: logical id -> physical id."""
+    return {r["LogicalResourceId"]: r.get("PhysicalResourceId")
+            for r in aws(localstack, "cloudformation").describe_stack_resources(StackName=name)["StackResources"]}
+
+
+def point_functions_at_localstack(localstack: Any, resources: dict[str, str]) -> None:
+    """The legacy executor does not give functions an AWS endpoint (on AWS none is needed): set it
+    on rdq's three functions."""
+    lam = aws(localstack, "lambda")
+    for logical in ("ApiFunction", "WorkerFunction", "ReaperFunction"):
+        function = resources[logical]
+        variables = lam.get_function_configuration(FunctionName=function)["Environment"]["Variables"]
+        lam.update_function_configuration(FunctionName=function, Environment={
+            "Variables": {**variables, "AWS_ENDPOINT_URL": localstack.endpoint}})
 
 
 def _spell_out_any_method(apigateway: Any, api_id: str) -> None:

@@ -37,7 +37,10 @@ import pytest
 from rdq_core import open_storage
 from rdq_core.compliance import servers
 
-from .conftest import BUCKET, REGION, REPO, Stack, _spell_out_any_method, aws, sam_build, wait_for
+from .conftest import (
+    BUCKET, REGION, REPO, Stack, _spell_out_any_method, aws, create_stack, point_functions_at_localstack, sam_build,
+    stack_resources, wait_for,
+)
 from .test_e2e import call, enqueue, task_in
 
 pytestmark = [pytest.mark.localstack, pytest.mark.timeout(1500)]
@@ -148,39 +151,22 @@ def _packaged_app(localstack: Any, work: Path) -> tuple[Path, str]:
 
 def _deploy(localstack: Any, store_url: str, work: Path) -> Deployed:
     packaged, layer_arn = _packaged_app(localstack, work)
-    s3, cfn, lam = aws(localstack, "s3"), aws(localstack, "cloudformation"), aws(localstack, "lambda")
+    s3, cfn = aws(localstack, "s3"), aws(localstack, "cloudformation")
     parameter = f"/{NAME}/storage-url"
     aws(localstack, "ssm").put_parameter(Name=parameter, Type="SecureString", Value=store_url, Overwrite=True)
     parameters = {"StorageBackend": "postgresql", "StorageUrlParameterName": parameter, "Packaging": "bundled",
                   "AuthMode": "API_KEY"}
     s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}/app.yaml", Body=packaged.read_bytes())
-    cfn.create_stack(StackName=NAME, TemplateURL=f"https://{BUCKET}.s3.amazonaws.com/{PREFIX}/app.yaml",
-                     Capabilities=["CAPABILITY_IAM", "CAPABILITY_AUTO_EXPAND"],
-                     Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()])
-
-    def settled() -> dict | None:
-        stack = cfn.describe_stacks(StackName=NAME)["Stacks"][0]
-        return stack if not stack["StackStatus"].endswith("IN_PROGRESS") else None
-
-    stack = wait_for(f"stack {NAME}", settled, 420, every=1.0)
-    if stack["StackStatus"] != "CREATE_COMPLETE":
-        events = cfn.describe_stack_events(StackName=NAME)["StackEvents"]
-        reasons = [(e["LogicalResourceId"], e.get("ResourceStatusReason")) for e in events if "FAILED" in e["ResourceStatus"]]
-        pytest.fail(f"{NAME}: {stack['StackStatus']}: {reasons}\n{localstack.tail(4000)}")
+    stack = create_stack(localstack, NAME, f"https://{BUCKET}.s3.amazonaws.com/{PREFIX}/app.yaml", parameters,
+                         ["CAPABILITY_IAM", "CAPABILITY_AUTO_EXPAND"], timeout=420)
     outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
-    parent_resources = {r["LogicalResourceId"]: r.get("PhysicalResourceId")
-                        for r in cfn.describe_stack_resources(StackName=NAME)["StackResources"]}
+    parent_resources = stack_resources(localstack, NAME)
     nested_name = parent_resources["Queue"]
     nested_stack = cfn.describe_stacks(StackName=nested_name)["Stacks"][0]
     assert nested_stack["StackStatus"] == "CREATE_COMPLETE", nested_stack
     nested_outputs = {o["OutputKey"]: o["OutputValue"] for o in nested_stack.get("Outputs", [])}
-    resources = {r["LogicalResourceId"]: r.get("PhysicalResourceId")
-                 for r in cfn.describe_stack_resources(StackName=nested_name)["StackResources"]}
-    for logical in ("ApiFunction", "WorkerFunction", "ReaperFunction"):  # as conftest.deploy, for the legacy executor
-        function = resources[logical]
-        variables = lam.get_function_configuration(FunctionName=function)["Environment"]["Variables"]
-        lam.update_function_configuration(FunctionName=function, Environment={
-            "Variables": {**variables, "AWS_ENDPOINT_URL": localstack.endpoint}})
+    resources = stack_resources(localstack, nested_name)
+    point_functions_at_localstack(localstack, resources)  # as conftest.deploy, for the legacy executor
     apigateway = aws(localstack, "apigateway")
     _spell_out_any_method(apigateway, nested_outputs["ApiId"])
     key = apigateway.get_api_key(apiKey=nested_outputs["ApiKeyId"], includeValue=True)["value"]
