@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from ..errors import InvalidInput
-from ..storage import open_storage
+from ..storage import open_storage, slots
 from ..storage.spi import Storage, WorkerSlot, WorkerStart
 from .support import OpenStore, present, race_processes, wait_until
 
@@ -300,6 +300,32 @@ class WorkerSlotCompliance:
         mixed = self._race(open_another, "kit-start-mixed", starters, takers, 2, 2)
         assert len(mixed) >= 2 and max_overlap(mixed) <= 2, f"{max_overlap(mixed)} holders at once on a cap of 2"
         assert storage.worker_slots_held("kit-start-mixed") == 0
+
+    def test_a_starter_waits_for_another_starters_decision_instead_of_dropping_its_own(
+            self, storage: Storage) -> None:
+        """A wake-up that meets another starter deciding (on a backlog read before this one's
+        enqueue) must not be dropped: it waits for that decision, then tops the fleet up."""
+        fleet = "kit-start-plan"
+        plan_key = slots.fleet_prefix(fleet) + slots.PLAN_SUFFIX
+        now_micros = int(storage.now().timestamp() * 1_000_000)
+        held = present(storage.put_document(slots.SLOT_KIND, plan_key, {
+            "token": "another-starter", "expires_at": now_micros + 5_000_000}, expected_version=None), "the plan")
+
+        def other_decision_ends() -> None:
+            time.sleep(0.2)
+            storage.put_document(slots.SLOT_KIND, plan_key, {"token": None, "expires_at": None},
+                                 expected_version=held.version)
+
+        ender = threading.Thread(target=other_decision_ends)
+        began = time.monotonic()
+        ender.start()
+        try:
+            starts = storage.reserve_worker_starts(fleet, 3, 30, fleet_size=2)
+        finally:
+            ender.join()
+        assert len(starts) == 2, "the wake-up was dropped while another starter decided"
+        assert time.monotonic() - began >= 0.15, "it did not wait for the other decision"
+        assert storage.worker_slots_held(fleet) == 2
 
     def test_start_reservations_check_their_input(self, storage: Storage) -> None:
         for fleet, cap, lease, size, most in (("", 1, 30, 1, None), ("kit", 0, 30, 1, None), ("kit", 1, 0, 1, None),

@@ -24,7 +24,8 @@ reservation whose invocation never ran frees itself when its short lease ends; o
 failed is given back at once (``cancel_worker_start``). Starts are decided one at a time per
 fleet: the decision is taken under the fleet's *plan* document (``<fleet>:plan``, leased for
 ``PLAN_LEASE_SECONDS`` by the same compare-and-set), and a starter that finds it held, or written
-since its listing, decides nothing (the one deciding counts the same fleet). Within it the
+since its listing, waits for that decision and then decides on the fleet it left (a wake-up is
+never dropped because another starter was deciding on an older backlog). Within it the
 starter tops the fleet up to the size it asked for, so concurrent starters never reserve more
 than the largest of their requests.
 
@@ -66,8 +67,11 @@ _PAGE = 200
 _TAKE_ROUNDS = 3
 #: The longest one starter's decision holds the fleet's plan; one that runs longer stops reserving.
 PLAN_LEASE_SECONDS = 5.0
+#: How long a starter waits for another's decision before giving up, and how often it looks.
+PLAN_WAIT_SECONDS = 1.0
+PLAN_RETRY_SECONDS = 0.02
 #: The key suffix of a fleet's plan document (four characters, as long as a slot number).
-_PLAN = "plan"
+PLAN_SUFFIX = "plan"
 
 
 @dataclass(frozen=True)
@@ -213,7 +217,7 @@ def _list_fleet_and_plan(storage: Storage, prefix: str) -> tuple[list[_Seen], _S
         for document in page:
             if not document.key.startswith(prefix):
                 return found, plan
-            if document.key == prefix + _PLAN:
+            if document.key == prefix + PLAN_SUFFIX:
                 plan = _seen(prefix, document, suffix_number=-1)
                 continue
             seen = _seen(prefix, document)
@@ -330,13 +334,30 @@ def reserve_worker_starts(storage: Storage, fleet: str, cap: int, lease_seconds:
                           fleet_size: int, most: int | None = None) -> list[WorkerStart]:
     """Reserve slots for workers about to be invoked, so that ``fleet``'s held and pending slots
     reach ``min(fleet_size, cap)`` (at most ``most`` new ones); each reservation lasts
-    ``lease_seconds`` unless its worker takes it over. Empty when the fleet is that big already,
-    has no free slot, or another starter is deciding now."""
+    ``lease_seconds`` unless its worker takes it over. Empty when the fleet is that big already
+    or has no free slot.
+
+    While another starter is deciding, this one waits for that decision (up to
+    ``PLAN_WAIT_SECONDS``) and then decides on what it left: giving up at once would drop a
+    wake-up whose backlog the other decision never saw, and the burst would wait for a tick."""
     prefix = fleet_prefix(fleet)
     cap = _require_cap(cap)
     lease = _require_lease(lease_seconds)
     fleet_size = _require_count(fleet_size, "fleet_size")
     limit = MAX_CAP if most is None else _require_count(most, "most")
+    give_up_at = time.monotonic() + PLAN_WAIT_SECONDS
+    while True:
+        reserved = _reserve_once(storage, prefix, fleet, cap, lease, fleet_size, limit)
+        if reserved is not None:
+            return reserved
+        if time.monotonic() >= give_up_at:
+            return []  # the plan stayed held (a starter that died deciding): its lease ends it
+        time.sleep(PLAN_RETRY_SECONDS)
+
+
+def _reserve_once(storage: Storage, prefix: str, fleet: str, cap: int, lease: float, fleet_size: int,
+                  limit: int) -> list[WorkerStart] | None:
+    """One decision under the fleet's plan; None when another starter holds the plan."""
     slots, plan = _list_fleet_and_plan(storage, prefix)
     view = _HeldView(storage, slots)
     by_number = {s.number: s for s in slots}
@@ -351,14 +372,14 @@ def reserve_worker_starts(storage: Storage, fleet: str, cap: int, lease_seconds:
         view.now_micros = _to_micros(_estimate_of(storage).read(storage))
     now = view.now_micros
     if plan is not None and plan.token is not None and plan.expires_micros is not None and plan.expires_micros > now:
-        return []  # another starter is deciding
+        return None  # another starter is deciding
     decided_by = time.monotonic() + PLAN_LEASE_SECONDS / 2
     plan_token = secrets.token_hex(16)
-    planning = storage.put_document(
-        SLOT_KIND, prefix + _PLAN, {"token": plan_token, "expires_at": now + _micros(timedelta(seconds=PLAN_LEASE_SECONDS))},
-        expected_version=None if plan is None else plan.version)
+    plan_expires = now + _micros(timedelta(seconds=PLAN_LEASE_SECONDS))
+    planning = storage.put_document(SLOT_KIND, prefix + PLAN_SUFFIX, {"token": plan_token, "expires_at": plan_expires},
+                                    expected_version=None if plan is None else plan.version)
     if planning is None:
-        return []  # another starter took the plan since the listing: its decision counts this fleet
+        return None  # another starter took the plan since the listing
     reserved: list[WorkerStart] = []
     try:
         expires = now + _micros(timedelta(seconds=lease))
@@ -375,7 +396,7 @@ def reserve_worker_starts(storage: Storage, fleet: str, cap: int, lease_seconds:
                 reserved.append(WorkerStart(fleet, number, token, _from_micros(expires)))
     finally:
         try:
-            storage.put_document(SLOT_KIND, prefix + _PLAN, {"token": None, "expires_at": None},
+            storage.put_document(SLOT_KIND, prefix + PLAN_SUFFIX, {"token": None, "expires_at": None},
                                  expected_version=planning.version)
         except StorageUnavailable:
             pass  # the plan's lease ends it; the reservations made stand
