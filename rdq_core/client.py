@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, Unpack
 from . import payloads as payload_objects
 from . import operations, tracecontext, validation
 from .client_protocol import EnqueueOptions, QueueClient, check_enqueue_options
-from .errors import InvalidCursor, InvalidInput, TaskConflict, TaskNotFound
-from .new_tasks import build_new_task, build_new_tasks
+from .errors import InvalidCursor, InvalidInput, TaskNotFound
+from .new_tasks import build_new_task, build_new_tasks, written_or_conflict
 from .operations import Operation
 from .model import (
     AuditPage,
@@ -123,9 +123,7 @@ class Client:
         queue nor the task's state: over HTTP a caller allowed on one queue reads it (docs/security.md).
         """
         (result,) = self.enqueue_new_many([new_task], connection=connection)
-        if result.conflict:
-            raise TaskConflict(f"task id {new_task.id!r} already exists on another queue")
-        return result
+        return written_or_conflict(new_task, result)
 
     def enqueue_new_many(self, new_tasks: Sequence[NewTask], *, connection: Any = None) -> list[EnqueueResult]:
         """Write tasks already validated by ``build_new_tasks`` in one round trip; per-item results,

@@ -10,9 +10,9 @@ from datetime import datetime
 from typing import Any, Mapping, Sequence, TypedDict
 
 from . import validation
-from .errors import InvalidInput
+from .errors import InvalidInput, TaskConflict
 from .ids import new_task_id
-from .model import Backoff, NewTask
+from .model import Backoff, EnqueueResult, NewTask
 
 
 def build_new_tasks(queue: str, items: Sequence[Mapping[str, Any]]) -> list[NewTask]:
@@ -74,6 +74,14 @@ def build_new_task(queue: str, item: Mapping[str, Any]) -> NewTask:
                                                             "dedupe_max_wait_seconds"),
     )
 
+
+def written_or_conflict(new_task: NewTask, result: EnqueueResult) -> EnqueueResult:
+    """``result`` of writing ``new_task`` alone; ``TaskConflict`` if its id is taken on another
+    queue. The message names neither that queue nor the task's state: over HTTP a caller allowed
+    on one queue reads it (docs/security.md)."""
+    if result.conflict:
+        raise TaskConflict(f"task id {new_task.id!r} already exists on another queue")
+    return result
 
 class FlowOptions(TypedDict, total=False):
     """Flow control of one task (docs/flow-control.md)."""

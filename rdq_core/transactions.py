@@ -31,9 +31,9 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Callable, Iterator, Unpack
 
 from . import tracecontext
-from .errors import ClaimLost, InvalidInput, TaskConflict, UnsupportedOperation
+from .errors import ClaimLost, InvalidInput, UnsupportedOperation
 from .model import ClaimedTask, Outcome, Settlement, Task, TaskStatus
-from .new_tasks import EnqueueOptions, build_new_task, check_enqueue_options
+from .new_tasks import EnqueueOptions, build_new_task, check_enqueue_options, written_or_conflict
 from .outcomes import result_problem
 from .payloads import REF_HEADER, finished, reserved_result_problem
 from .storage.spi import Storage
@@ -60,9 +60,7 @@ class HandlerTransaction:
         (new_task,) = tracecontext.stamped([build_new_task(queue, fields)],
                                            tracecontext.enqueue_headers(traceparent, tracestate))
         (result,) = self._storage.enqueue([new_task], connection=self.connection)
-        if result.conflict:
-            raise TaskConflict(f"task id {new_task.id!r} already exists on another queue")
-        return result.task
+        return written_or_conflict(new_task, result).task
 
 
 class Completion:

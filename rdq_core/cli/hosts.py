@@ -15,7 +15,7 @@ from typing import Any, Callable
 from ..errors import InvalidInput, RdqError
 from ..events import EventSettings, publisher_from_settings
 from ..maintenance import MaintenancePlan, MaintenanceReport, run_maintenance
-from ..reaper import PassReport, maintain_forever
+from ..reaper import maintain_forever
 from ..storage import redact_url as _redact
 from .common import (
     TARGETS_HELP, bind_operator_targets, check_storage_url, import_handler_modules, module_list, open_store,
@@ -140,11 +140,11 @@ def cmd_reaper(args: argparse.Namespace, url: str) -> int:
                            event_seconds=args.interval / 4, retention_seconds=math.inf)
     with open_store(url) as storage:
 
-        def one_pass() -> PassReport:
-            return run_maintenance(storage, plan, deadline=math.inf, stopping=lambda: bool(stopping)).passed
+        def one_pass() -> MaintenanceReport:
+            return run_maintenance(storage, plan, deadline=math.inf, stopping=lambda: bool(stopping))
 
         if args.once:
-            report = MaintenanceReport(one_pass())
+            report = one_pass()
             operations = report.passed.result("operations")
             reaped = report.reaped
             print(json.dumps({
@@ -156,7 +156,7 @@ def cmd_reaper(args: argparse.Namespace, url: str) -> int:
             return 1 if report.failed else 0
         log.info("reaper on %s: a pass every %gs, retention %gh", _redact(url), args.interval, args.retention_hours)
         # Long-running: survives storage outages with backoff (one log line per incident).
-        maintain_forever(one_pass, interval=args.interval, should_stop=lambda: bool(stopping))
+        maintain_forever(lambda: one_pass().passed, interval=args.interval, should_stop=lambda: bool(stopping))
     return 0
 
 

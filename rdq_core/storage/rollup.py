@@ -269,9 +269,9 @@ def _roll_queue(storage: "StorageCore", queue: str, mark: Any, closed_end: int, 
         for task, finished in _finished_between(storage, queue, status, start, closed_end):
             _count_task(task, finished, minutes, oldest)
     if active:
-        # The live work only (pending, in flight, dead), where the store offers that read: full
-        # stats also count the finished tasks retention keeps, a cost that grows with history.
-        stats = getattr(storage, "live_stats", storage.stats)(queue)
+        # The live work only (pending, in flight, dead): full stats also count the finished tasks
+        # retention keeps, a cost that grows with history.
+        stats = storage.live_stats(queue)
         minutes.setdefault(closed_end - 1, _Minute()).depth = {
             "pending": stats.pending, "in_flight": stats.in_flight, "dead": stats.dead,
             "oldest_pending_age_seconds": round(stats.oldest_pending_age_seconds, 3) if stats.pending else 0.0}
