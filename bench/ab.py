@@ -41,9 +41,9 @@ print("ok")
 # old ones too, is measured by the same code.
 DRAIN_CPU = """
 import json, os, sys, time
-from rdq_core.handlers import HandlerRegistry
+from rdq_core.engine.handlers import HandlerRegistry
 from rdq_core.storage import open_storage
-from rdq_core.worker import Worker, WorkerConfig
+from rdq_core.hosts.process.worker import Worker, WorkerConfig
 storage = open_storage(sys.argv[1])
 storage.now()
 registry = HandlerRegistry()

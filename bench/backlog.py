@@ -14,7 +14,7 @@ from typing import Any
 
 from rdq_core.errors import StaleClaim
 from rdq_core.model import Outcome, Settlement, TaskStatus
-from rdq_core.reaper import reap_expired_leases
+from rdq_core.engine.reaper import reap_expired_leases
 from rdq_core.storage import open_storage
 
 from .common import percentile

@@ -1,7 +1,7 @@
 """Latency: enqueue→start into an idle worker, a steady mixed load, and what the wake-up costs an
 enqueue.
 
-* ``idle_latency_rdq``: the real ``rdq worker`` (``python -m rdq_core.cli worker``, default
+* ``idle_latency_rdq``: the real ``rdq worker`` (``python -m rdq_core.hosts.cli worker``, default
   settings: batch 10, concurrency 1, 1 s idle poll) serving one queue; one task at a time is
   enqueued with ``Client.enqueue`` after a random 20–60 ms pause (so the worker is idle each
   time); latency = the probe handler's start (``bench/latency_jobs.py``) minus the wall time just
@@ -88,7 +88,7 @@ def rdq_worker(url: str, probe_file: str, *args: str) -> Iterator[subprocess.Pop
     """``rdq worker`` on ``url`` serving QUEUE with the probe handler; stopped by PID."""
     with tempfile.TemporaryDirectory(prefix="rdq-bench-lat-") as cwd, open(os.path.join(cwd, "worker.log"), "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rdq_core.cli", "--storage", url, "--log-format", "text", "worker",
+            [sys.executable, "-m", "rdq_core.hosts.cli", "--storage", url, "--log-format", "text", "worker",
              "--handlers", "bench.latency_jobs", "--queues", QUEUE, *args],
             cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=child_env(RDQ_BENCH_LATENCY_FILE=probe_file),
             start_new_session=True,
@@ -194,7 +194,7 @@ def idle_latency_dev(session, n: int) -> dict[str, Any]:
         port = free_port()
         with open(os.path.join(tmp, "dev.log"), "w") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "rdq_core.cli", "--storage", url, "dev", "--port", str(port),
+                [sys.executable, "-m", "rdq_core.hosts.cli", "--storage", url, "dev", "--port", str(port),
                  "--handlers", "bench.latency_jobs"],
                 cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env=child_env(RDQ_BENCH_LATENCY_FILE=probe, RDQ_API_TOKEN=""),

@@ -6,9 +6,9 @@ import time
 from typing import Any
 
 from rdq_core.client import Client
-from rdq_core.handlers import HandlerRegistry
+from rdq_core.engine.handlers import HandlerRegistry
 from rdq_core.storage import open_storage
-from rdq_core.worker import Worker, WorkerConfig
+from rdq_core.hosts.process.worker import Worker, WorkerConfig
 
 from .common import drain_seconds, run_on_barrier
 

@@ -14,9 +14,9 @@ import sys
 import threading
 import time
 
-from rdq_core.handlers import HandlerRegistry
+from rdq_core.engine.handlers import HandlerRegistry
 from rdq_core.storage import open_storage
-from rdq_core.worker import Worker, WorkerConfig
+from rdq_core.hosts.process.worker import Worker, WorkerConfig
 
 from .common import peak_rss_mb, ready_then_go
 

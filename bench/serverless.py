@@ -15,8 +15,8 @@ from .common import ROOT, child_env, median
 # The module each function's handler lives in, as template.yaml will name it; while a function
 # does not exist yet, the engine modules it will import are measured instead (and said so).
 FUNCTIONS = {
-    "worker": {"modules": ["functions/worker/app.py"], "fallback": ["rdq_core.worker", "rdq_core.runner"]},
-    "reaper": {"modules": ["functions/reaper/app.py"], "fallback": ["rdq_core.reaper"]},
+    "worker": {"modules": ["functions/worker/app.py"], "fallback": ["rdq_core.hosts.process.worker", "rdq_core.engine.runner"]},
+    "reaper": {"modules": ["functions/reaper/app.py"], "fallback": ["rdq_core.engine.reaper"]},
     "api": {"modules": ["functions/api/app.py"], "fallback": ["rdq_core.client", "rdq_core.validation"]},
 }
 BACKEND_MODULES = {"postgres": "rdq_core.storage.postgres", "redis": "rdq_core.storage.redis", "mongo": "rdq_core.storage.mongo"}

@@ -30,9 +30,9 @@ from .errors import (
     TaskNotFound,
     UnsupportedOperation,
 )
-from .handlers import Snooze, TaskContext, handler, registry
+from .engine.handlers import Snooze, TaskContext, handler, registry
 from .model import Attempt, Backoff, ErrorInfo, Outcome, QueueStats, Task, TaskStatus
-from .retry import PolicyBook, RetryPolicy
+from .engine.retry import PolicyBook, RetryPolicy
 from .storage import open_storage
 from .targets.errors import InvalidSignature
 from .targets.signing import verify_signature

@@ -17,12 +17,13 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, Unpack
 
-from . import payloads as payload_objects
-from . import operations, tracecontext, validation
+from .engine import payloads as payload_objects
+from .engine import operations, tracecontext
+from . import validation
 from .client_protocol import EnqueueOptions, QueueClient, check_enqueue_options
 from .errors import InvalidCursor, InvalidInput, TaskNotFound
-from .new_tasks import build_new_task, build_new_tasks, written_or_conflict
-from .operations import Operation
+from .engine.new_tasks import build_new_task, build_new_tasks, written_or_conflict
+from .engine.operations import Operation
 from .model import (
     AuditPage,
     DeadFilter,
@@ -52,7 +53,7 @@ class Client:
         self.storage = storage if isinstance(storage, Storage) else open_storage(storage)
         self._owns_storage = not isinstance(storage, Storage)
         self.actor = actor
-        # -- large payloads (rdq_core/payloads.py): True = the process's store ($RDQ_PAYLOAD_BUCKET
+        # -- large payloads (rdq_core/engine/payloads.py): True = the process's store ($RDQ_PAYLOAD_BUCKET
         # or $RDQ_PAYLOAD_DIR), None/False = none (payloads stay inline, 256 KiB at most).
         self._payload_store = payload_store
 
@@ -230,7 +231,7 @@ class Client:
             cursor=_cursor_text(cursor),
         )
 
-    # -- bulk operations as jobs (rdq_core/operations.py) -------------------------------------
+    # -- bulk operations as jobs (rdq_core/engine/operations.py) -------------------------------------
     def start_operation(self, action: str, queue: str, *, ids: Iterable[str] | None = None,
                         error_type: str | None = None, handler: str | None = None, all: bool = False,
                         rate_per_second: float | None = None) -> Operation:
@@ -259,7 +260,7 @@ class Client:
         with none running, it stays where it is."""
         return operations.wait_until_finished(self.get_operation, operation_id, timeout=timeout, poll=poll)
 
-    # -- large payloads (rdq_core/payloads.py) ------------------------------------------------
+    # -- large payloads (rdq_core/engine/payloads.py) ------------------------------------------------
     @property
     def payload_store(self) -> payload_objects.PayloadStore | None:
         """Where payloads over the threshold go; None keeps every payload inline."""
@@ -375,12 +376,12 @@ class Client:
         self._audit("pause" if paused else "resume", queue, {}, 0)
         return self.storage.stats(queue)
 
-    # -- schedules (rdq_core.schedules) ----------------------------------------------------
+    # -- schedules (rdq_core.engine.schedules) ----------------------------------------------------
     @property
     def schedule_book(self) -> Any:
         """Where schedules live: EventBridge Scheduler on a deployed API (``RDQ_SCHEDULE_GROUP``),
         else the local schedules file (``RDQ_SCHEDULES_FILE``, default ``./rdq-schedules.json``)."""
-        from .schedules import schedule_book_from_env
+        from .engine.schedules import schedule_book_from_env
 
         if getattr(self, "_schedule_book", None) is None:
             self._schedule_book = schedule_book_from_env()
@@ -392,7 +393,7 @@ class Client:
 
     def put_schedule(self, definition: Any) -> Any:
         """Create or replace a schedule (a ``Schedule`` or its fields as a mapping); returns it as stored."""
-        from .schedules import put_schedule
+        from .engine.schedules import put_schedule
 
         stored = put_schedule(self.schedule_book, definition)
         self._audit("schedule", stored.queue, {"schedule": stored.name, "expression": stored.expression}, 0)
@@ -404,7 +405,7 @@ class Client:
 
     def delete_schedule(self, name: str) -> None:
         """Delete a schedule; ``ScheduleNotFound`` (a ``TaskNotFound``) if there is none by that name."""
-        from .schedules import delete_schedule
+        from .engine.schedules import delete_schedule
 
         queue = next((s.queue for s in self.schedule_book.list() if s.name == name), None)
         delete_schedule(self.schedule_book, name)

@@ -18,11 +18,11 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Protocol, Self, Sequence, Unpack
 
 from .model import AuditPage, DeadPage, EnqueueResult, NewTask, QueueStats, Task, TaskPage, TaskStatus
-from .new_tasks import (  # re-exported: the grouped enqueue options are part of this interface
+from .engine.new_tasks import (  # re-exported: the grouped enqueue options are part of this interface
     ENQUEUE_OPTION_NAMES as ENQUEUE_OPTION_NAMES, DedupeOptions as DedupeOptions, EnqueueOptions as EnqueueOptions,
     FlowOptions as FlowOptions, TaskOptions as TaskOptions, check_enqueue_options as check_enqueue_options,
 )
-from .operations import Operation
+from .engine.operations import Operation
 
 
 class QueueClient(Protocol):

@@ -158,7 +158,7 @@ def task_event_id(task_id: str, kind: str, number: int, incarnation: str | int) 
 
 
 def operation_finished_event(operation: Any) -> OutboxEvent:
-    """``rdq.operation.finished`` for an operation (``rdq_core.operations.Operation``) as it ends."""
+    """``rdq.operation.finished`` for an operation (``rdq_core.engine.operations.Operation``) as it ends."""
     return OutboxEvent(
         id=f"op:{operation.id}:finished", type=OPERATION_FINISHED, queue=operation.queue, task_id=None,
         at=operation.finished_at,
@@ -194,7 +194,7 @@ class EventBridgePublisher:
     def __init__(self, settings: EventSettings, client: Any = None) -> None:
         self.settings = settings
         if client is None:
-            from .aws_clients import aws_client
+            from .aws.clients import aws_client
 
             client = aws_client("events")
         self.client = client

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from .errors import PermanentError
-from .handlers import TaskContext, handler
+from .engine.handlers import TaskContext, handler
 
 
 def _field(payload: Any, name: str, default: Any) -> Any:

@@ -131,7 +131,7 @@ def _positive_int(value: Any, where: str) -> int:
 
 def flow_policy_from_config(raw: Mapping[str, Any], queue: str = "") -> FlowPolicy:
     """One queue's policy object (the flow keys of it; other keys are the retry policy's, and a
-    key neither reads is refused by ``rdq_core.retry.policy_book_from_config``)."""
+    key neither reads is refused by ``rdq_core.engine.retry.policy_book_from_config``)."""
     where = f"policy for queue {queue!r}: " if queue else ""
     limit: int | None = None
     overrides: dict[str, int] = {}

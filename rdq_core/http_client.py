@@ -69,12 +69,12 @@ from .errors import (
     TaskNotFound,
     UnsupportedOperation,
 )
-from . import payloads as payload_objects
-from . import operations, tracecontext
+from .engine import payloads as payload_objects
+from .engine import operations, tracecontext
 from .client_protocol import EnqueueOptions, QueueClient, check_enqueue_options
 from .ids import new_task_id
 from .validation import Limits
-from .operations import Operation
+from .engine.operations import Operation
 from .model import AuditPage, Backoff, DeadPage, EnqueueResult, NewTask, QueueStats, Task, TaskPage, TaskStatus
 
 __all__ = ["ApiKey", "Auth", "BearerToken", "HttpClient", "NoAuth", "SigV4", "default_auth", "plaintext_credential_warning"]
@@ -412,23 +412,23 @@ class HttpClient:
         query = {"queue": queue, "limit": str(limit), "cursor": cursor}
         return AuditPage.from_dict(self._call("GET", f"/v1/audit?{_query(query)}", IDEMPOTENT).json())
 
-    # -- schedules (rdq_core.schedules) ----------------------------------------------------
+    # -- schedules (rdq_core.engine.schedules) ----------------------------------------------------
     def put_schedule(self, definition: Any) -> Any:
         """Create or replace a schedule (a ``Schedule`` or its fields); returns it as stored.
         Replacing is idempotent: a repeat after a lost answer stores the same definition."""
-        from .schedules import Schedule, schedule_from_body
+        from .engine.schedules import Schedule, schedule_from_body
 
         body = dict(definition.to_dict() if isinstance(definition, Schedule) else definition)
         body.pop("created_at", None)
         return schedule_from_body(self._call("POST", "/v1/schedules", IDEMPOTENT, body=body).json())
 
     def list_schedules(self) -> list[Any]:
-        from .schedules import schedule_from_body
+        from .engine.schedules import schedule_from_body
 
         return [schedule_from_body(item) for item in self._call("GET", "/v1/schedules", IDEMPOTENT).json()["schedules"]]
 
     def delete_schedule(self, name: str) -> None:
-        from .schedules import ScheduleNotFound
+        from .engine.schedules import ScheduleNotFound
 
         try:
             self._call("DELETE", f"/v1/schedules/{_segment(name, 'name')}", IDEMPOTENT, task_id=name)
@@ -481,7 +481,7 @@ class HttpClient:
         return operations.wait_until_finished(self.get_operation, operation_id, timeout=timeout, poll=poll,
                                               still_running=ApiUnavailable)
 
-    # -- large payloads (rdq_core/payloads.py) -----------------------------------------------
+    # -- large payloads (rdq_core/engine/payloads.py) -----------------------------------------------
     def enqueue_item(self, queue: str, item: Mapping[str, Any], *, connection: Any = None) -> EnqueueResult:
         """``Client.enqueue_item`` over HTTP: one task from its fields, a large payload uploaded first."""
         _no_connection(connection)

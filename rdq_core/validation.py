@@ -21,7 +21,7 @@ TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]{0,127}")
 #: concurrency_key, rate_key, group and dedupe_key: plain ASCII, at most 128 bytes, never query syntax.
 FLOW_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~:-]{0,127}")
 
-#: The task headers that carry the W3C trace context (``rdq_core.tracecontext``). They are set by
+#: The task headers that carry the W3C trace context (``rdq_core.engine.tracecontext``). They are set by
 #: the engine only (every ``rdq.`` name is refused from callers) and do not count toward
 #: ``Limits.headers_count``.
 TRACEPARENT_HEADER = "rdq.traceparent"

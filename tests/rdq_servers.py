@@ -51,7 +51,7 @@ class DevServer:
         environ.update(env or {})
         self.storage_url = storage_url or f"sqlite:///{workdir}/dev.db"
         self.out, self.err = workdir / "dev.out", workdir / "dev.err"
-        command = [sys.executable, "-m", "rdq_core.cli", "--storage", self.storage_url, "dev", "--port", "0"]
+        command = [sys.executable, "-m", "rdq_core.hosts.cli", "--storage", self.storage_url, "dev", "--port", "0"]
         if handlers:
             command += ["--handlers", handlers]
         with open(self.out, "wb") as out, open(self.err, "wb") as err:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from rdq_core.compliance import servers as provisioning
-from rdq_core.lambda_host.local_invoke import scheduled_event
+from rdq_core.hosts.aws_lambda.local_invoke import scheduled_event
 from rdq_core.model import NewTask, TaskStatus
 from rdq_core.storage import open_storage
 from rdq_core.storage.spi import Storage
@@ -241,8 +241,8 @@ def _burst(storage: Storage, scenario: Scenario, function: str, endpoint: str, f
     into a slot it reserves, as the API does (``routes._wake_worker_for``)."""
     import boto3
 
-    from rdq_core.aws_clients import client_config
-    from rdq_core.lambda_host.invoker import INVOKE_CONNECT_TIMEOUT, INVOKE_READ_TIMEOUT, FleetStarts, WorkerInvoker
+    from rdq_core.aws.clients import client_config
+    from rdq_core.hosts.aws_lambda.invoker import INVOKE_CONNECT_TIMEOUT, INVOKE_READ_TIMEOUT, FleetStarts, WorkerInvoker
 
     def container() -> WorkerInvoker:
         client = boto3.client("lambda", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="emulator",

@@ -1,5 +1,5 @@
-"""Lambda entry point of the API function (all logic: rdq_core.lambda_host.api)."""
+"""Lambda entry point of the API function (all logic: rdq_core.hosts.aws_lambda.api)."""
 
-from rdq_core.lambda_host.api import lambda_handler
+from rdq_core.hosts.aws_lambda.api import lambda_handler
 
 __all__ = ["lambda_handler"]

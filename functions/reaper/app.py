@@ -1,5 +1,5 @@
-"""Lambda entry point of the reaper function (all logic: rdq_core.lambda_host.reaper)."""
+"""Lambda entry point of the reaper function (all logic: rdq_core.hosts.aws_lambda.reaper)."""
 
-from rdq_core.lambda_host.reaper import lambda_handler
+from rdq_core.hosts.aws_lambda.reaper import lambda_handler
 
 __all__ = ["lambda_handler"]

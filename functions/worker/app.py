@@ -1,8 +1,8 @@
-"""Lambda entry point of the worker function (all logic: rdq_core.lambda_host.worker)."""
+"""Lambda entry point of the worker function (all logic: rdq_core.hosts.aws_lambda.worker)."""
 
-from rdq_core.handlers import registry
-from rdq_core.lambda_host.settings import Settings
-from rdq_core.lambda_host.worker import lambda_handler
+from rdq_core.engine.handlers import registry
+from rdq_core.hosts.aws_lambda.settings import Settings
+from rdq_core.hosts.aws_lambda.worker import lambda_handler
 
 # Handler names the operator bound to a Lambda function or an HTTPS endpoint (RDQ_TARGETS, the
 # Targets parameter), registered once per container; a malformed binding fails the cold start.

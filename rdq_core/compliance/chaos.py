@@ -36,8 +36,8 @@ from typing import Callable, Self, Sequence
 
 from ..errors import StorageUnavailable
 from ..model import Backoff, NewTask
-from ..reaper import reap_expired_leases
-from ..retry import PolicyBook, RetryPolicy
+from ..engine.reaper import reap_expired_leases
+from ..engine.retry import PolicyBook, RetryPolicy
 from ..storage import open_storage
 from ..storage.spi import Storage
 from .chaos_history import Audit, ChaosProcess, Clock, ProcessJournal, audit

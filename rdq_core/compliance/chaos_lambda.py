@@ -110,9 +110,9 @@ def main() -> None:
     register_backend(SCHEME, f"{__name__}:JournaledStore")
     os.environ["RDQ_STORAGE_URL"] = f"{SCHEME}:{args.url}"
 
-    from ..handlers import registry
-    from ..lambda_host.settings import Settings
-    from ..lambda_host.worker import run_worker_invocation
+    from ..engine.handlers import registry
+    from ..hosts.aws_lambda.settings import Settings
+    from ..hosts.aws_lambda.worker import run_worker_invocation
 
     handle = _LazyHandler()
     for name, timeout in HANDLER_TIMEOUTS.items():

@@ -45,12 +45,12 @@ from typing import Any, Callable, Iterator, Sequence, cast
 
 from ..flow import NO_FLOW, FlowPolicy
 from ..errors import StaleClaim
-from ..handlers import HandlerRegistry
+from ..engine.handlers import HandlerRegistry
 from ..model import Backoff, ClaimedTask, ClaimRef, Outcome, Settlement
-from ..retry import PolicyBook, RetryPolicy
+from ..engine.retry import PolicyBook, RetryPolicy
 from ..storage import open_storage
 from ..storage.spi import Storage, to_micros
-from ..worker import Worker, WorkerConfig
+from ..hosts.process.worker import Worker, WorkerConfig
 
 #: Handler names and their ``timeout_seconds`` in a chaos worker. ``chaos-tight`` runs close to
 #: its timeout, so a runner that stops renewing a claim once the handler's time is spent loses

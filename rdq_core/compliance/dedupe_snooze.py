@@ -23,12 +23,12 @@ from typing import Any, Callable
 import pytest
 
 from ..errors import InvalidInput, StaleClaim
-from ..handlers import HandlerRegistry, Snooze, TaskContext
+from ..engine.handlers import HandlerRegistry, Snooze, TaskContext
 from ..model import NewTask
 from ..ids import new_task_id
 from ..model import DedupeMode, EnqueueResult, Outcome, Settlement, TaskStatus
-from ..retry import policy_book_from_config
-from ..runner import BatchRunner
+from ..engine.retry import policy_book_from_config
+from ..engine.runner import BatchRunner
 from ..storage import open_storage
 from ..storage.spi import Storage
 from .support import (

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 
-from ..handlers import HandlerRegistry
+from ..engine.handlers import HandlerRegistry
 from ..model import Backoff, Outcome, TaskStatus
-from ..retry import PolicyBook, RetryPolicy
-from ..outcomes import UNKNOWN_HANDLER
-from ..runner import BatchRunner
+from ..engine.retry import PolicyBook, RetryPolicy
+from ..engine.outcomes import UNKNOWN_HANDLER
+from ..engine.runner import BatchRunner
 from ..storage.spi import Storage
 from .support import enqueue_n, error_of, must_get, new_task, present
 

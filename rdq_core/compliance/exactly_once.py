@@ -1,4 +1,4 @@
-"""Exactly-once effects (``ctx.transaction()``, rdq_core/transactions.py): a handler's writes to
+"""Exactly-once effects (``ctx.transaction()``, rdq_core/engine/transactions.py): a handler's writes to
 the application's tables and its task's completion commit together, fenced by the claim, or not
 at all. Each promise is checked on both paths -- the application's own connection and one of the
 store's. A store that cannot (``Capabilities.joins_transactions`` False) must refuse with
@@ -16,12 +16,12 @@ import pytest
 
 from ..client import Client
 from ..errors import ClaimLost, UnsupportedOperation
-from ..handlers import HandlerRegistry, TaskContext
+from ..engine.handlers import HandlerRegistry, TaskContext
 from ..model import Backoff, ClaimedTask, ClaimRef, NewTask, Outcome, TaskStatus
-from ..reaper import reap_expired_leases
-from ..retry import PolicyBook, RetryPolicy
-from ..runner import BatchRunner
-from ..settling import BatchReport, ClaimLedger
+from ..engine.reaper import reap_expired_leases
+from ..engine.retry import PolicyBook, RetryPolicy
+from ..engine.runner import BatchRunner
+from ..engine.settling import BatchReport, ClaimLedger
 from ..storage import open_storage
 from ..storage.spi import Storage
 from .capabilities import Capabilities

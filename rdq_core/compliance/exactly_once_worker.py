@@ -42,7 +42,7 @@ import time
 from typing import Any, Callable, cast
 from urllib.parse import urlsplit
 
-from ..handlers import HandlerRegistry, TaskContext
+from ..engine.handlers import HandlerRegistry, TaskContext
 from ..model import Settlement
 from ..storage import open_storage
 from ..storage.spi import OpenTransaction, Storage

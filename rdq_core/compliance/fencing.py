@@ -12,8 +12,8 @@ import pytest
 
 from ..errors import InvalidInput, StaleClaim
 from ..model import ClaimRef, ClaimedTask, DeadFilter, ErrorInfo, Outcome, Settlement, TaskStatus
-from ..reaper import reap_expired_leases
-from ..retry import PolicyBook, RetryPolicy
+from ..engine.reaper import reap_expired_leases
+from ..engine.retry import PolicyBook, RetryPolicy
 from ..storage.spi import Storage
 from .capabilities import Capabilities
 from .support import FAST_BACKOFF, NEVER_ISSUED, due_at, enqueue_n, error_of, must_get, present, retry, state, success, wait_until

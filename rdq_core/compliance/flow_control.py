@@ -18,11 +18,11 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Sequence
 
 from ..flow import FlowBook, FlowPolicy, RateLimit
-from ..handlers import HandlerRegistry
+from ..engine.handlers import HandlerRegistry
 from ..model import ClaimedTask, NewTask, Outcome, Settlement, Task, TaskStatus
-from ..reaper import reap_expired_leases
-from ..retry import PolicyBook, RetryPolicy
-from ..runner import BatchRunner
+from ..engine.reaper import reap_expired_leases
+from ..engine.retry import PolicyBook, RetryPolicy
+from ..engine.runner import BatchRunner
 from ..storage import open_storage
 from ..storage.spi import Storage
 from .capabilities import Capabilities

@@ -4,9 +4,9 @@ exactly the next attempt number (``MAX(attempt_no) + 1``, never derived from the
 from __future__ import annotations
 
 from ..model import Backoff, ClaimedTask, DeadFilter, ErrorInfo, Outcome, TaskStatus
-from ..outcomes import failed_attempt
-from ..reaper import reap_expired_leases
-from ..retry import PolicyBook, RetryPolicy
+from ..engine.outcomes import failed_attempt
+from ..engine.reaper import reap_expired_leases
+from ..engine.retry import PolicyBook, RetryPolicy
 from ..storage.spi import Storage
 from .support import enqueue_n, must_get, present, success, wait_until
 

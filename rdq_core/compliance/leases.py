@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 
 from ..model import Backoff, Outcome, TaskStatus
-from ..reaper import reap_expired_leases
-from ..retry import PolicyBook, RetryPolicy
+from ..engine.reaper import reap_expired_leases
+from ..engine.retry import PolicyBook, RetryPolicy
 from ..storage.spi import Storage
 from .support import OpenStore, enqueue_n, error_of, must_get, present, wait_until
 

@@ -13,11 +13,11 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, Callable
 
-from .. import operations
+from ..engine import operations
 from ..errors import TaskConflict
 from ..events import OPERATION_FINISHED, EventSettings, OutboxEvent
 from ..model import TaskFilter
-from ..operations import Operation, advance_operation, cancel_operation, drive_operations, get_operation, start_operation
+from ..engine.operations import Operation, advance_operation, cancel_operation, drive_operations, get_operation, start_operation
 from ..storage import open_storage
 from ..storage.spi import Storage
 from .support import OpenStore, dead_letter, race_processes

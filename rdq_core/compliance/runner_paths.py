@@ -18,14 +18,14 @@ from datetime import datetime, timedelta
 from typing import Any, Callable, Iterator, Sequence, cast
 
 from ..client import Client
-from ..handlers import HandlerFunc, HandlerRegistry
+from ..engine.handlers import HandlerFunc, HandlerRegistry
 from ..model import Outcome, TaskStatus
-from ..reaper import reap_expired_leases
-from ..retry import PolicyBook, RetryPolicy
-from ..outcomes import TIMEOUT_EXCEEDS_WORKER
-from ..runner import BatchRunner
+from ..engine.reaper import reap_expired_leases
+from ..engine.retry import PolicyBook, RetryPolicy
+from ..engine.outcomes import TIMEOUT_EXCEEDS_WORKER
+from ..engine.runner import BatchRunner
 from ..storage.spi import Storage
-from ..worker import HANDLER_OVERRAN, HeartbeatLedger, Worker, WorkerConfig
+from ..hosts.process.worker import HANDLER_OVERRAN, HeartbeatLedger, Worker, WorkerConfig
 from .support import FAST_BACKOFF, due_at, error_of, must_get, wait_until
 
 #: Retry budget large enough that a defect shows as extra attempts, not as an early DEAD.

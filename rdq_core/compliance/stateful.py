@@ -61,9 +61,9 @@ from ..model import (
     Task,
     TaskStatus,
 )
-from ..reaper import reap_expired_leases
-from ..retry import PolicyBook, RetryPolicy
-from ..outcomes import LEASE_EXPIRED, failed_attempt
+from ..engine.reaper import reap_expired_leases
+from ..engine.retry import PolicyBook, RetryPolicy
+from ..engine.outcomes import LEASE_EXPIRED, failed_attempt
 from ..storage import open_storage
 from ..storage.spi import Storage
 from .support import present, wait_until

@@ -510,7 +510,7 @@ class StorageCore(Storage, abc.ABC):
         _refuse_unapplied(refs, sent, released)
 
     # -- exactly-once effects: a task completed inside a database transaction ----------------
-    # (rdq_core/transactions.py drives these; only a store that ``joins_transactions`` has them.)
+    # (rdq_core/engine/transactions.py drives these; only a store that ``joins_transactions`` has them.)
     def _begin(self, connection: Any) -> OpenTransaction:
         """Open a transaction on ``connection`` (the caller's, idle) or on one of the store's own."""
         raise UnsupportedOperation(self._no_transactions())

@@ -116,7 +116,7 @@ class EnqueueListener(Protocol):
 
 class OpenTransaction(Protocol):
     """A database transaction a handler's effects and its task's completion share
-    (``Storage.begin_transaction``; driven by ``rdq_core.transactions``)."""
+    (``Storage.begin_transaction``; driven by ``rdq_core.engine.transactions``)."""
 
     #: The DB-API connection the transaction is open on (the application's, or the store's own).
     connection: Any
@@ -201,7 +201,7 @@ class Storage(abc.ABC):
     def enqueue_listener(self, queues: Sequence[str]) -> "EnqueueListener | None":
         """A new listener told of enqueues into ``queues`` (empty: every queue) as they commit,
         or None when this store cannot push (the worker polls then). Best-effort: a listener may
-        miss or repeat a wake-up, never make an enqueue fail. See ``rdq_core.wakeup``."""
+        miss or repeat a wake-up, never make an enqueue fail. See ``rdq_core.engine.wakeup``."""
         return None
 
     # -- reaper side -----------------------------------------------------------------------

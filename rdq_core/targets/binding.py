@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Mapping
 
-from ..handlers import HandlerRegistry, TaskContext, registry
+from ..engine.handlers import HandlerRegistry, TaskContext, registry
 from .config import HttpsTarget, LambdaTarget, Target
 
 

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError, InvalidInput
-from ..handlers import DEFAULT_TIMEOUT_SECONDS
+from ..engine.handlers import DEFAULT_TIMEOUT_SECONDS
 from ..validation import Limits, handler_name
 
 #: The environment variable holding bindings as JSON (the template's ``Targets`` parameter).

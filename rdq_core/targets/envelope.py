@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..handlers import TaskContext
+from ..engine.handlers import TaskContext
 
 ENVELOPE_VERSION = 1
 

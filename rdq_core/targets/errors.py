@@ -1,4 +1,4 @@
-"""What a target's failure raises, so the engine's one outcome path (``rdq_core.outcomes``) decides it.
+"""What a target's failure raises, so the engine's one outcome path (``rdq_core.engine.outcomes``) decides it.
 
 A retryable failure is an ordinary exception; one that must dead-letter at once is also a
 ``PermanentError``. Every message names the handler, the target and how long the call took, so

@@ -38,8 +38,8 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Callable
 from urllib.parse import urljoin, urlsplit
 
-from ..handlers import Snooze, TaskContext
-from ..outcomes import result_problem
+from ..engine.handlers import Snooze, TaskContext
+from ..engine.outcomes import result_problem
 from .config import HttpsTarget
 from .envelope import envelope_bytes, idempotency_key
 from .errors import (

@@ -29,8 +29,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..aws_clients import aws_client
-from ..handlers import Snooze, TaskContext
+from ..aws.clients import aws_client
+from ..engine.handlers import Snooze, TaskContext
 from .config import LambdaTarget
 from .envelope import envelope_bytes
 from .errors import TargetError, TargetFunctionDeadLetter, TargetFunctionError, TargetTimeout, TargetUnreachable

@@ -1,7 +1,7 @@
 """A target's signing secrets, resolved when a request is signed and kept for a few minutes.
 
 ``env:`` reads the process environment; ``ssm:`` and ``secretsmanager:`` call AWS through rdq's
-bounded clients (``rdq_core.aws_clients``). A fetched value is kept ``max_age_seconds`` (300), so
+bounded clients (``rdq_core.aws.clients``). A fetched value is kept ``max_age_seconds`` (300), so
 a warm worker does not call AWS per task yet picks up a rotated value; a refresh that fails after
 a good value keeps the good one (a WARNING), and one with no good value yet fails the attempt,
 which is retried like any failure to reach the target.
@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from ..aws_clients import aws_client
+from ..aws.clients import aws_client
 from .config import SecretRef
 from .errors import TargetError
 

@@ -36,7 +36,7 @@ def start_worker(url: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
     env.pop("RDQ_STORAGE_URL", None)
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "rdq_core.cli", "--storage", url, "worker", "--handlers", "rdq_core.examples",
+            [sys.executable, "-m", "rdq_core.hosts.cli", "--storage", url, "worker", "--handlers", "rdq_core.examples",
              "--queues", "budget", "--schedules-every", "0", *extra],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=log.parent)
 

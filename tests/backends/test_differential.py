@@ -40,9 +40,9 @@ from rdq_core.compliance.stateful import (
 from rdq_core.compliance.support import wait_until
 from rdq_core.errors import StaleClaim, TaskConflict, TaskNotFound
 from rdq_core.model import ClaimRef, DeadFilter, ErrorInfo, NewTask, Outcome, Settlement, TaskStatus
-from rdq_core.reaper import reap_expired_leases
-from rdq_core.retry import PolicyBook, RetryPolicy
-from rdq_core.outcomes import LEASE_EXPIRED, failed_attempt
+from rdq_core.engine.reaper import reap_expired_leases
+from rdq_core.engine.retry import PolicyBook, RetryPolicy
+from rdq_core.engine.outcomes import LEASE_EXPIRED, failed_attempt
 from rdq_core.storage import open_storage
 from rdq_core.storage.spi import Storage
 

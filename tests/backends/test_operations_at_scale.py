@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from rdq_core import operations
+from rdq_core.engine import operations
 from rdq_core.model import ErrorInfo, NewTask, Outcome, Settlement, TaskFilter, TaskStatus
 from rdq_core.ids import new_task_id
 from rdq_core.storage import open_storage

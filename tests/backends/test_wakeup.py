@@ -17,10 +17,10 @@ import pytest
 from rdq_core.client import Client
 from rdq_core.compliance.support import wait_until
 from rdq_core.errors import ConfigurationError
-from rdq_core.handlers import HandlerRegistry
+from rdq_core.engine.handlers import HandlerRegistry
 from rdq_core.storage import open_storage
 from rdq_core.storage.spi import Storage
-from rdq_core.worker import Worker, WorkerConfig
+from rdq_core.hosts.process.worker import Worker, WorkerConfig
 
 #: The poll interval of every worker here: far above the wake-up deadline below.
 POLL_SECONDS = 30.0

@@ -178,7 +178,7 @@ class ConsoleProcess:
             api = ["--api", api_url]
             command = [*api, "console"] if global_api else ["console", *api]
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "rdq_core.cli", *command, "--port", "0", *options],
+                [sys.executable, "-m", "rdq_core.hosts.cli", *command, "--port", "0", *options],
                 cwd=workdir, env=environ, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
 
         def ready() -> int | None:

@@ -13,8 +13,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from rdq_core.console.assets import ASSETS
-from rdq_core.console.server import canonical_query
+from rdq_core.hosts.console.assets import ASSETS
+from rdq_core.hosts.console.server import canonical_query
 from tests.browser.conftest import ConsoleProcess
 from tests.loopback import raw_request as request
 from tests.loopback import without_rdq_settings
@@ -192,7 +192,7 @@ def test_rdq_console_without_credentials_stops_at_start_with_the_reason(tmp_path
                     "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_EC2_METADATA_DISABLED": "true"})
     for extra, reason in ((), "no AWS credentials"), (("--profile", "no-such-profile"), "no-such-profile"):
         finished = subprocess.run(
-            [sys.executable, "-m", "rdq_core.cli", "console", "--api", "https://abc.execute-api.eu-west-1.amazonaws.com/prod",
+            [sys.executable, "-m", "rdq_core.hosts.cli", "console", "--api", "https://abc.execute-api.eu-west-1.amazonaws.com/prod",
              "--region", "eu-west-1", "--port", "0", *extra],
             cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=60)
         assert finished.returncode == 2 and reason in finished.stderr, finished.stderr
@@ -201,14 +201,14 @@ def test_rdq_console_without_credentials_stops_at_start_with_the_reason(tmp_path
 
 def test_every_served_file_is_package_data() -> None:
     """What the console serves must ship in the wheel: each file in ``ASSETS`` matches one of the
-    package-data patterns pyproject.toml gives ``rdq_core.console``."""
+    package-data patterns pyproject.toml gives ``rdq_core.hosts.console``."""
     import fnmatch
     import tomllib
 
     from tests.rdq_servers import REPO
 
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
-    patterns = config["tool"]["setuptools"]["package-data"]["rdq_core.console"]
+    patterns = config["tool"]["setuptools"]["package-data"]["rdq_core.hosts.console"]
     for path, (name, _) in ASSETS.items():
         file = f"static/{name}"
         assert (REPO / "rdq_core" / "console" / file).is_file(), file

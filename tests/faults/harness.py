@@ -11,12 +11,12 @@ from collections import defaultdict
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from rdq_core.compliance.support import FAST_BACKOFF, wait_until
-from rdq_core.handlers import HandlerRegistry
+from rdq_core.engine.handlers import HandlerRegistry
 from rdq_core.model import Outcome, TaskStatus
-from rdq_core.reaper import reap_forever
-from rdq_core.retry import PolicyBook, RetryPolicy
+from rdq_core.engine.reaper import reap_forever
+from rdq_core.engine.retry import PolicyBook, RetryPolicy
 from rdq_core.storage import open_storage
-from rdq_core.worker import Worker, WorkerConfig
+from rdq_core.hosts.process.worker import Worker, WorkerConfig
 
 #: Storage faults must never dead-letter a task: a generous budget with fast backoff.
 FAULT_POLICIES = PolicyBook(RetryPolicy(max_attempts=20, backoff=FAST_BACKOFF))

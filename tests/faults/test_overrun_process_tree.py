@@ -99,7 +99,7 @@ def test_the_overrun_restart_kills_what_the_handler_started_before_the_task_runs
     stderr = tmp_path / "worker.err"
     with open(stderr, "w") as err:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "rdq_core.cli", "--storage", url, "worker", "--handlers", "overrun_handlers",
+            [sys.executable, "-m", "rdq_core.hosts.cli", "--storage", url, "worker", "--handlers", "overrun_handlers",
              "--queues", "hangs", "--lease", "2", "--overrun-grace", "1", "--idle-poll", "0.1"],
             env=env, stdout=subprocess.DEVNULL, stderr=err)
     try:
@@ -131,7 +131,7 @@ def test_the_overrun_restart_kills_what_the_handler_started_before_the_task_runs
 
 
 def test_end_descendants_kills_the_tree_but_what_it_is_told_to_leave() -> None:
-    from rdq_core import process_tree
+    from rdq_core.engine import process_tree
 
     # Whatever this test session runs under it already (servers of other tests) is left alone.
     before = set(process_tree.descendants())

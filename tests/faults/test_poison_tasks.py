@@ -22,8 +22,8 @@ import pytest
 from rdq_core.client import Client
 from rdq_core.compliance.support import wait_until
 from rdq_core.model import Outcome, TaskStatus
-from rdq_core.reaper import reap_forever
-from rdq_core.retry import policy_book_from_config
+from rdq_core.engine.reaper import reap_forever
+from rdq_core.engine.retry import policy_book_from_config
 from rdq_core.storage import open_storage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +57,7 @@ class SupervisedWorker:
         log = open(self.workdir / f"worker-{len(self.exit_codes)}.log", "wb")
         with log:
             return subprocess.Popen(
-                [sys.executable, "-m", "rdq_core.cli", "--storage", self.url, "worker",
+                [sys.executable, "-m", "rdq_core.hosts.cli", "--storage", self.url, "worker",
                  "--handlers", "tests.faults.poison_handlers", "--queues", QUEUE,
                  "--batch", str(NEIGHBOURS + 1), "--lease", str(LEASE)],
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

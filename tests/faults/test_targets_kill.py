@@ -48,7 +48,7 @@ def test_kill_9_mid_delivery_loses_and_doubles_no_attempt(tmp_path, fresh_pg_url
 
     def start_worker() -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, "-m", "rdq_core.cli", "--storage", fresh_pg_url, "worker", "--queues", "hooks",
+            [sys.executable, "-m", "rdq_core.hosts.cli", "--storage", fresh_pg_url, "worker", "--queues", "hooks",
              "--batch", "1", "--lease", "2"],
             cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

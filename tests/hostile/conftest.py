@@ -36,7 +36,7 @@ TOKEN = "hostile-test-token-9f3b"
 PROBLEM_JSON = "application/problem+json"
 
 class DevServer:
-    """``python -m rdq_core.cli --storage URL dev --port 0`` as a subprocess this test owns.
+    """``python -m rdq_core.hosts.cli --storage URL dev --port 0`` as a subprocess this test owns.
 
     ``--port 0``: the kernel picks a free port when rdq dev binds, and the banner names it. (A
     port picked free beforehand can be taken by another process before rdq dev binds it.)
@@ -62,7 +62,7 @@ class DevServer:
         storage_url = storage_url or f"sqlite:///{workdir}/dev-{number}.db"
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "rdq_core.cli", "--storage", storage_url, "dev", "--port", "0", *args],
+            [sys.executable, "-m", "rdq_core.hosts.cli", "--storage", storage_url, "dev", "--port", "0", *args],
             cwd=workdir, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
 
@@ -126,7 +126,7 @@ def dev_server(dev_server_factory) -> DevServer:
 # -- in-process API calls ----------------------------------------------------------------------
 @pytest.fixture
 def api_store(tmp_path, monkeypatch, no_rdq_settings) -> str:
-    from rdq_core.lambda_host import connection
+    from rdq_core.hosts.aws_lambda import connection
 
     url = f"sqlite:///{tmp_path}/api.db"
     monkeypatch.setenv("RDQ_STORAGE_URL", url)
@@ -140,8 +140,8 @@ def api_store(tmp_path, monkeypatch, no_rdq_settings) -> str:
 @pytest.fixture
 def api_call(api_store) -> Callable[..., tuple[int, dict[str, str], Any]]:
     """Call the API Lambda handler with a REST proxy event; returns (status, headers, parsed body)."""
-    from rdq_core.lambda_host import api
-    from rdq_core.lambda_host.local_invoke import LocalLambdaContext, api_proxy_event
+    from rdq_core.hosts.aws_lambda import api
+    from rdq_core.hosts.aws_lambda.local_invoke import LocalLambdaContext, api_proxy_event
 
     def call(method: str, target: str, body: Any = None, *, raw: bytes | None = None,
              content_type: str | None = "application/json", headers: dict[str, str] | None = None,

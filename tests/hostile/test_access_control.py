@@ -97,7 +97,7 @@ def test_every_method_of_every_path_requires_auth(deployed):
     assert seen == TEMPLATE_METHODS, "a method was added or removed in the template: extend this test"
     # Every route of the table (and any unknown path, which the function answers 404) reaches the
     # function only through one of the authenticated methods checked above.
-    from rdq_core.lambda_host.routes import ROUTES
+    from rdq_core.hosts.aws_lambda.routes import ROUTES
 
     samples = [(route.method, re.sub(r"\{\w+\}", "x", route.path)) for route in ROUTES] + [("PUT", "/no/such/route")]
     assert len(samples) == len(ROUTES) + 1 >= 10
@@ -157,7 +157,7 @@ ALL_ROUTES = [
 
 def test_rdq_dev_token_is_required_on_every_route(dev_server):
     wrong = [False, "", "x", TOKEN + "x", TOKEN[:-1], TOKEN.upper(), f"{TOKEN} {TOKEN}"]
-    from rdq_core.lambda_host.routes import ROUTES
+    from rdq_core.hosts.aws_lambda.routes import ROUTES
 
     untried = [r.operation_id for r in ROUTES if not any(m == r.method and r.pattern.match(p) for m, p, _ in ALL_ROUTES)]
     assert not untried, f"routes of the table missing from ALL_ROUTES: {untried}"
@@ -208,7 +208,8 @@ def test_rdq_dev_refuses_a_non_loopback_bind_without_a_token(tmp_path, host):
     env = {k: v for k, v in __import__("os").environ.items() if k != "RDQ_API_TOKEN"}
     env["PYTHONPATH"] = str(REPO)
     result = subprocess.run(
-        [sys.executable, "-m", "rdq_core.cli", "--storage", f"sqlite:///{tmp_path}/x.db", "dev", "--host", host, "--port", "0"],
+        [sys.executable, "-m", "rdq_core.hosts.cli", "--storage", f"sqlite:///{tmp_path}/x.db",
+         "dev", "--host", host, "--port", "0"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode != 0

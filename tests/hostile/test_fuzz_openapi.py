@@ -85,7 +85,7 @@ def test_fuzz_every_operation_of_the_served_openapi_document(dev_server):
     assert schema.raw_schema["openapi"].startswith("3.1")
     operations = [result.ok() for result in schema.get_all_operations()]
     # Every operation of the route table but the document itself.
-    from rdq_core.lambda_host.routes import ROUTES
+    from rdq_core.hosts.aws_lambda.routes import ROUTES
 
     assert len(operations) == len(ROUTES) - 1, [op.label for op in operations]
     auth = {"Authorization": f"Bearer {TOKEN}"}

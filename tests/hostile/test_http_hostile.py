@@ -154,7 +154,7 @@ def test_malformed_bodies_are_400(api_call, seeded_api, raw, why):
 
 
 def test_invalid_base64_body_is_400(api_call):
-    from rdq_core.lambda_host.local_invoke import api_proxy_event
+    from rdq_core.hosts.aws_lambda.local_invoke import api_proxy_event
 
     event = api_proxy_event("POST", "/v1/queues/victim/tasks", {"Content-Type": "application/json"}, b"{}")
     event.update(body="not base64!!", isBase64Encoded=True)

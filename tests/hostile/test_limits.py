@@ -12,9 +12,9 @@ import pytest
 
 from rdq_core import Client
 from rdq_core.errors import InvalidInput
-from rdq_core.handlers import HandlerRegistry
+from rdq_core.engine.handlers import HandlerRegistry
 from rdq_core.model import Outcome, TaskStatus
-from rdq_core.runner import BatchRunner
+from rdq_core.engine.runner import BatchRunner
 from rdq_core.validation import Limits
 
 from .conftest import REPO, assert_problem

@@ -16,9 +16,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from rdq_core import payloads
+from rdq_core.engine import payloads
 from rdq_core.client import Client
-from rdq_core.console.server import ConsoleServer
+from rdq_core.hosts.console.server import ConsoleServer
 from rdq_core.errors import InvalidCursor
 from rdq_core.http_client import BearerToken
 from rdq_core.storage import open_storage
@@ -307,9 +307,9 @@ def test_purging_a_task_never_deletes_an_object_another_task_owns(storage: Any, 
     from dataclasses import replace
 
     from rdq_core.compliance.support import wait_until
-    from rdq_core.handlers import HandlerRegistry
+    from rdq_core.engine.handlers import HandlerRegistry
     from rdq_core.model import NewTask
-    from rdq_core.worker import Worker, WorkerConfig
+    from rdq_core.hosts.process.worker import Worker, WorkerConfig
 
     store = payloads.LocalPayloadStore(tmp_path / "objects")
     payloads.configure(store)  # the worker's store

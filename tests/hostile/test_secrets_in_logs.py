@@ -36,7 +36,7 @@ def _captured(capsys, caplog) -> str:
 
 @pytest.mark.parametrize("backend", sorted(UNREACHABLE))
 def test_unreachable_store_is_503_without_the_password(backend, api_call, monkeypatch, capsys, caplog):
-    from rdq_core.lambda_host import connection
+    from rdq_core.hosts.aws_lambda import connection
 
     caplog.set_level(logging.DEBUG, logger="rdq")
     monkeypatch.setenv("POWERTOOLS_LOG_LEVEL", "DEBUG")
@@ -60,7 +60,7 @@ def test_url_from_secrets_manager_never_leaks(api_call, monkeypatch, capsys, cap
     moto = pytest.importorskip("moto")
     import boto3
 
-    from rdq_core.lambda_host import connection
+    from rdq_core.hosts.aws_lambda import connection
 
     # rdq's own loggers at DEBUG; botocore stays at its default (WARNING): at DEBUG botocore itself
     # prints response bodies, secret values included (docs/security.md says so).
@@ -126,7 +126,8 @@ def test_rdq_dev_failing_to_reach_its_store_does_not_print_the_password(tmp_path
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("RDQ_API_TOKEN", None)
-    result = subprocess.run([sys.executable, "-m", "rdq_core.cli", "--storage", UNREACHABLE["postgresql"], "dev", "--port", "0"],
+    result = subprocess.run([sys.executable, "-m", "rdq_core.hosts.cli", "--storage", UNREACHABLE["postgresql"],
+                             "dev", "--port", "0"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert PASSWORD not in result.stdout + result.stderr

@@ -79,7 +79,7 @@ def test_task_text_and_request_lines_are_escaped_in_every_human_readable_output(
 def test_the_text_log_format_escapes_messages():
     import logging
 
-    from rdq_core.logs import TextFormatter
+    from rdq_core.engine.logs import TextFormatter
 
     record = logging.LogRecord("rdq.task", logging.WARNING, __file__, 1, "t1 q/h try 1/1 PERMANENT_FAILURE: %s", (HOSTILE,), None)
     line = TextFormatter().format(record)

@@ -10,7 +10,7 @@ Known differences of the legacy executor from AWS, and what is done about them h
 * it does not set ``AWS_ENDPOINT_URL`` in the functions: the harness adds it to each function's
   environment after the stack is created (the API's wake-up, the SSM read need it);
 * it drops the modules a handler imported and its context always answers 60000 ms: rdq copes
-  itself (``rdq_core/lambda_host/invocation.py``).
+  itself (``rdq_core/hosts/aws_lambda/invocation.py``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rdq_core.lambda_host.invocation import InvocationClock, ModulePin, configured_timeout
+from rdq_core.hosts.aws_lambda.invocation import InvocationClock, ModulePin, configured_timeout
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -157,8 +157,8 @@ def test_worker_runs_handlers_registered_by_a_lazily_imported_module_after_its_m
 
 def test_worker_sizes_leases_and_its_deadline_by_the_timeout_when_the_remaining_time_is_frozen(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from rdq_core.lambda_host import connection, worker
-    from rdq_core.lambda_host.settings import Settings
+    from rdq_core.hosts.aws_lambda import connection, worker
+    from rdq_core.hosts.aws_lambda.settings import Settings
 
     seen: dict[str, float] = {}
 

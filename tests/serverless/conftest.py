@@ -10,9 +10,9 @@ from typing import Any, Callable
 import pytest
 
 # The offline AWS / Powertools environment is set once for the whole suite in tests/conftest.py.
-from rdq_core import payloads
-from rdq_core.lambda_host import connection
-from rdq_core.lambda_host.local_invoke import LocalLambdaContext
+from rdq_core.engine import payloads
+from rdq_core.hosts.aws_lambda import connection
+from rdq_core.hosts.aws_lambda.local_invoke import LocalLambdaContext
 
 REPO = Path(__file__).resolve().parents[2]
 EVENTS = REPO / "events"

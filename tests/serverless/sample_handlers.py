@@ -28,7 +28,7 @@ def always_permanent(payload, ctx):
 @handler("report-lease", timeout_seconds=2)
 def report_lease(payload, ctx):
     """Returns the lease this task is held under, read back from the store mid-run."""
-    from rdq_core.lambda_host.connection import shared_storage
+    from rdq_core.hosts.aws_lambda.connection import shared_storage
 
     task = shared_storage().get(ctx.task_id)
     return {"lease_expires_at": task.lease_expires_at.isoformat(), "remaining_seconds": ctx.remaining_seconds()}

@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Any
 
-from rdq_core.handlers import handler
+from rdq_core.engine.handlers import handler
 
 from . import sample_handlers  # noqa: F401 - the worker tests' handlers ("quick") are registered too
 

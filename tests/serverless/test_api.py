@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from rdq_core.errors import RdqError
-from rdq_core.lambda_host import api, connection
-from rdq_core.lambda_host.invoker import invoker
-from rdq_core.lambda_host.routes import ROUTES
+from rdq_core.hosts.aws_lambda import api, connection
+from rdq_core.hosts.aws_lambda.invoker import invoker
+from rdq_core.hosts.aws_lambda.routes import ROUTES
 from rdq_core.problems import ApiProblem
 
 from .conftest import load_event
@@ -113,7 +113,7 @@ def test_get_cancel_stats_and_dlq_events(store_url, lambda_context):
     # Make dead tasks the way production does: a worker runs a handler that refuses for good.
     call(request("POST", "/v1/queues/emails/tasks", {"handler": "reject", "id": "bad-1"}), lambda_context)
     call(request("POST", "/v1/queues/emails/tasks", {"handler": "reject", "id": "bad-2"}), lambda_context)
-    from rdq_core.lambda_host.worker import lambda_handler as worker_handler
+    from rdq_core.hosts.aws_lambda.worker import lambda_handler as worker_handler
 
     worker_handler(load_event("worker-scheduled"), lambda_context("rdq-worker", 30))
 
@@ -284,7 +284,7 @@ def test_enqueue_wakes_a_worker_asynchronously_debounced_and_only_for_due_tasks(
 
 def test_a_redrive_wakes_a_worker_too(store_url, lambda_context, monkeypatch):
     from rdq_core.compliance.support import dead_letter
-    from rdq_core.lambda_host import connection
+    from rdq_core.hosts.aws_lambda import connection
 
     monkeypatch.setenv("RDQ_WORKER_FUNCTION", "rdq-worker")
     client = RecordingLambdaClient()
@@ -302,7 +302,7 @@ def test_storage_url_from_secrets_manager_and_ssm(tmp_path, monkeypatch):
     moto = pytest.importorskip("moto")
     import boto3
 
-    from rdq_core.lambda_host.connection import resolve_storage_url
+    from rdq_core.hosts.aws_lambda.connection import resolve_storage_url
 
     monkeypatch.delenv("RDQ_STORAGE_URL", raising=False)
     with moto.mock_aws():

@@ -1,4 +1,4 @@
-"""Every AWS call rdq makes is bounded (rdq_core/aws_clients.py), and the best-effort ones (the
+"""Every AWS call rdq makes is bounded (rdq_core/aws/clients.py), and the best-effort ones (the
 API's wake-up, the worker's fan-out) never delay an answer or a claim: proven against an
 endpoint that accepts connections and never answers, and a Lambda client whose invoke hangs."""
 
@@ -13,11 +13,11 @@ from typing import Any, Iterator
 import pytest
 
 from rdq_core import Client
-from rdq_core.aws_clients import aws_client
+from rdq_core.aws.clients import aws_client
 from rdq_core.errors import ConfigurationError
-from rdq_core.lambda_host import connection, worker
-from rdq_core.lambda_host.connection import _url_from_secret_value, resolve_storage_url
-from rdq_core.lambda_host.invoker import WAKE_WAIT_SECONDS, invoker
+from rdq_core.hosts.aws_lambda import connection, worker
+from rdq_core.hosts.aws_lambda.connection import _url_from_secret_value, resolve_storage_url
+from rdq_core.hosts.aws_lambda.invoker import WAKE_WAIT_SECONDS, invoker
 
 from .conftest import load_event
 from .test_api import call

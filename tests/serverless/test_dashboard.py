@@ -18,10 +18,10 @@ from typing import Any, Iterator
 import pytest
 
 from rdq_core import Client, handler
-from rdq_core.lambda_host import connection, observability, reaper, worker
-from rdq_core.outcomes import from_result
-from rdq_core.retry import PolicyBook
-from rdq_core.settling import BatchReport, ClaimLedger, Settler
+from rdq_core.hosts.aws_lambda import connection, observability, reaper, worker
+from rdq_core.engine.outcomes import from_result
+from rdq_core.engine.retry import PolicyBook
+from rdq_core.engine.settling import BatchReport, ClaimLedger, Settler
 
 from .conftest import REPO, load_event
 from .test_template import _tool, of_type, transformed

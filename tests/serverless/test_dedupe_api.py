@@ -3,10 +3,10 @@ enqueues, precise refusals of bad dedupe fields, and a snoozed task's SNOOZED ti
 
 from __future__ import annotations
 
-from rdq_core.handlers import HandlerRegistry, Snooze
-from rdq_core.lambda_host import connection
-from rdq_core.retry import PolicyBook
-from rdq_core.runner import BatchRunner
+from rdq_core.engine.handlers import HandlerRegistry, Snooze
+from rdq_core.hosts.aws_lambda import connection
+from rdq_core.engine.retry import PolicyBook
+from rdq_core.engine.runner import BatchRunner
 
 from .test_api import call, request
 

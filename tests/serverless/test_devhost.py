@@ -51,7 +51,7 @@ class Http:
 
 
 class DevProcess:
-    """``python -m rdq_core.cli --storage URL dev --port 0`` as a subprocess this test owns.
+    """``python -m rdq_core.hosts.cli --storage URL dev --port 0`` as a subprocess this test owns.
 
     ``--port 0``: the kernel picks a free port at bind time and the banner names it, so no port
     is guessed beforehand (another process could take a guessed one before rdq dev binds it).
@@ -78,7 +78,7 @@ class DevProcess:
                 leader, follower = pty.openpty()
                 stderr = follower
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "rdq_core.cli", "--storage", f"sqlite:///{workdir}/dev.db", "dev", "--port", "0"],
+                [sys.executable, "-m", "rdq_core.hosts.cli", "--storage", f"sqlite:///{workdir}/dev.db", "dev", "--port", "0"],
                 cwd=workdir, env=full_env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
             )
         if tty:

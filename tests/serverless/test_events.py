@@ -23,9 +23,9 @@ from rdq_core.events import (
     detail_json,
     put_events_entry,
 )
-from rdq_core.lambda_host import connection, reaper
+from rdq_core.hosts.aws_lambda import connection, reaper
 from rdq_core.model import DeadFilter, ErrorInfo, NewTask, Outcome, Settlement, TaskFilter, TaskStatus
-from rdq_core.operations import drive_operations, start_operation
+from rdq_core.engine.operations import drive_operations, start_operation
 from rdq_core.storage import open_storage
 
 from .conftest import load_event

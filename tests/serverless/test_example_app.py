@@ -103,7 +103,7 @@ def test_example_builds_and_a_worker_runs_its_layers_handlers(tmp_path):
             {"sku": "tea", "quantity": 2, "unit_cents": 450}]}).id
         refund = client.enqueue("orders", "orders.refund", {"order": "A-17", "charged_cents": 900, "refund_cents": 1200}).id
         worker = subprocess.Popen(
-            [sys.executable, "-c", "from rdq_core.cli import main; main()", "--storage", url, "worker",
+            [sys.executable, "-c", "from rdq_core.hosts.cli import main; main()", "--storage", url, "worker",
              "--handlers", "orders.handlers", "--queues", "orders"],
             env={**os.environ, "PYTHONPATH": f"{layer}{os.pathsep}{REPO}"}, cwd=tmp_path,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from rdq_core import Client, maintenance, payloads
-from rdq_core.lambda_host import connection, reaper
-from rdq_core.retry import PolicyBook
+from rdq_core import Client
+from rdq_core.engine import maintenance, payloads
+from rdq_core.hosts.aws_lambda import connection, reaper
+from rdq_core.engine.retry import PolicyBook
 
 from .conftest import PAYLOAD_BUCKET, REPO, load_event
 from .test_template import of_type, transformed

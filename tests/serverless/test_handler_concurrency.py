@@ -11,7 +11,7 @@ import pytest
 from rdq_core import Client
 from rdq_core.compliance.runner_paths import enqueue_in_order
 from rdq_core.compliance.support import wait_until
-from rdq_core.lambda_host import connection, worker
+from rdq_core.hosts.aws_lambda import connection, worker
 
 from . import concurrency_handlers, sample_handlers
 from .conftest import load_event

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rdq_core.aws_clients import client_config
+from rdq_core.aws.clients import client_config
 from rdq_core.compliance import servers
 
 pytest.importorskip("psycopg")

@@ -17,10 +17,10 @@ from .conftest import REPO
 SCRIPT = textwrap.dedent("""
     import sys
     from rdq_core import Client, handler
-    from rdq_core.lambda_host import worker
-    from rdq_core.lambda_host.connection import shared_storage
-    from rdq_core.lambda_host.local_invoke import LocalLambdaContext, scheduled_event
-    from rdq_core.lambda_host.observability import logger
+    from rdq_core.hosts.aws_lambda import worker
+    from rdq_core.hosts.aws_lambda.connection import shared_storage
+    from rdq_core.hosts.aws_lambda.local_invoke import LocalLambdaContext, scheduled_event
+    from rdq_core.hosts.aws_lambda.observability import logger
 
     @handler("say-hello", timeout_seconds=2)
     def say_hello(payload, ctx):

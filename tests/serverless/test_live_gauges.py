@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from rdq_core import Client
-from rdq_core.lambda_host import connection, reaper, worker
+from rdq_core.hosts.aws_lambda import connection, reaper, worker
 from rdq_core.storage.spi import Storage
 
 from .conftest import load_event
@@ -53,9 +53,9 @@ def test_the_reapers_gauges_read_live_stats_only(reads, lambda_context, monkeypa
     summary = reaper.lambda_handler(load_event("reaper-scheduled"), lambda_context("rdq-reaper", 60))
 
     assert summary["failed_steps"] == []
-    gauges_read = sorted(r for r in reads["live_stats"] if r.startswith("rdq_core.lambda_host.reaper:"))
-    assert gauges_read == ["rdq_core.lambda_host.reaper:finished-only", "rdq_core.lambda_host.reaper:gauged"]
-    assert not [r for r in reads["stats"] if r.startswith("rdq_core.lambda_host.")], \
+    gauges_read = sorted(r for r in reads["live_stats"] if r.startswith("rdq_core.hosts.aws_lambda.reaper:"))
+    assert gauges_read == ["rdq_core.hosts.aws_lambda.reaper:finished-only", "rdq_core.hosts.aws_lambda.reaper:gauged"]
+    assert not [r for r in reads["stats"] if r.startswith("rdq_core.hosts.aws_lambda.")], \
         "no gauge counts a queue's every task"
     gauges = {(queue, name): value for queue, name, value in published}
     assert gauges == {("gauged", "QueueDepth"): 3, ("gauged", "DeadTasks"): 0,
@@ -71,4 +71,4 @@ def test_the_worker_reads_its_backlog_from_live_stats(reads, lambda_context, mon
     reads["stats"].clear()
     summary = worker.lambda_handler(load_event("worker-scheduled"), lambda_context("rdq-worker", 30))
     assert summary["claimed"] == 12 and summary["fanned_out"] >= 1
-    assert "rdq_core.lambda_host.worker:backlog" in reads["live_stats"] and reads["stats"] == []
+    assert "rdq_core.hosts.aws_lambda.worker:backlog" in reads["live_stats"] and reads["stats"] == []

@@ -11,10 +11,12 @@ from typing import Any, Sequence
 
 import pytest
 
-from rdq_core import Client, cli, maintenance, operations
+from rdq_core import Client
+from rdq_core.hosts import cli
+from rdq_core.engine import maintenance, operations
 from rdq_core.compliance.support import dead_letter, success
 from rdq_core.events import EventSettings, OutboxEvent
-from rdq_core.lambda_host import connection, reaper
+from rdq_core.hosts.aws_lambda import connection, reaper
 from rdq_core.model import NewTask, TaskFilter, TaskStatus
 from rdq_core.storage import open_storage
 from rdq_core.storage.spi import Storage
@@ -132,8 +134,8 @@ def test_every_host_runs_the_same_steps_in_the_same_order(tmp_path: Any) -> None
 
 def test_rdq_worker_runs_the_whole_pass_past_a_poisoned_operation(
         tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rdq_core import worker as worker_module
-    from rdq_core.worker import Worker, WorkerConfig
+    from rdq_core.hosts.process import worker as worker_module
+    from rdq_core.hosts.process.worker import Worker, WorkerConfig
 
     url = f"sqlite:///{tmp_path}/rdq.db"
     storage = open_storage(url)

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from rdq_core import Client, cli
+from rdq_core import Client
+from rdq_core.hosts import cli
 from rdq_core.compliance.support import dead_letter
 from rdq_core.errors import InvalidInput
-from rdq_core.lambda_host import connection
+from rdq_core.hosts.aws_lambda import connection
 
 from .test_api import call, request
 

@@ -14,7 +14,7 @@ import pytest
 
 from rdq_core import Client
 from rdq_core.http_client import BearerToken, HttpClient
-from rdq_core.lambda_host.paging import wire_size
+from rdq_core.hosts.aws_lambda.paging import wire_size
 from rdq_core.model import ErrorInfo, Outcome, Settlement, TaskStatus
 from rdq_core.storage import open_storage
 from tests.rdq_servers import DevServer, dev_server

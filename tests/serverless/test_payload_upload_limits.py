@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from rdq_core import payloads
+from rdq_core.engine import payloads
 from rdq_core.compliance.servers import free_loopback_port
 
 from .test_api import call, request

@@ -13,7 +13,7 @@ import pytest
 
 from rdq_core import Client
 from rdq_core.errors import InvalidInput
-from rdq_core.lambda_host import connection, worker
+from rdq_core.hosts.aws_lambda import connection, worker
 
 from .conftest import PAYLOAD_BUCKET, load_event
 from .test_api import call, request
@@ -77,7 +77,7 @@ def test_a_changed_object_is_a_permanent_failure_that_names_it(client, s3, lambd
     _run_worker(lambda_context)
     dead = client.get("tampered")
     assert dead.status.value == "DEAD" and dead.attempt_count == 1, "dead at once, no retries spent"
-    assert dead.last_error.type == "rdq_core.payloads.PayloadIntegrityError"
+    assert dead.last_error.type == "rdq_core.engine.payloads.PayloadIntegrityError"
     assert ref["key"] in dead.last_error.message and "SHA-256" in dead.last_error.message
     assert ref["sha256"] in dead.last_error.message
 

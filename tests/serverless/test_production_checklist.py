@@ -14,7 +14,7 @@ import pytest
 
 from rdq_core import Client
 from rdq_core.events import EventSettings, OutboxEvent
-from rdq_core.lambda_host import connection, observability, reaper
+from rdq_core.hosts.aws_lambda import connection, observability, reaper
 
 from .conftest import load_event
 from .test_dashboard import STACK, _emf_metrics, _resolve, _stack, _stack_owns, published  # noqa: F401 - a fixture

@@ -11,11 +11,12 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from rdq_core import Client, schedules
+from rdq_core import Client
+from rdq_core.engine import schedules
 from rdq_core.errors import InvalidInput, StorageUnavailable
-from rdq_core.lambda_host import api, worker
-from rdq_core.lambda_host.local_invoke import api_proxy_event
-from rdq_core.schedules import SCHEDULED_TIME, Schedule, SchedulerBook, ScheduleNotFound, target_input
+from rdq_core.hosts.aws_lambda import api, worker
+from rdq_core.hosts.aws_lambda.local_invoke import api_proxy_event
+from rdq_core.engine.schedules import SCHEDULED_TIME, Schedule, SchedulerBook, ScheduleNotFound, target_input
 
 from .test_template import managed_policies, transformed
 
@@ -250,5 +251,5 @@ def test_a_trigger_whose_store_never_answers_fails_the_invocation(store_url, lam
 
 
 def test_the_worker_knows_a_scheduler_event_by_the_schedules_key():
-    # The Lambda worker recognises a Scheduler invocation without importing rdq_core.schedules.
+    # The Lambda worker recognises a Scheduler invocation without importing rdq_core.engine.schedules.
     assert worker.SCHEDULE_EVENT_KEY == schedules.EVENT_KEY

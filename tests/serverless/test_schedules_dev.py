@@ -38,7 +38,7 @@ def _worker(workdir: Path) -> subprocess.Popen[bytes]:
     env = {**without_rdq_settings(os.environ), "PYTHONPATH": str(REPO), "RDQ_LOG_FORMAT": "text"}
     with open(workdir / "worker.err", "wb") as stderr:
         return subprocess.Popen(
-            [sys.executable, "-m", "rdq_core.cli", "--storage", f"sqlite:///{workdir}/dev.db", "worker",
+            [sys.executable, "-m", "rdq_core.hosts.cli", "--storage", f"sqlite:///{workdir}/dev.db", "worker",
              "--handlers", "rdq_core.examples", "--queues", "ticks"],
             cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
 
@@ -87,7 +87,7 @@ def test_a_seconds_rate_fires_once_per_period_with_rdq_dev_and_rdq_worker_side_b
 def test_rdq_schedules_cli_edits_the_file_rdq_dev_fires(dev, tmp_path):
     process, http = dev
     env = {**without_rdq_settings(os.environ), "PYTHONPATH": str(REPO)}
-    added = subprocess.run([sys.executable, "-m", "rdq_core.cli", "schedules", "add", "cli-tick", "rate(1 second)",
+    added = subprocess.run([sys.executable, "-m", "rdq_core.hosts.cli", "schedules", "add", "cli-tick", "rate(1 second)",
                             "--queue", "cli", "--handler", "greet", "--payload", '{"name": "cli"}'],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert added.returncode == 0, added.stderr
@@ -98,18 +98,18 @@ def test_rdq_schedules_cli_edits_the_file_rdq_dev_fires(dev, tmp_path):
         return page["tasks"] or None
 
     assert wait_until(fired, timeout=20, interval=0.2, what="the CLI's schedule to fire")[0]["id"].startswith("sched.cli-tick.")
-    listed = subprocess.run([sys.executable, "-m", "rdq_core.cli", "schedules", "list", "--json"],
+    listed = subprocess.run([sys.executable, "-m", "rdq_core.hosts.cli", "schedules", "list", "--json"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert '"cli-tick"' in listed.stdout
-    through_api = subprocess.run([sys.executable, "-m", "rdq_core.cli", "--api", f"http://127.0.0.1:{process.port}",
+    through_api = subprocess.run([sys.executable, "-m", "rdq_core.hosts.cli", "--api", f"http://127.0.0.1:{process.port}",
                                   "--token", TOKEN, "schedules", "list", "--json"],
                                  cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert through_api.returncode == 0, through_api.stderr
     assert [s["name"] for s in json.loads(through_api.stdout)["schedules"]] == ["cli-tick"]  # rdq dev's file
-    removed = subprocess.run([sys.executable, "-m", "rdq_core.cli", "schedules", "remove", "cli-tick"],
+    removed = subprocess.run([sys.executable, "-m", "rdq_core.hosts.cli", "schedules", "remove", "cli-tick"],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert removed.returncode == 0, removed.stderr
-    missing = subprocess.run([sys.executable, "-m", "rdq_core.cli", "schedules", "remove", "cli-tick"],
+    missing = subprocess.run([sys.executable, "-m", "rdq_core.hosts.cli", "schedules", "remove", "cli-tick"],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 3
 
@@ -118,7 +118,7 @@ def test_http_client_schedule_methods_against_rdq_dev(dev, tmp_path):
     from rdq_core import HttpClient
     from rdq_core.errors import InvalidInput
     from rdq_core.http_client import BearerToken
-    from rdq_core.schedules import Schedule, ScheduleNotFound
+    from rdq_core.engine.schedules import Schedule, ScheduleNotFound
 
     process, _ = dev
     with HttpClient(f"http://127.0.0.1:{process.port}", auth=BearerToken(TOKEN)) as client:

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import pytest
 from aws_lambda_powertools.utilities.parameters.exceptions import GetParameterError
 
-from rdq_core.lambda_host import connection
+from rdq_core.hosts.aws_lambda import connection
 
 SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:rdq-url-AbCdEf"
 

@@ -443,7 +443,7 @@ def test_sam_build_for_python312(tmp_path):
     assert (tracing / "aws_xray_sdk").is_dir() and not (tracing / "botocore").exists()
     for layer_name, driver in drivers.items():
         layer = build_dir / layer_name / "python"
-        assert (layer / "rdq_core" / "lambda_host" / "api.py").exists()
+        assert (layer / "rdq_core" / "hosts" / "aws_lambda" / "api.py").exists()
         assert not (layer / "rdq_core" / "compliance").exists(), "the compliance kit (pytest) stays out of Lambda"
         assert not (layer / "botocore").exists(), "boto3/botocore come with the runtime"
         assert (layer / driver).is_dir() and (layer / "aws_lambda_powertools").is_dir(), layer_name
@@ -455,7 +455,7 @@ def test_sam_build_for_python312(tmp_path):
         assert size < 20 * 1000 * 1000, f"{layer_name} unpacked size {size} bytes"
         # The built package imports on python3.12 (the runtime's boto3 stands in from the host when present).
         check = subprocess.run(
-            [str(py312 / "python3.12"), "-c", f"import rdq_core.lambda_host.settings, rdq_core.examples, {driver}"],
+            [str(py312 / "python3.12"), "-c", f"import rdq_core.hosts.aws_lambda.settings, rdq_core.examples, {driver}"],
             capture_output=True, text=True, env={**env, "PYTHONPATH": str(layer)}, timeout=60,
         )
         assert check.returncode == 0, check.stderr
@@ -495,12 +495,12 @@ def test_sam_build_bundled_puts_the_engine_into_each_function(tmp_path):
     build_dir = _sam_build(tmp_path, env)
     for function in ("ApiFunction", "WorkerFunction", "ReaperFunction"):
         package = build_dir / function
-        assert (package / "app.py").exists() and (package / "rdq_core" / "lambda_host" / "worker.py").exists(), function
+        assert (package / "app.py").exists() and (package / "rdq_core" / "hosts" / "aws_lambda" / "worker.py").exists(), function
         assert (package / "redis").is_dir() and (package / "aws_lambda_powertools").is_dir(), function
         assert not (package / "psycopg").exists() and not (package / "pymongo").exists(), "one driver only"
         assert not (package / "botocore").exists() and not (package / "rdq_core" / "compliance").exists()
         # (Powertools itself needs the runtime's jmespath, which no package ships.)
-        imports = "import rdq_core.lambda_host.settings, rdq_core.examples, redis"
+        imports = "import rdq_core.hosts.aws_lambda.settings, rdq_core.examples, redis"
         check = subprocess.run([str(py312 / "python3.12"), "-c", imports], capture_output=True, text=True, cwd=package,
                                env={**env, "PYTHONPATH": str(package)}, timeout=60)
         assert check.returncode == 0, check.stderr

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from rdq_core.lambda_host.settings import Settings
+from rdq_core.hosts.aws_lambda.settings import Settings
 from rdq_core.problems import problem_json
 
 from .test_dashboard import _resolve

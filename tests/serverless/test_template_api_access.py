@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rdq_core.lambda_host.routes import ROUTES, Route
+from rdq_core.hosts.aws_lambda.routes import ROUTES, Route
 
 from .conftest import REPO
 from .test_template import transformed

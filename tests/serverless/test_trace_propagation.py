@@ -17,9 +17,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from rdq_core import Client, tracecontext
-from rdq_core.handlers import TaskContext
-from rdq_core.lambda_host import connection, observability, worker
+from rdq_core import Client
+from rdq_core.engine import tracecontext
+from rdq_core.engine.handlers import TaskContext
+from rdq_core.hosts.aws_lambda import connection, observability, worker
 from rdq_core.validation import TRACEPARENT_HEADER, TRACESTATE_HEADER
 
 from . import trace_handlers

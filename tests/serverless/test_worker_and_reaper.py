@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from rdq_core import Client
-from rdq_core.lambda_host import connection, reaper, worker
-from rdq_core.lambda_host.invoker import invoker, workers_for_backlog
+from rdq_core.hosts.aws_lambda import connection, reaper, worker
+from rdq_core.hosts.aws_lambda.invoker import invoker, workers_for_backlog
 
 from .conftest import load_event
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from rdq_core import Client
-from rdq_core.lambda_host import connection, worker
-from rdq_core.lambda_host.invoker import FANOUT_SOURCE, invoker
+from rdq_core.hosts.aws_lambda import connection, worker
+from rdq_core.hosts.aws_lambda.invoker import FANOUT_SOURCE, invoker
 from rdq_core.storage.spi import WorkerStart
 
 from . import slot_handlers
@@ -69,7 +69,7 @@ def test_an_invocation_without_a_free_slot_leaves_within_one_round_trip(client, 
 
 
 def test_a_scheduler_firing_enqueues_its_task_even_when_every_slot_is_held(client, lambda_context, monkeypatch):
-    from rdq_core.schedules import SCHEDULED_TIME, Schedule, target_input
+    from rdq_core.engine.schedules import SCHEDULED_TIME, Schedule, target_input
 
     monkeypatch.setenv("RDQ_MAX_WORKER_CONCURRENCY", "1")
     assert client.storage.take_worker_slot(FLEET, 1, 60)

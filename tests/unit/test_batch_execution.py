@@ -9,13 +9,13 @@ from collections import Counter
 
 import pytest
 
-from rdq_core import execution
+from rdq_core.engine import execution
 from rdq_core.compliance.runner_paths import enqueue_in_order
 from rdq_core.compliance.support import must_get, wait_until
-from rdq_core.handlers import HandlerRegistry
+from rdq_core.engine.handlers import HandlerRegistry
 from rdq_core.model import Outcome, TaskStatus
-from rdq_core.runner import BatchRunner
-from rdq_core.worker import HeartbeatLedger
+from rdq_core.engine.runner import BatchRunner
+from rdq_core.hosts.process.worker import HeartbeatLedger
 
 LEASE = 30.0
 

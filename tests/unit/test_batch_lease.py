@@ -10,10 +10,10 @@ from __future__ import annotations
 import threading
 from datetime import datetime, timezone
 
-from rdq_core.claiming import ClaimLoop
-from rdq_core.handlers import HandlerRegistry
+from rdq_core.engine.claiming import ClaimLoop
+from rdq_core.engine.handlers import HandlerRegistry
 from rdq_core.model import TaskStatus
-from rdq_core.runner import BatchRunner
+from rdq_core.engine.runner import BatchRunner
 from rdq_core.storage.spi import Storage
 
 DEFAULT_LEASE = 300.0

@@ -6,12 +6,12 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from rdq_core.claiming import RECHECK_AFTER_WORK_SECONDS, ClaimLoop
+from rdq_core.engine.claiming import RECHECK_AFTER_WORK_SECONDS, ClaimLoop
 from rdq_core.compliance.support import wait_until
 from rdq_core.flow import FlowPolicy
-from rdq_core.retry import PolicyBook
-from rdq_core.settling import BatchReport
-from rdq_core.wakeup import StopEvent, WakeSignal
+from rdq_core.engine.retry import PolicyBook
+from rdq_core.engine.settling import BatchReport
+from rdq_core.engine.wakeup import StopEvent, WakeSignal
 
 
 class ScriptedStore:

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from rdq_core.claiming import ClaimLoop, ClaimPace, per_thread_batch, run_concurrently
+from rdq_core.engine.claiming import ClaimLoop, ClaimPace, per_thread_batch, run_concurrently
 from rdq_core.client import Client
-from rdq_core.handlers import DEFAULT_TIMEOUT_SECONDS, HandlerRegistry
-from rdq_core.runner import BatchRunner
+from rdq_core.engine.handlers import DEFAULT_TIMEOUT_SECONDS, HandlerRegistry
+from rdq_core.engine.runner import BatchRunner
 
 
 class FakeClock:

@@ -22,7 +22,7 @@ def rdq(tmp_path):
     env.pop("RDQ_STORAGE_URL", None)
 
     def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-        done = subprocess.run([sys.executable, "-m", "rdq_core.cli", *args], cwd=tmp_path, env=env,
+        done = subprocess.run([sys.executable, "-m", "rdq_core.hosts.cli", *args], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=60)
         if check and done.returncode != 0:
             raise AssertionError(f"rdq {' '.join(args)} exited {done.returncode}: {done.stderr}")
@@ -68,7 +68,7 @@ def test_worker_reaper_and_dlq_commands_end_to_end(rdq):
     rdq("enqueue", "jobs", "sample.fatal", "--id", "doomed")
     rdq("enqueue", "jobs", "nobody.handles.this", "--id", "orphan")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "rdq_core.cli", "worker", "--handlers", "tests.unit.sample_handlers", "--queues", "jobs",
+        [sys.executable, "-m", "rdq_core.hosts.cli", "worker", "--handlers", "tests.unit.sample_handlers", "--queues", "jobs",
          "--lease", "5"],
         cwd=rdq.cwd, env=rdq.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )

@@ -21,7 +21,7 @@ def test_enqueue_takes_priority_keys_and_group(tmp_path):
 
 def test_a_bad_priority_is_refused_and_nothing_is_enqueued(tmp_path):
     environ = {k: v for k, v in os.environ.items() if k != "RDQ_STORAGE_URL"}
-    done = subprocess.run([sys.executable, "-m", "rdq_core.cli", "enqueue", "q", "h", "--priority", "10"], cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-m", "rdq_core.hosts.cli", "enqueue", "q", "h", "--priority", "10"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60, env={**environ, "PYTHONPATH": str(REPO)})
     assert done.returncode != 0 and "priority" in done.stderr and "Traceback" not in done.stderr
     database = tmp_path / "rdq.db"

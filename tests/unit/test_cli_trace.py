@@ -15,7 +15,7 @@ TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 def rdq(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k not in ("RDQ_STORAGE_URL", "TRACEPARENT", "TRACESTATE")}
-    done = subprocess.run([sys.executable, "-m", "rdq_core.cli", *args], cwd=tmp_path, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "rdq_core.hosts.cli", *args], cwd=tmp_path, capture_output=True, text=True,
                           timeout=60, env={**environ, "PYTHONPATH": str(REPO), "RDQ_LOG_LEVEL": "WARNING", **env})
     assert done.returncode == 0, done.stderr
     return done

@@ -15,9 +15,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from rdq_core import operations
+from rdq_core.engine import operations
 from rdq_core.client import Client, build_new_tasks
-from rdq_core.new_tasks import TASK_FIELDS
+from rdq_core.engine.new_tasks import TASK_FIELDS
 from rdq_core.client_protocol import ENQUEUE_OPTION_NAMES, DedupeOptions, FlowOptions, QueueClient
 from rdq_core.errors import OperationStillRunning
 from rdq_core.http_client import BearerToken, HttpClient

@@ -3,7 +3,7 @@ upload is deleted, a replacing request's upload becomes the matched task's paylo
 
 from __future__ import annotations
 
-from rdq_core import payloads
+from rdq_core.engine import payloads
 
 from .test_payloads import _files, client, store  # noqa: F401 - fixtures
 

@@ -80,11 +80,11 @@ def test_handler_log_lines_under_rdq_worker_carry_the_task_keys_as_docs_handlers
     (tmp_path / "my_handlers.py").write_text(HANDLER_MODULE)
     env = {**os.environ, "RDQ_STORAGE_URL": f"sqlite:///{tmp_path / 'rdq.db'}",
            "PYTHONPATH": str(tmp_path)}
-    enqueued = subprocess.run([sys.executable, "-m", "rdq_core.cli", "enqueue", "default", "says_hi"],
+    enqueued = subprocess.run([sys.executable, "-m", "rdq_core.hosts.cli", "enqueue", "default", "says_hi"],
                               env=env, capture_output=True, text=True, timeout=60, check=True)
     task_id = enqueued.stdout.split()[0]
     worker = subprocess.Popen(
-        [sys.executable, "-m", "rdq_core.cli", "--log-format", "json", "worker",
+        [sys.executable, "-m", "rdq_core.hosts.cli", "--log-format", "json", "worker",
          "--handlers", "my_handlers"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

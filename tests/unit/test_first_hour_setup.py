@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from rdq_core.cli import build_parser
+from rdq_core.hosts.cli import build_parser
 from rdq_core.compliance.support import wait_until
 from tests.loopback import without_rdq_settings
 from tests.rdq_servers import dev_server
@@ -63,7 +63,7 @@ def newcomer_environment(workdir: Path) -> dict[str, str]:
     ("mongodb://127.0.0.1:27017/rdq", "pymongo", "mongo"),
 ])
 def test_rdq_migrate_without_the_driver_is_a_configuration_error_naming_the_install(tmp_path, url, driver, extra):
-    program = HIDE_MODULES + "from rdq_core.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    program = HIDE_MODULES + "from rdq_core.hosts.cli import main\nsys.exit(main(sys.argv[1:]))\n"
     done = subprocess.run([sys.executable, "-c", program, driver, "--storage", url, "migrate"], cwd=REPO,
                           env=newcomer_environment(tmp_path), capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr

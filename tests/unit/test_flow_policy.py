@@ -17,11 +17,11 @@ from rdq_core.flow import (
     full_keys,
     parse_rate,
 )
-from rdq_core.handlers import HandlerRegistry
+from rdq_core.engine.handlers import HandlerRegistry
 from rdq_core.model import DedupeMode, NewTask, TaskStatus
-from rdq_core.retry import policy_book_from_config
+from rdq_core.engine.retry import policy_book_from_config
 from rdq_core.storage import open_storage
-from rdq_core.worker import Worker, WorkerConfig
+from rdq_core.hosts.process.worker import Worker, WorkerConfig
 
 
 def test_queue_policies_carry_flow_control_beside_the_retry_policy():

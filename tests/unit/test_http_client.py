@@ -263,7 +263,7 @@ def test_the_api_url_is_checked() -> None:
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     """``rdq ARGV`` in this process: exit code, standard output, standard error."""
-    from rdq_core.cli import main
+    from rdq_core.hosts.cli import main
 
     capsys.readouterr()
     code = main(list(argv))

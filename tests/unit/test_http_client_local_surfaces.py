@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from rdq_core import payloads
+from rdq_core.engine import payloads
 from rdq_core.errors import ConfigurationError, TaskNotFound
 from rdq_core.http_client import ApiKey, BearerToken, HttpClient, SigV4, plaintext_credential_warning
 from tests.loopback import Answer, ScriptedHttpServer
@@ -172,7 +172,7 @@ def test_an_api_key_or_token_over_plain_http_to_another_host_is_warned_about() -
 
 
 def test_rdq_api_warns_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
-    from rdq_core.cli.common import client_for
+    from rdq_core.hosts.cli.common import client_for
 
     args = argparse.Namespace(api="http://api.example.com/prod", api_key="key-7", token=None, profile=None, region=None)
     assert isinstance(client_for(args, ""), HttpClient)
@@ -184,7 +184,7 @@ def test_rdq_api_warns_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_rdq_console_warns_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
-    from rdq_core.console import server
+    from rdq_core.hosts.console import server
 
     args = argparse.Namespace(console_api="http://api.example.com/prod", console_api_key="key-8", console_token=None,
                               console_port=0, console_profile=None, console_region=None)

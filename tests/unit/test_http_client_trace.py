@@ -14,7 +14,7 @@ from rdq_core.client import build_new_task
 from rdq_core.compliance.support import wait_until
 from rdq_core.http_client import BearerToken, HttpClient
 from rdq_core.model import TaskStatus
-from rdq_core.tracecontext import stamped
+from rdq_core.engine.tracecontext import stamped
 from rdq_core.validation import TRACEPARENT_HEADER, TRACESTATE_HEADER
 from tests.rdq_servers import DevServer, dev_server
 
@@ -83,7 +83,7 @@ def test_an_invalid_explicit_traceparent_is_dropped_and_the_enqueue_succeeds(rdq
 
 
 def test_enqueue_item_carries_the_context_of_a_use_block(rdq):
-    from rdq_core import tracecontext
+    from rdq_core.engine import tracecontext
 
     queue = f"trace{os.getpid()}e"
     with tracecontext.use(TRACEPARENT, "a=1"):

@@ -1,4 +1,4 @@
-"""rdq_core.logs: text on a terminal, JSON lines otherwise, every outcome field in JSON."""
+"""rdq_core.engine.logs: text on a terminal, JSON lines otherwise, every outcome field in JSON."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 import pytest
 
 from rdq_core.errors import InvalidInput
-from rdq_core.logs import (
+from rdq_core.engine.logs import (
     JsonFormatter,
     TextFormatter,
     configure_logging,
@@ -21,8 +21,8 @@ from rdq_core.logs import (
     task_log_keys,
 )
 from rdq_core.model import ErrorInfo, Outcome, Settlement, Task, TaskStatus
-from rdq_core.retry import PolicyBook
-from rdq_core.outcomes import log_outcome
+from rdq_core.engine.retry import PolicyBook
+from rdq_core.engine.outcomes import log_outcome
 
 OUTCOME_FIELDS = {"task_id", "queue", "handler", "try", "max_tries", "outcome", "status", "duration_ms", "error_type"}
 

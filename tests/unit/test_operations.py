@@ -13,7 +13,8 @@ from typing import Iterator
 
 import pytest
 
-from rdq_core import Client, operations
+from rdq_core import Client
+from rdq_core.engine import operations
 from rdq_core.compliance.support import dead_letter, enqueue_n
 from rdq_core.errors import TaskConflict, TaskNotFound
 from rdq_core.http_client import BearerToken, HttpClient
@@ -175,7 +176,7 @@ def test_a_large_redrive_through_the_api_becomes_an_operation(dev: DevServer, ca
     entries = rdq.list_audit(queue="api-ops").entries
     assert entries[0].action == "redrive" and entries[0].selection["operation"] == started.id
 
-    from rdq_core.cli import main
+    from rdq_core.hosts.cli import main
 
     for name in ("RDQ_API_URL", "RDQ_API_KEY", "RDQ_API_TOKEN", "RDQ_STORAGE_URL"):
         monkeypatch.delenv(name, raising=False)

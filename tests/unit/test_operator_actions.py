@@ -170,7 +170,7 @@ def test_the_api_records_the_principal_api_gateway_authenticated(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("RDQ_STORAGE_URL", url)
     monkeypatch.setenv("RDQ_AUTO_MIGRATE", "true")
-    from rdq_core.lambda_host.api import handle_api_event
+    from rdq_core.hosts.aws_lambda.api import handle_api_event
 
     # A header that claims an identity changes nothing: only API Gateway's context counts.
     event = _api_event("POST", "/v1/queues/audited:pause", identity)
@@ -187,7 +187,7 @@ def test_the_api_records_the_principal_api_gateway_authenticated(
 
 # -- the CLI, on a store and through the API ---------------------------------------------------
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    from rdq_core.cli import main
+    from rdq_core.hosts.cli import main
 
     capsys.readouterr()
     code = main(list(argv))
@@ -228,7 +228,7 @@ def test_the_operator_commands_answer_alike_on_a_store_and_through_the_api(
 
 
 def test_schedule_changes_are_in_the_audit_trail(tmp_path: Path) -> None:
-    from rdq_core.schedules import LocalScheduleBook
+    from rdq_core.engine.schedules import LocalScheduleBook
 
     with Client(f"sqlite:///{tmp_path}/audit.db", actor="ops@example") as client:
         client.schedule_book = LocalScheduleBook(tmp_path / "schedules.json")

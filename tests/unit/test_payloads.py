@@ -9,15 +9,15 @@ import threading
 
 import pytest
 
-from rdq_core import payloads
+from rdq_core.engine import payloads
 from rdq_core.client import Client
 from rdq_core.compliance.support import wait_until
 from rdq_core.errors import InvalidInput, TaskConflict
-from rdq_core.handlers import HandlerRegistry
+from rdq_core.engine.handlers import HandlerRegistry
 from rdq_core.model import TaskStatus
-from rdq_core.payloads import LocalPayloadStore, PayloadRef
+from rdq_core.engine.payloads import LocalPayloadStore, PayloadRef
 from rdq_core.validation import headers as valid_headers
-from rdq_core.worker import Worker, WorkerConfig
+from rdq_core.hosts.process.worker import Worker, WorkerConfig
 
 SHA = "a" * 64
 
@@ -178,7 +178,7 @@ def test_a_hash_mismatch_dead_letters_with_a_clear_error(storage, client, store)
 
     _run(storage, registry, lambda: storage.get("tampered").status is TaskStatus.DEAD)
     dead = storage.get("tampered")
-    assert dead.attempt_count == 1 and dead.last_error.type == "rdq_core.payloads.PayloadIntegrityError"
+    assert dead.attempt_count == 1 and dead.last_error.type == "rdq_core.engine.payloads.PayloadIntegrityError"
     assert ref.key in dead.last_error.message and ref.sha256 in dead.last_error.message
     with pytest.raises(payloads.PayloadIntegrityError):
         client.get("tampered", resolve=True)
@@ -205,7 +205,7 @@ def test_purge_by_filter_deletes_only_the_matching_dead_tasks_objects(storage, c
 
 
 def test_rdq_enqueue_sends_a_large_payload_file_through_the_store(tmp_path, store, capsys):
-    from rdq_core import cli
+    from rdq_core.hosts import cli
 
     payload_file = tmp_path / "big.json"
     payload_file.write_text(json.dumps({"t": "x" * 300_000}))

@@ -14,13 +14,13 @@ import pytest
 
 from rdq_core.errors import ConfigurationError
 from rdq_core.flow import FLOW_POLICY_KEYS
-from rdq_core.handlers import HandlerRegistry
-from rdq_core.lambda_host.local_invoke import LocalLambdaContext
-from rdq_core.lambda_host.settings import Settings
-from rdq_core.lambda_host.worker import lambda_handler
-from rdq_core.retry import POLICY_KEYS, policy_book_from_config
+from rdq_core.engine.handlers import HandlerRegistry
+from rdq_core.hosts.aws_lambda.local_invoke import LocalLambdaContext
+from rdq_core.hosts.aws_lambda.settings import Settings
+from rdq_core.hosts.aws_lambda.worker import lambda_handler
+from rdq_core.engine.retry import POLICY_KEYS, policy_book_from_config
 from rdq_core.storage import open_storage
-from rdq_core.worker import Worker, WorkerConfig
+from rdq_core.hosts.process.worker import Worker, WorkerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,7 +82,7 @@ def test_rdq_worker_exits_at_start_up_naming_the_key(tmp_path: Path, policies: d
                                                      spelling: str) -> None:
     store = tmp_path / "rdq.db"
     env = {**os.environ, "RDQ_QUEUE_POLICIES": json.dumps(policies), "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "rdq_core.cli", "--storage", f"sqlite:///{store}", "worker",
+    done = subprocess.run([sys.executable, "-m", "rdq_core.hosts.cli", "--storage", f"sqlite:///{store}", "worker",
                            "--handlers", "rdq_core.examples", "--queues", "q1"],
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr

@@ -5,8 +5,8 @@ import random
 import pytest
 
 from rdq_core.model import Backoff, ErrorInfo, Outcome, Task, TaskStatus
-from rdq_core.outcomes import failed_attempt
-from rdq_core.retry import PolicyBook, RetryPolicy, backoff_delay, policy_book_from_config
+from rdq_core.engine.outcomes import failed_attempt
+from rdq_core.engine.retry import PolicyBook, RetryPolicy, backoff_delay, policy_book_from_config
 
 
 def make_task(**fields) -> Task:

@@ -1,4 +1,4 @@
-"""Schedules (rdq_core/schedules.py): expressions, next fire times, time zones and daylight saving
+"""Schedules (rdq_core/engine/schedules.py): expressions, next fire times, time zones and daylight saving
 time, the catch-up policy driven by a fake clock, and firing exactly once per period."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from rdq_core import Client
 from rdq_core.errors import InvalidInput, StorageUnavailable, TaskNotFound
-from rdq_core.schedules import (
+from rdq_core.engine.schedules import (
     LocalScheduleBook,
     Schedule,
     ScheduleClient,
@@ -168,7 +168,7 @@ def test_the_grammar_and_the_parser_agree():
     from hypothesis import Phase, given, settings
     from hypothesis import strategies as st
 
-    from rdq_core.schedules import EXPRESSION_PATTERN
+    from rdq_core.engine.schedules import EXPRESSION_PATTERN
 
     @settings(max_examples=150, deadline=None, database=None, derandomize=True, phases=[Phase.generate])
     @given(st.from_regex(f"^{EXPRESSION_PATTERN}$", fullmatch=True).filter(lambda text: len(text) <= 256))

@@ -16,8 +16,8 @@ import pytest
 
 from rdq_core.compliance.support import wait_until
 from rdq_core.errors import ConfigurationError
-from rdq_core.handlers import HandlerRegistry
-from rdq_core.lambda_host.settings import Settings
+from rdq_core.engine.handlers import HandlerRegistry
+from rdq_core.hosts.aws_lambda.settings import Settings
 from rdq_core.targets import (
     HttpsTarget,
     InvalidSignature,
@@ -180,12 +180,12 @@ def test_rdq_worker_runs_a_handler_bound_in_a_targets_file_without_any_handler_m
         env.pop(name, None)
 
     def rdq(*args: str) -> str:
-        return subprocess.run([sys.executable, "-m", "rdq_core.cli", *args], cwd=tmp_path, env=env, check=True,
+        return subprocess.run([sys.executable, "-m", "rdq_core.hosts.cli", *args], cwd=tmp_path, env=env, check=True,
                               capture_output=True, text=True, timeout=60).stdout
 
     rdq("migrate")
     rdq("enqueue", "hooks", "notify", "--id", "n-1", "--payload", json.dumps({"to": "ada"}))
-    worker = subprocess.Popen([sys.executable, "-m", "rdq_core.cli", "worker", "--queues", "hooks"], cwd=tmp_path,
+    worker = subprocess.Popen([sys.executable, "-m", "rdq_core.hosts.cli", "worker", "--queues", "hooks"], cwd=tmp_path,
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: json.loads(rdq("task", "show", "n-1", "--json"))["status"] == "SUCCEEDED", timeout=30,
@@ -200,7 +200,7 @@ def test_rdq_worker_runs_a_handler_bound_in_a_targets_file_without_any_handler_m
     verify_signature(request.headers, request.body, "whsec_cli")
     # A file that binds badly stops the start with a usage error naming it.
     (tmp_path / "rdq-targets.json").write_text(json.dumps({"notify": {"https": "http://example.com/", "secret": "s"}}))
-    refused = subprocess.run([sys.executable, "-m", "rdq_core.cli", "worker"], cwd=tmp_path, env=env,
+    refused = subprocess.run([sys.executable, "-m", "rdq_core.hosts.cli", "worker"], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "must be an https:// URL" in refused.stderr
     assert "Traceback" not in refused.stderr
@@ -214,7 +214,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_worker_functions_entry_point_binds_rdq_targets_and_a_bad_binding_fails_its_cold_start():
-    code = "import app; from rdq_core.handlers import registry; print(registry.names())"
+    code = "import app; from rdq_core.engine.handlers import registry; print(registry.names())"
     bindings = json.dumps({"resize": {"lambda": "resize:live"}, "notify": {"https": "https://h.example/", "secret": "s"}})
     done = _python(code, RDQ_TARGETS=bindings, RDQ_HANDLERS="")
     assert done.returncode == 0, done.stderr
@@ -234,7 +234,7 @@ def test_rdq_invoke_worker_runs_a_task_bound_in_rdq_targets_through_the_lambda_h
                                                       "ca_file": str(authority.ca_file)}})})
 
     def rdq(*args: str, stdin: str | None = None) -> str:
-        return subprocess.run([sys.executable, "-m", "rdq_core.cli", *args], cwd=tmp_path, env=env, check=True,
+        return subprocess.run([sys.executable, "-m", "rdq_core.hosts.cli", *args], cwd=tmp_path, env=env, check=True,
                               capture_output=True, text=True, timeout=60, input=stdin).stdout
 
     try:

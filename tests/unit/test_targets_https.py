@@ -13,13 +13,13 @@ import pytest
 from rdq_core import verify_signature
 from rdq_core.client import Client
 from rdq_core.compliance.support import wait_until
-from rdq_core.handlers import HandlerRegistry
+from rdq_core.engine.handlers import HandlerRegistry
 from rdq_core.model import Outcome, Task, TaskStatus
-from rdq_core.retry import policy_book_from_config
+from rdq_core.engine.retry import policy_book_from_config
 from rdq_core.storage import open_storage
 from rdq_core.storage.spi import Storage
 from rdq_core.targets import InvalidSignature, bind_targets, parse_targets
-from rdq_core.worker import Worker, WorkerConfig
+from rdq_core.hosts.process.worker import Worker, WorkerConfig
 
 from .target_receivers import TRICKLE, Answer, Authority, Receiver, make_authority
 

@@ -14,9 +14,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from rdq_core.aws_clients import client_config
+from rdq_core.aws.clients import client_config
 from rdq_core.client import Client
-from rdq_core.handlers import HandlerRegistry
+from rdq_core.engine.handlers import HandlerRegistry
 from rdq_core.model import Outcome, TaskStatus
 from rdq_core.targets import bind_targets, parse_targets
 

@@ -11,9 +11,10 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from rdq_core import Client, tracecontext
+from rdq_core import Client
+from rdq_core.engine import tracecontext
 from rdq_core.errors import InvalidInput
-from rdq_core.handlers import TaskContext
+from rdq_core.engine.handlers import TaskContext
 from rdq_core.validation import TRACEPARENT_HEADER, TRACESTATE_HEADER
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -182,7 +183,7 @@ def test_the_opentelemetry_api_without_a_tracer_provider_opens_no_span():
     set, stays for the process.)"""
     code = textwrap.dedent('''
         import opentelemetry.trace
-        from rdq_core import tracecontext
+        from rdq_core.engine import tracecontext
         span = tracecontext.attempt_span
         assert span(task_id="t", queue="q", handler="h", attempt=1, redrive_count=0, headers={}) is tracecontext._UNTRACED
         tp = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"

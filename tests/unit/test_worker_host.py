@@ -7,19 +7,19 @@ import threading
 import time
 
 
-from rdq_core.claiming import ClaimLoop
+from rdq_core.engine.claiming import ClaimLoop
 from rdq_core.compliance.support import wait_until
 from rdq_core.flow import NO_FLOW
 from rdq_core.errors import StorageUnavailable
-from rdq_core.handlers import HandlerRegistry
+from rdq_core.engine.handlers import HandlerRegistry
 from rdq_core.model import Backoff, Outcome, TaskStatus
-from rdq_core.outage import StorageHealth
-from rdq_core.reaper import reap_expired_leases
-from rdq_core.retry import PolicyBook, RetryPolicy
+from rdq_core.engine.outage import StorageHealth
+from rdq_core.engine.reaper import reap_expired_leases
+from rdq_core.engine.retry import PolicyBook, RetryPolicy
 from rdq_core.storage import open_storage
 from rdq_core.client import Client
-from rdq_core.runner import BatchRunner
-from rdq_core.worker import HANDLER_OVERRAN, Worker, WorkerConfig
+from rdq_core.engine.runner import BatchRunner
+from rdq_core.hosts.process.worker import HANDLER_OVERRAN, Worker, WorkerConfig
 
 
 def start(worker: Worker) -> threading.Thread:
@@ -185,8 +185,8 @@ def test_drain_settles_every_batch_with_or_without_settling_behind(tmp_path):
     settle overlaps the next claim or not, every task is SUCCEEDED with one attempt when it
     returns, and nothing is left held."""
     from rdq_core.client import Client
-    from rdq_core.handlers import HandlerRegistry
-    from rdq_core.worker import Worker, WorkerConfig
+    from rdq_core.engine.handlers import HandlerRegistry
+    from rdq_core.hosts.process.worker import Worker, WorkerConfig
 
     for behind in (True, False):
         storage = open_storage(f"sqlite:///{tmp_path}/drain-{behind}.db")

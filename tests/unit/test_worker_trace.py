@@ -13,9 +13,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from rdq_core.client import Client
 from rdq_core.compliance.support import wait_until
-from rdq_core.handlers import HandlerRegistry
+from rdq_core.engine.handlers import HandlerRegistry
 from rdq_core.model import TaskStatus
-from rdq_core.worker import Worker, WorkerConfig
+from rdq_core.hosts.process.worker import Worker, WorkerConfig
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"

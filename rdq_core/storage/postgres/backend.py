@@ -313,7 +313,7 @@ class PostgresStorage(StorageCore):
             raise InvalidInput(f"settlement not storable in PostgreSQL: {exc}") from exc
         return {settlements[row["ord"] - 1].task_id for row in rows}
 
-    # -- a task completed inside a transaction (rdq_core/transactions.py) -------------------
+    # -- a task completed inside a transaction (rdq_core/engine/transactions.py) -------------------
     def _begin(self, connection: Any) -> _HandlerTransaction:
         if connection is None:
             # One of the pool's connections, counted against its bound (RDQ_PG_MAX_CONNECTIONS):

@@ -71,7 +71,7 @@ class SQLiteStorage(StorageCore):
     schemes = ("sqlite",)
     store_name = "SQLite"
     # No cross-process push: an idle worker polls, often (an empty claim is a local read).
-    # `rdq dev`'s API wakes its in-process worker itself (lambda_host.invoker).
+    # `rdq dev`'s API wakes its in-process worker itself (hosts.aws_lambda.invoker).
     idle_poll_seconds = 0.1
     codec = RecordCodec(time=epoch_micros)
     transient_errors = (sqlite3.OperationalError,)  # narrowed to the unavailable codes by is_transient
@@ -398,7 +398,7 @@ class SQLiteStorage(StorageCore):
             self._task_events(conn, now, [task_id for task_id, _ in rows], self.events.settled_statuses)
         return {task_id for task_id, _ in rows}
 
-    # -- a task completed inside a transaction (rdq_core/transactions.py) -------------------
+    # -- a task completed inside a transaction (rdq_core/engine/transactions.py) -------------------
     def _joined(self, connection: Any) -> sqlite3.Connection:
         """The caller's connection, once it is known to be open on this store's file."""
         if not isinstance(connection, sqlite3.Connection):

@@ -9,7 +9,7 @@
 -- Only when the queue had no other due task: a committing NOTIFY holds a cluster-wide lock
 -- through its commit's WAL flush, so notifying every enqueue would serialise concurrent
 -- producers (measured: 8 producers 520 -> 135 enqueues/s). A queue with due tasks has no idle
--- worker to wake (a worker that finds work claims again before it idles; rdq_core/claiming.py
+-- worker to wake (a worker that finds work claims again before it idles; rdq_core/engine/claiming.py
 -- re-checks soon after its last task, for an enqueue that raced its last claim).
 -- Nothing existing is rewritten; the enqueue statement itself is unchanged.
 CREATE FUNCTION rdq_wake_workers() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -1,7 +1,0 @@
-"""``python -m rdq_core.cli``: the ``rdq`` command."""
-
-import sys
-
-from .main import main
-
-sys.exit(main())

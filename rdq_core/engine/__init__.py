@@ -1,0 +1,8 @@
+"""The engine: what every host runs, and nothing of any host.
+
+Claiming and leases (``claiming``), running a batch (``runner``, ``execution``), turning results
+into settlements (``outcomes``, ``settling``, ``retry``), the maintenance pass (``maintenance``,
+``reaper``), bulk operations, schedules, large payloads, trace context and the wake-up of idle
+workers. It reaches storage only through the SPI (``rdq_core.storage.spi``) and AWS only
+through the adapters in ``rdq_core.aws``, which a host chooses.
+"""

@@ -1,0 +1,340 @@
+"""The claim loop of both hosts: claim a batch per queue, run it, and go round again.
+
+The long-running worker (``rdq_core.hosts.process.worker``) and the Lambda worker
+(``rdq_core.hosts.aws_lambda.worker``) run this same loop and pass only what differs:
+
+=================  =================================  ====================================
+                   ``rdq worker``                     Lambda worker
+=================  =================================  ====================================
+lease              ``--lease``, renewed by heartbeat  the invocation's remaining time + grace
+deadline           none                               the invocation's end - settle reserve
+stop condition     ``stop()`` / an overrun            the deadline
+after a round      idles when nothing started         ends when nothing made progress
+errors, outages    ridden out with backoff            end the invocation (Lambda retries)
+threads            ``--concurrency``                  ``HandlerConcurrency``
+claim size         ``--batch``                        sized to the time left (``ClaimPace``)
+=================  =================================  ====================================
+
+Both run their loop on several threads with ``run_concurrently``: each thread claims and runs
+batches of its own, so up to that many handlers run at once, each under its own timeout.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from ..errors import SchemaMissing, StorageUnavailable
+from .handlers import DEFAULT_TIMEOUT_SECONDS
+from .outage import ReconnectBackoff, StorageHealth
+from .runner import BatchRunner
+from .settling import BatchReport, ClaimLedger, SettleBehind
+from ..storage.spi import Storage
+from .telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from .wakeup import WakeSignal
+
+
+#: With a wake-up: how soon a loop that just ran tasks and then found none claims again; the
+#: pause doubles with each empty claim up to the idle pause (a wake-up ends any of them).
+RECHECK_AFTER_WORK_SECONDS = 0.01
+
+#: The least time per task a ``ClaimPace`` assumes, so that handlers that return at once do not
+#: make "how many fit" infinite (the batch size bounds it anyway).
+_LEAST_SECONDS_PER_TASK = 0.001
+
+
+@dataclass
+class ClaimReport:
+    """What one round, or a whole loop, claimed and what became of it."""
+
+    claimed: int = 0
+    started: int = 0
+    released: int = 0
+    too_long: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def progress(self) -> int:
+        # Dead-lettering a task that can never fit is progress too: the tasks behind it run.
+        return self.started + self.too_long
+
+    def add(self, other: ClaimReport) -> None:
+        self.claimed += other.claimed
+        self.started += other.started
+        self.released += other.released
+        self.too_long += other.too_long
+        for outcome, n in other.outcomes.items():
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + n
+
+    def add_batch(self, claimed: int, batch: BatchReport) -> None:
+        self.add(ClaimReport(claimed, batch.started, batch.released, batch.too_long, batch.outcomes))
+
+
+class ClaimPace:
+    """How many tasks one claim loop (one thread) should claim with ``time_left`` before its
+    deadline: no more than it can plausibly start, since a task that cannot start is only held
+    from other workers and then released (``BatchRunner`` starts a task only while its handler's
+    ``timeout_seconds`` + the settle margin still fits).
+
+    Which handlers a claim brings back is known only after it, so the rule plans with the
+    registered handler timeouts:
+
+    * ``shortest``: below the shortest registered timeout + margin no claimed task could start;
+      the loop claims nothing more.
+    * ``planned``: the longest registered timeout this host can ever give (or the default 10 s
+      with none registered). Tasks can start while ``time_left`` >= ``planned`` + margin; one
+      thread starts them one after another, each taking ``per_task`` seconds: the mean of what
+      this loop's tasks took so far. So a claim takes
+      ``floor((time_left - planned - margin) / per_task) + 1`` tasks, at most the batch size.
+    * Before the loop has measured anything it claims one task: that measures it, and the loops
+      of one invocation then share a small backlog instead of the first one holding all of it.
+    * Once that window has closed, one task per claim: only a handler quicker than ``planned``
+      could still start, and holding one at a time wastes nothing.
+
+    One per thread: its measure is its own tasks'.
+    """
+
+    def __init__(self, shortest: float, planned: float, margin: float) -> None:
+        self.shortest = shortest
+        self.planned = planned
+        self.margin = margin
+        self._done = 0
+        self._busy_seconds = 0.0
+
+    @classmethod
+    def for_runner(cls, runner: BatchRunner) -> ClaimPace:
+        """Planned on the timeouts registered with ``runner``'s registry that fit its host."""
+        margin = runner.settle_margin
+        timeouts = [spec.timeout_seconds for spec in map(runner.registry.get, runner.registry.names())
+                    if spec is not None and spec.timeout_seconds + margin <= runner.longest_run_seconds]
+        if not timeouts:
+            timeouts = [DEFAULT_TIMEOUT_SECONDS]
+        return cls(min(timeouts), max(timeouts), margin)
+
+    def record(self, done: int, seconds: float) -> None:
+        """A batch of this loop started (or dead-lettered) ``done`` tasks in ``seconds``."""
+        if done:
+            self._done += done
+            self._busy_seconds += max(seconds, 0.0)
+
+    def claim_size(self, batch_size: int, time_left: float) -> int:
+        """Tasks to claim now (0: too little time for any handler to start)."""
+        if time_left < self.shortest + self.margin:
+            return 0
+        window = time_left - (self.planned + self.margin)
+        if window < 0 or not self._done:
+            return 1
+        per_task = max(self._busy_seconds / self._done, _LEAST_SECONDS_PER_TASK)
+        # The epsilon keeps an exact fit (1.5 s of window, 0.1 s a task) from rounding down.
+        return max(1, min(batch_size, int(window / per_task + 1e-9) + 1))
+
+
+class ClaimLoop:
+    """Claims from ``queues()`` with ``lease_seconds()`` and runs what it claims on ``runner``
+    until ``should_stop()`` or ``deadline`` (on ``clock``).
+
+    ``idle_pause``: seconds to wait (with ``wait``) after a round that made no progress;
+    None ends the loop then instead. ``wake``: given, that wait ends early when a task is
+    enqueued into a served queue after the round began (``rdq_core.engine.wakeup``), and right
+    after work it is shorter (``RECHECK_AFTER_WORK_SECONDS``, doubling). ``settle_behind``:
+    each batch's last settle runs on a thread of its own while the next batch is claimed and
+    run (``SettleBehind``). ``health``: given, storage outages and unexpected errors are
+    ridden out with backoff (logged once per outage on its logger); None, they end the loop.
+    ``fit_to_deadline``: with a finite ``deadline``, each claim takes only as many tasks as can
+    plausibly start before it (``ClaimPace``), and the loop ends when no handler could start.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        runner: BatchRunner,
+        *,
+        queues: Callable[[], Sequence[str]],
+        batch_size: int,
+        lease_seconds: Callable[[], float],
+        deadline: float = math.inf,
+        should_stop: Callable[[], bool] = lambda: False,
+        ledger: ClaimLedger | None = None,
+        telemetry: Telemetry | None = None,
+        idle_pause: float | None = None,
+        health: StorageHealth | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wait: Callable[[float], object] = time.sleep,
+        wake: WakeSignal | None = None,
+        settle_behind: bool = True,
+        fit_to_deadline: bool = False,
+    ) -> None:
+        self.storage = storage
+        self.runner = runner
+        self.queues = queues
+        self.batch_size = batch_size
+        self.lease_seconds = lease_seconds
+        self.deadline = deadline
+        self.should_stop = should_stop
+        self.ledger = ledger
+        self.telemetry = telemetry or Telemetry()
+        self.idle_pause = idle_pause
+        self.health = health
+        self.clock = clock
+        self.wait = wait
+        self.wake = wake
+        self.settle_behind = settle_behind
+        self.fit_to_deadline = fit_to_deadline
+
+    def stopped(self) -> bool:
+        return self.should_stop() or self.clock() >= self.deadline
+
+    def run(self) -> ClaimReport:
+        """Rounds until stopped (or, without ``idle_pause``, until a round makes no progress);
+        every batch is settled when this returns."""
+        # Each batch's last settle is written while the next batch is claimed and run.
+        behind = SettleBehind() if self.settle_behind else None
+        pace = ClaimPace.for_runner(self.runner) if self.fit_to_deadline and math.isfinite(self.deadline) else None
+        try:
+            return self._rounds(behind, pace)
+        finally:
+            if behind is not None:
+                behind.close()
+
+    def _rounds(self, behind: SettleBehind | None, pace: ClaimPace | None) -> ClaimReport:
+        total = ClaimReport()
+        backoff = ReconnectBackoff()
+        recheck = math.inf  # the next pause with a wake-up; short right after work
+        while not self.stopped():
+            # Noted before the claim: an enqueue that commits while it runs still ends the pause.
+            mark = self.wake.mark() if self.wake is not None else 0
+            try:
+                round_ = self.run_round(behind, pace)
+            except (StorageUnavailable, SchemaMissing) as exc:
+                if self.health is None:
+                    raise
+                # Each pass through here is one reconnect attempt after a backoff pause. A store
+                # not migrated yet is waited out the same way (one line saying to run migrate):
+                # workers may well start before the deploy step that migrates.
+                self.telemetry.count("reconnect_attempts")
+                self.health.failed("claim loop", exc)
+                self.wait(backoff.next())
+                continue
+            except Exception:  # a bug must not silently end a long-running claim loop
+                if self.health is None:
+                    raise
+                self.telemetry.count("claim_loop_errors")
+                self.health.log.exception("unexpected error in the claim loop; backing off")
+                self.wait(backoff.next())
+                continue
+            backoff.reset()
+            total.add(round_)
+            if not round_.progress:
+                # Drained, or nothing claimed could start (too little time left for its handler):
+                # claiming again at once would only release it again.
+                if self.idle_pause is None:
+                    break
+                if self.wake is not None:
+                    # Right after work, re-check soon, then less and less often: a store may skip
+                    # the wake-up of an enqueue that saw a due task this loop had just claimed
+                    # (PostgreSQL does), and an empty claim is cheap (it writes nothing).
+                    self.wake.wait(mark, min(self.idle_pause, recheck))
+                    recheck *= 2
+                else:
+                    self.wait(self.idle_pause)
+            else:
+                recheck = RECHECK_AFTER_WORK_SECONDS
+        return total
+
+    def run_round(self, settle_behind: SettleBehind | None = None, pace: ClaimPace | None = None) -> ClaimReport:
+        """Claim one batch per queue and run each; returns what the round did. Every batch is
+        settled when this returns, unless ``settle_behind`` is given: then the last one may still
+        be on its way (``settle_behind.wait()``). ``pace``: claims sized to the time left."""
+        report = ClaimReport()
+        for queue in self.queues():
+            if self.stopped():
+                break
+            size = self.batch_size
+            if pace is not None:
+                size = pace.claim_size(self.batch_size, self.deadline - self.clock())
+                if not size:
+                    break  # no registered handler could start any more: the round made no progress
+            lease = self.lease_seconds()
+            began = self.clock()
+            claimed = self.storage.claim(queue, size, lease, self.runner.policies.flow_for(queue))
+            if self.health is not None:
+                # Only a call that reached the store ends an outage (a round also returns
+                # normally when the runner gave up on a settle, which proves nothing).
+                self.health.ok()
+            self.telemetry.timing_ms("claim_latency_ms", (self.clock() - began) * 1000)
+            self.telemetry.count("claimed", len(claimed))
+            if not claimed:
+                continue
+            ran_from = self.clock()
+            batch = self.runner.run(claimed, deadline=self.deadline, ledger=self.ledger, should_stop=self.should_stop,
+                                    settle_behind=settle_behind, lease_seconds=lease)
+            if pace is not None:
+                pace.record(batch.started + batch.too_long, self.clock() - ran_from)
+            report.add_batch(len(claimed), batch)
+        return report
+
+
+def per_thread_batch(batch_size: int, threads: int) -> int:
+    """Each of ``threads`` loops claims this many, so that together they hold about one batch."""
+    return max(1, -(-batch_size // max(threads, 1)))
+
+
+def run_concurrently(
+    loop: ClaimLoop,
+    threads: int,
+    *,
+    name: str = "rdq-claim-loop",
+    watch: Callable[[], object] | None = None,
+    watch_every: float = 0.1,
+) -> ClaimReport:
+    """Run ``loop`` on ``threads`` threads at once and return their merged report: up to that
+    many handlers run at the same time, each in a batch of its own thread, under its own
+    timeout and the loop's deadline. ``rdq worker --concurrency`` and the Lambda worker's
+    ``HandlerConcurrency`` both run here.
+
+    One thread and no ``watch``: the loop runs on the calling thread. Otherwise the calling
+    thread waits, calling ``watch`` every ``watch_every`` seconds (``rdq worker`` checks for
+    overrunning handlers). A loop that raises stops its siblings (they finish their running
+    handlers and release what they have not started) and the first error is raised here once
+    all have ended."""
+    if threads <= 1 and watch is None:
+        return loop.run()
+    failed = threading.Event()
+    # A copy that also stops when a sibling failed; it shares the runner, store and deadline.
+    shared = copy.copy(loop)
+    shared.should_stop = lambda: failed.is_set() or loop.should_stop()
+    reports: list[ClaimReport] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def run_one() -> None:
+        try:
+            report = shared.run()
+        except BaseException as exc:  # noqa: BLE001 - raised on the calling thread once all have ended
+            with lock:
+                errors.append(exc)
+            failed.set()
+            return
+        with lock:
+            reports.append(report)
+
+    workers = [threading.Thread(target=run_one, name=f"{name}-{n}", daemon=True) for n in range(max(threads, 1))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        while worker.is_alive():
+            if watch is not None:
+                watch()
+            worker.join(watch_every if watch is not None else None)
+    if errors:
+        raise errors[0]
+    total = ClaimReport()
+    for report in reports:
+        total.add(report)
+    return total
