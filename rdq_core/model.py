@@ -153,6 +153,10 @@ class Task:
     dedupe_key: str | None = None
     #: While IN_FLIGHT: when the running attempt's claim was stamped (the store's clock); else None.
     claimed_at: datetime | None = None
+    #: While IN_FLIGHT: who holds the running attempt's claim, as the claimer named itself
+    #: (``rdq worker``: host, pid and name; Lambda: function, log stream and request id); None
+    #: when the claimer gave no name, and always None unless IN_FLIGHT.
+    claimed_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -180,6 +184,7 @@ class Task:
             "group": self.group,
             "dedupe_key": self.dedupe_key,
             "claimed_at": _iso(self.claimed_at),
+            "claimed_by": self.claimed_by,
         }
 
     @classmethod
@@ -210,6 +215,7 @@ class Task:
             group=data.get("group"),
             dedupe_key=data.get("dedupe_key"),
             claimed_at=_parse_iso(data.get("claimed_at")),
+            claimed_by=data.get("claimed_by"),
         )
 
 

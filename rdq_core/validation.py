@@ -49,6 +49,8 @@ class Limits:
     #: and its slot arithmetic stays far from any date or duration overflow.
     operation_rate_min = 0.01
     operation_rate_max = 100_000
+    #: The name a worker claims under (``Storage.claim(worker=...)``), shown on a running task.
+    worker_chars = 200
 
 
 #: run_at is clamped into this range (see ``run_at``).
@@ -203,6 +205,15 @@ def flow_key(value: Any, field: str) -> str | None:
         return None
     if not isinstance(value, str) or not FLOW_KEY.fullmatch(value):
         raise InvalidInput(f"{field} must match ^[A-Za-z0-9][A-Za-z0-9._~:-]{{0,127}}$", field)
+    return value
+
+
+def worker_name(value: Any, field: str = "worker") -> str:
+    """Who claims (``Storage.claim(worker=...)``): printable text of at most
+    ``Limits.worker_chars`` characters; '' names nobody. Printable keeps control characters and
+    lone surrogates out of every store and every view that shows it."""
+    if not isinstance(value, str) or len(value) > Limits.worker_chars or not value.isprintable():
+        raise InvalidInput(f"{field} must be printable text of at most {Limits.worker_chars} characters", field)
     return value
 
 

@@ -35,7 +35,8 @@ def _prepare(storage: Storage, operation: str, n: int, queue: str, short_lease: 
         return lambda: storage.enqueue(tasks)
     if operation == "claim":
         enqueue_n(storage, queue, n)
-        return lambda: storage.claim(queue, n, 30)
+        # Named, as every worker claims: storing who claimed costs no trip of its own.
+        return lambda: storage.claim(queue, n, 30, worker="bounds-worker:1")
     if operation == "stats":
         enqueue_n(storage, queue, n)
         return lambda: storage.stats(queue)

@@ -9,12 +9,59 @@ import time
 from collections import Counter
 from datetime import timedelta
 
+import pytest
+
+from ..engine.reaper import reap_expired_leases
+from ..engine.retry import PolicyBook, RetryPolicy
+from ..errors import InvalidInput
+from ..flow import FlowPolicy
 from ..model import TaskStatus
 from ..storage.spi import Storage
-from .support import OpenStore, enqueue_n, must_get, success
+from ..validation import Limits
+from .support import OpenStore, enqueue_n, must_get, success, wait_until
 
 
 class ClaimCompliance:
+    short_lease: float
+
+    def test_claim_records_who_claimed_while_the_task_is_in_flight(self, storage: Storage) -> None:
+        """``claim(worker=...)`` stores the name with the claim; the task shows it as
+        ``claimed_by`` while IN_FLIGHT, on the plain and the flow-controlled claim alike, and
+        never once the claim has ended or under a later claim that gave no name."""
+        worker = "ip-10-0-3-7.internal:4242 billing [réplica λ]"
+        enqueue_n(storage, "claimer", 3)
+        first, second = storage.claim("claimer", 2, 30, worker=worker)
+        assert (first.task.claimed_by, second.task.claimed_by) == (worker, worker)
+        assert must_get(storage, first.task.id).claimed_by == worker
+        storage.settle([success(first)])
+        storage.release([second.ref])
+        assert must_get(storage, first.task.id).claimed_by is None, "settled: no longer held"
+        assert must_get(storage, second.task.id).claimed_by is None, "released: no longer held"
+        (again,) = storage.claim("claimer", 1, 30)
+        assert again.task.id == second.task.id
+        assert again.task.claimed_by is None and must_get(storage, again.task.id).claimed_by is None, \
+            "a claim without a name shows none, not the earlier claimer's"
+        (flowed,) = storage.claim("claimer", 1, 30, FlowPolicy(max_in_flight=10), worker="flow:7")
+        assert flowed.task.claimed_by == "flow:7" and must_get(storage, flowed.task.id).claimed_by == "flow:7"
+        longest = "w" * Limits.worker_chars
+        storage.release([flowed.ref])
+        (held,) = storage.claim("claimer", 1, self.short_lease, worker=longest)
+        assert must_get(storage, held.task.id).claimed_by == longest
+        wait_until(lambda: storage.find_expired_leases(10, queue="claimer"), what="the lease to expire")
+        assert reap_expired_leases(storage, PolicyBook(RetryPolicy(max_attempts=5)), queue="claimer").expired == 1
+        reaped = must_get(storage, held.task.id)
+        assert reaped.status is TaskStatus.PENDING and reaped.claimed_by is None, "reaped: no longer held"
+
+    def test_claim_refuses_a_worker_name_it_cannot_show_and_claims_nothing(self, storage: Storage) -> None:
+        enqueue_n(storage, "claimer-bad", 2)
+        for bad in ("w" * (Limits.worker_chars + 1), "two\nlines", "tab\there", "nul\x00", "\x1b[31mred",
+                    "lone \ud800", None, 42, b"bytes"):
+            with pytest.raises(InvalidInput) as refused:
+                storage.claim("claimer-bad", 2, 30, worker=bad)  # type: ignore[arg-type]  # a bad value on purpose
+            assert refused.value.field == "worker"
+        counts = storage.stats("claimer-bad")
+        assert (counts.pending, counts.in_flight) == (2, 0), "a refused claim takes nothing"
+
     def test_claim_takes_oldest_due_first_up_to_the_limit(self, storage: Storage) -> None:
         ids = []
         for _ in range(5):

@@ -78,7 +78,7 @@ def decoded(value: Any) -> Any:
 _FIELDS = (
     "id", "queue", "handler", "payload", "status", "headers", "attempt_count", "redrive_count",
     "max_attempts", "backoff", "next_attempt_at", "lease_expires_at", "created_at", "updated_at",
-    "dead_at", "result", "last_error", "attempts", "claim_token", "claimed_at",
+    "dead_at", "result", "last_error", "attempts", "claim_token", "claimed_at", "claimed_by",
     "attempt_no", "outcome", "started_at", "finished_at", "error",
     "priority", "concurrency_key", "rate_key", "group", "dedupe_key",
 )
@@ -170,6 +170,8 @@ class RecordCodec:
             dedupe_key=get("dedupe_key") or None,
             # Only while in flight: a store may keep the last claim's time after it ends, or not.
             claimed_at=time(get("claimed_at")) if status is TaskStatus.IN_FLIGHT else None,
+            # The same for who claimed it ('' or absent: the claimer gave no name).
+            claimed_by=(get("claimed_by") or None) if status is TaskStatus.IN_FLIGHT else None,
         )
 
     def claimed(self, record: Record) -> ClaimedTask:

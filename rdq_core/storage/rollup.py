@@ -30,6 +30,10 @@ document by compare-and-set too. A pass that dies between the two loses that win
 (an undercount, never a double count). A settle stamps its time when its statement starts, so a
 minute is closed only ``CLOSE_GRACE_SECONDS`` after it ends.
 
+**Shape.** Written over a ``values.DocumentStore`` and a ``PageReader`` the core hands in, so
+this module imports neither the SPI (whose chart methods delegate here) nor the core (whose
+maintenance step does).
+
 **Durations.** Kept as a histogram of quarter-octave buckets (bucket ``i`` holds durations in
 ``[2**(i/4), 2**((i+1)/4))`` ms; bucket 0 also holds everything under 1 ms). Percentiles read from
 it are the geometric middle of their bucket: within 9 % of the true value, and mergeable across
@@ -41,15 +45,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from ..errors import InvalidInput
 from ..model import Outcome, Task, TaskStatus
 from ..validation import QUEUE_NAME
-from .spi import to_micros
+from .cursors import to_micros
+from .primitives import ORDER_FIELD, Selection
+from .values import DocumentStore, LiveQueueStats
 
-if TYPE_CHECKING:
-    from .core import StorageCore
+
+class RollupStore(DocumentStore, Protocol):
+    """What a maintenance pass needs of a store besides its documents: the queues' live work."""
+
+    def live_stats(self, queue: str) -> LiveQueueStats:
+        """The queue's PENDING, IN_FLIGHT and DEAD counts and oldest due age."""
+
+
+#: Reads one keyset page of a queue's tasks in one status, with their history (the core's
+#: listing primitive, its errors translated): ``(selection, limit) -> tasks``.
+PageReader = Callable[[Selection, int], Sequence[Task]]
 
 MINUTE_KIND = "queue-minute"
 #: The same figures per five minutes: what a day's charts read.
@@ -198,46 +213,43 @@ def _count_task(task: Task, finished: datetime, minutes: dict[int, _Minute], old
             handler.histogram[slot] = handler.histogram.get(slot, 0) + 1
 
 
-def _finished_between(storage: "StorageCore", queue: str, status: TaskStatus, start: int,
+def _finished_between(read_page: PageReader, queue: str, status: TaskStatus, start: int,
                       end: int) -> Iterator[tuple[Task, datetime]]:
     """Tasks of ``queue`` in ``status`` that finished in minutes ``[start, end)``, with history,
     oldest first, through the status's listing index."""
-    from .core import ORDER_FIELD, Selection
-
     # Strictly after the last microsecond of the minute before, whatever the id: no task id sorts
     # after "~" (an id starts with a letter or digit).
     after: tuple[int, str] = (start * 60_000_000 - 1, "~")
     end_micros = end * 60_000_000
     while True:
-        with storage.translated_errors():
-            records = storage._page(Selection(queue, status, after=after), PAGE_SIZE, True)
-        for record in records:
-            task = storage.codec.task(record)
+        tasks = read_page(Selection(queue, status, after=after), PAGE_SIZE)
+        for task in tasks:
             at = getattr(task, ORDER_FIELD[status])
             if at is None or to_micros(at) >= end_micros:
                 return
             yield task, at
             after = (to_micros(at), task.id)
-        if len(records) < PAGE_SIZE:
+        if len(tasks) < PAGE_SIZE:
             return
 
 
 # -- the maintenance step ----------------------------------------------------------------------------
-def roll_up(storage: "StorageCore", as_of: datetime | None = None) -> int:
+def roll_up(storage: RollupStore, read_page: PageReader, as_of: datetime | None = None) -> int:
     """Count the minutes closed since each queue's watermark and drop minutes past retention;
     the number of minute documents written. One maintenance step (see the module's text).
-    ``as_of`` stands for the store's clock (tests close the current minute with it)."""
+    ``read_page`` reads the finished tasks (see ``PageReader``); ``as_of`` stands for the store's
+    clock (tests close the current minute with it)."""
     now = storage.now() if as_of is None else as_of
     closed_end = minute_of(now - timedelta(seconds=CLOSE_GRACE_SECONDS))
     written = 0
     queues = set(storage.list_queues())
     marks = {doc.key: doc for doc in _all(storage, MARK_KIND)}
     for queue in sorted(queues | set(marks)):
-        written += _roll_queue(storage, queue, marks.get(queue), closed_end, active=queue in queues)
+        written += _roll_queue(storage, read_page, queue, marks.get(queue), closed_end, active=queue in queues)
     return written
 
 
-def _all(storage: "StorageCore", kind: str) -> Iterator[Any]:
+def _all(storage: DocumentStore, kind: str) -> Iterator[Any]:
     after: str | None = None
     while True:
         page = storage.list_documents(kind, limit=200, after=after)
@@ -247,7 +259,8 @@ def _all(storage: "StorageCore", kind: str) -> Iterator[Any]:
         after = page[-1].key
 
 
-def _roll_queue(storage: "StorageCore", queue: str, mark: Any, closed_end: int, *, active: bool) -> int:
+def _roll_queue(storage: RollupStore, read_page: PageReader, queue: str, mark: Any, closed_end: int, *,
+                active: bool) -> int:
     oldest = closed_end - RETENTION_MINUTES
     start = int(mark.body.get("through", 0)) if mark is not None else closed_end - FIRST_LOOKBACK_MINUTES
     start = max(start, oldest)
@@ -266,7 +279,7 @@ def _roll_queue(storage: "StorageCore", queue: str, mark: Any, closed_end: int, 
         return 0
     minutes: dict[int, _Minute] = {}
     for status in (TaskStatus.SUCCEEDED, TaskStatus.DEAD, TaskStatus.CANCELLED):
-        for task, finished in _finished_between(storage, queue, status, start, closed_end):
+        for task, finished in _finished_between(read_page, queue, status, start, closed_end):
             _count_task(task, finished, minutes, oldest)
     if active:
         # The live work only (pending, in flight, dead): full stats also count the finished tasks
@@ -282,7 +295,7 @@ def _roll_queue(storage: "StorageCore", queue: str, mark: Any, closed_end: int, 
     return written
 
 
-def _merge(storage: Any, queue: str, minute: int, counted: _Minute) -> bool:
+def _merge(storage: DocumentStore, queue: str, minute: int, counted: _Minute) -> bool:
     """Add one minute's figures to its minute document and to its five-minute one."""
     merged = True
     for step in STEPS:
@@ -290,7 +303,7 @@ def _merge(storage: Any, queue: str, minute: int, counted: _Minute) -> bool:
     return merged
 
 
-def _merge_into(storage: Any, step: int, queue: str, point: int, minute: int, counted: _Minute) -> bool:
+def _merge_into(storage: DocumentStore, step: int, queue: str, point: int, minute: int, counted: _Minute) -> bool:
     kind, key = KINDS[step], _minute_key(queue, point)
     for _ in range(MERGE_TRIES):
         existing = storage.get_document(kind, key)
@@ -316,7 +329,7 @@ def _merge_into(storage: Any, step: int, queue: str, point: int, minute: int, co
     return False
 
 
-def store_minute(storage: Any, queue: str, minute: int, *, counts: Mapping[str, int],
+def store_minute(storage: DocumentStore, queue: str, minute: int, *, counts: Mapping[str, int],
                  depth: Mapping[str, Any] | None = None,
                  handlers: Mapping[str, tuple[int, int, list[float]]] | None = None) -> bool:
     """Merge one minute's figures into its document, as a maintenance pass would: ``counts`` by
@@ -331,7 +344,7 @@ def store_minute(storage: Any, queue: str, minute: int, *, counts: Mapping[str, 
     return _merge(storage, queue, minute, counted)
 
 
-def _expire(storage: "StorageCore", queue: str, oldest: int) -> None:
+def _expire(storage: DocumentStore, queue: str, oldest: int) -> None:
     """Delete ``queue``'s documents of points that end before minute ``oldest`` (they come first
     by key), at both resolutions."""
     for step, kind in KINDS.items():
@@ -350,7 +363,7 @@ _COUNTED = ("succeeded", "retried", "dead_lettered", "cancelled")
 _DEPTH = ("pending", "in_flight", "dead", "oldest_pending_age_seconds")
 
 
-def queue_series(storage: Any, queue: str, window: str, as_of: datetime | None = None) -> dict[str, Any]:
+def queue_series(storage: DocumentStore, queue: str, window: str, as_of: datetime | None = None) -> dict[str, Any]:
     """The charts' series of ``queue`` over ``window``, oldest first, columns aligned on
     ``minutes`` (each point's first minute, epoch seconds): a point a minute over the last "hour",
     every five minutes over the last "day" (288 documents to read, not 1,440). Counts are per
@@ -389,7 +402,7 @@ def queue_series(storage: Any, queue: str, window: str, as_of: datetime | None =
             "minutes": [point * 60 for point in points], **series, "totals": totals, "handlers": handlers}
 
 
-def _point_docs(storage: Any, kind: str, queue: str, start: int, end: int) -> Iterator[Any]:
+def _point_docs(storage: DocumentStore, kind: str, queue: str, start: int, end: int) -> Iterator[Any]:
     after = _minute_key(queue, start - 1)
     last = _minute_key(queue, end)
     while True:
@@ -431,7 +444,7 @@ def _handler_series(name: str, by_point: Mapping[int, Mapping[str, Any]], points
 _CHARTED = (0.50, 0.95, 0.99)
 
 
-def overview_series(storage: Any, window: str = "hour", as_of: datetime | None = None) -> dict[str, Any]:
+def overview_series(storage: DocumentStore, window: str = "hour", as_of: datetime | None = None) -> dict[str, Any]:
     """Every queue's finished tasks per minute over ``window``, summed: the queues page's chart,
     with each queue's own totals."""
     if not isinstance(window, str) or window not in WINDOWS:

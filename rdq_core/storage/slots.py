@@ -7,7 +7,8 @@ by the store's clock; it is taken by compare-and-set on the document's version w
 random token, so two takers racing for one slot cannot both win, and renewed or freed only by
 the token that took it (a holder whose lease ran out and whose slot was taken again changes
 nothing). No backend writes any of this: it needs only ``get_document``, ``put_document``,
-``list_documents`` and ``now``.
+``list_documents`` and ``now`` (a ``values.DocumentStore``), so it never imports the SPI, whose
+default slot methods delegate here; the slot value types live in ``values.py`` beside it.
 
 **A lowered cap.** Slots numbered ``cap`` or above are never taken, and those still held count
 against the cap until their holders end: with ``h`` of them held, only slots ``n < cap - h`` may be
@@ -44,18 +45,18 @@ import time
 import weakref
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from ..errors import InvalidInput, StorageUnavailable
 from ..model import Document
+from .values import MAX_CAP, DocumentStore, WorkerSlot, WorkerStart, fleet_prefix, slot_key
 
-if TYPE_CHECKING:
-    from .spi import Storage
+__all__ = ["MAX_CAP", "SLOT_KIND", "PLAN_SUFFIX", "WorkerSlot", "WorkerStart", "fleet_prefix", "slot_key",
+           "take_worker_slot", "renew_worker_slot", "free_worker_slot", "worker_slots_held", "worker_starts_pending",
+           "reserve_worker_starts", "take_reserved_worker_slot", "cancel_worker_start"]
 
 #: The engine-document kind of worker slots.
 SLOT_KIND = "worker-slot"
-#: The largest cap: slot numbers are written with four digits so that keys sort by number.
-MAX_CAP = 9999
 #: The longest lease a slot may be taken or renewed for (a day: far above any invocation).
 MAX_LEASE_SECONDS = 86_400.0
 #: A lease ending within this of the estimated store time is checked against the store's clock.
@@ -74,76 +75,6 @@ PLAN_RETRY_SECONDS = 0.02
 PLAN_SUFFIX = "plan"
 
 
-@dataclass(frozen=True)
-class WorkerSlot:
-    """A slot this caller holds: ``number`` of ``fleet``, under ``token`` until ``expires_at``."""
-
-    fleet: str
-    number: int
-    token: str
-    expires_at: datetime
-
-    @property
-    def key(self) -> str:
-        return slot_key(self.fleet, self.number)
-
-
-@dataclass(frozen=True)
-class WorkerStart:
-    """A *pending start*: slot ``number`` of ``fleet`` reserved under ``token`` until ``expires_at``
-    for a worker being invoked; the worker takes it over with ``take_reserved_worker_slot``."""
-
-    fleet: str
-    number: int
-    token: str
-    expires_at: datetime
-
-    def to_event(self) -> dict[str, Any]:
-        """What the invoked worker's event carries (``from_event`` reads it back)."""
-        return {"fleet": self.fleet, "slot": self.number, "token": self.token,
-                "expires_at": self.expires_at.isoformat()}
-
-    @classmethod
-    def from_event(cls, value: Any) -> WorkerStart | None:
-        """The reservation an event carries; None for anything else (an event is input: a
-        malformed one makes its worker take a slot the ordinary way, nothing more)."""
-        if not isinstance(value, Mapping):
-            return None
-        fleet, number, token, expires = (value.get(k) for k in ("fleet", "slot", "token", "expires_at"))
-        if not (isinstance(fleet, str) and isinstance(token, str) and 0 < len(token) <= 64
-                and isinstance(number, int) and not isinstance(number, bool) and 0 <= number < MAX_CAP
-                and isinstance(expires, str)):
-            return None
-        try:
-            fleet_prefix(fleet)
-            at = datetime.fromisoformat(expires)
-        except (InvalidInput, ValueError):
-            return None
-        return cls(fleet, number, token, at if at.tzinfo else at.replace(tzinfo=timezone.utc))
-
-
-def fleet_prefix(fleet: str) -> str:
-    """The key prefix of ``fleet``'s slots. Document keys allow ``[A-Za-z0-9._:~-]``: any other
-    character (a Lambda function name may hold ``_``) is written as ``~XX`` per UTF-8 byte, and
-    ``~`` itself too, so two fleet names never share a prefix."""
-    if not isinstance(fleet, str) or not fleet:
-        raise InvalidInput("a worker fleet is a non-empty string", field="fleet")
-    encoded = "".join(
-        char if (char.isascii() and (char.isalnum() or char in ".-")) else "".join(f"~{b:02X}" for b in char.encode())
-        for char in fleet
-    )
-    prefix = f"{encoded}:"
-    if len(prefix) + 4 > 200 or not prefix[0].isalnum():
-        # Document keys start with a letter or digit; a fleet that would not is refused, not mangled.
-        raise InvalidInput("a worker fleet name must start with a letter or digit and stay short "
-                           "(at most 195 characters once encoded)", field="fleet")
-    return prefix
-
-
-def slot_key(fleet: str, number: int) -> str:
-    return f"{fleet_prefix(fleet)}{number:04d}"
-
-
 class _ClockEstimate:
     """The store's time as last read, moved on by this process's monotonic clock."""
 
@@ -151,7 +82,7 @@ class _ClockEstimate:
         self._lock = threading.Lock()
         self._reading: tuple[datetime, float] | None = None
 
-    def read(self, storage: Storage) -> datetime:
+    def read(self, storage: DocumentStore) -> datetime:
         now = storage.now()
         with self._lock:
             self._reading = (now, time.monotonic())
@@ -165,12 +96,12 @@ class _ClockEstimate:
         return at + timedelta(seconds=time.monotonic() - taken)
 
 
-# One estimate per store instance, kept beside it rather than on it (a Storage is the backend's).
-_estimates: "weakref.WeakKeyDictionary[Storage, _ClockEstimate]" = weakref.WeakKeyDictionary()
+# One estimate per store instance, kept beside it rather than on it (a store is the backend's).
+_estimates: "weakref.WeakKeyDictionary[DocumentStore, _ClockEstimate]" = weakref.WeakKeyDictionary()
 _estimates_lock = threading.Lock()
 
 
-def _estimate_of(storage: Storage) -> _ClockEstimate:
+def _estimate_of(storage: DocumentStore) -> _ClockEstimate:
     with _estimates_lock:
         found = _estimates.get(storage)
         if found is None:
@@ -202,11 +133,11 @@ def _seen(prefix: str, document: Document, suffix_number: int | None = None) -> 
                  body.get("start") is True)
 
 
-def _list_fleet(storage: Storage, prefix: str) -> list[_Seen]:
+def _list_fleet(storage: DocumentStore, prefix: str) -> list[_Seen]:
     return _list_fleet_and_plan(storage, prefix)[0]
 
 
-def _list_fleet_and_plan(storage: Storage, prefix: str) -> tuple[list[_Seen], _Seen | None]:
+def _list_fleet_and_plan(storage: DocumentStore, prefix: str) -> tuple[list[_Seen], _Seen | None]:
     """The fleet's slots and its plan document (numbered -1), in one listing: the plan's key
     sorts after every slot's."""
     found: list[_Seen] = []
@@ -231,7 +162,7 @@ def _list_fleet_and_plan(storage: Storage, prefix: str) -> tuple[list[_Seen], _S
 class _HeldView:
     """Which listed slots are held, judged by the store's clock, read only when it matters."""
 
-    def __init__(self, storage: Storage, slots: list[_Seen]) -> None:
+    def __init__(self, storage: DocumentStore, slots: list[_Seen]) -> None:
         self._slots = [s for s in slots if s.token is not None]
         estimate = _estimate_of(storage).estimate()
         margin = _micros(timedelta(seconds=CLOCK_ESTIMATE_MARGIN_SECONDS))
@@ -249,7 +180,7 @@ class _HeldView:
         return slot.expires_micros is not None and slot.expires_micros > self.now_micros
 
 
-def take_worker_slot(storage: Storage, fleet: str, cap: int, lease_seconds: float) -> WorkerSlot | None:
+def take_worker_slot(storage: DocumentStore, fleet: str, cap: int, lease_seconds: float) -> WorkerSlot | None:
     """Take a free slot ``n < cap`` of ``fleet`` for ``lease_seconds`` by the store's clock; None
     when ``cap`` slots are held (including slots at or above a lowered cap, until they end)."""
     prefix = fleet_prefix(fleet)
@@ -276,7 +207,7 @@ def take_worker_slot(storage: Storage, fleet: str, cap: int, lease_seconds: floa
     return None
 
 
-def _take(storage: Storage, fleet: str, prefix: str, number: int, seen: _Seen | None, lease: float,
+def _take(storage: DocumentStore, fleet: str, prefix: str, number: int, seen: _Seen | None, lease: float,
           view: _HeldView) -> WorkerSlot | None:
     if view.now_micros is None:
         # The lease end is counted from the store's clock: read it (the full-fleet case needed none).
@@ -290,7 +221,7 @@ def _take(storage: Storage, fleet: str, prefix: str, number: int, seen: _Seen | 
     return WorkerSlot(fleet, number, token, _from_micros(expires))
 
 
-def renew_worker_slot(storage: Storage, slot: WorkerSlot, lease_seconds: float) -> WorkerSlot | None:
+def renew_worker_slot(storage: DocumentStore, slot: WorkerSlot, lease_seconds: float) -> WorkerSlot | None:
     """The slot with its lease set to now + ``lease_seconds``, or None when it is no longer this
     holder's (another token took it, or its lease ran out by the store's clock)."""
     lease = _require_lease(lease_seconds)
@@ -306,7 +237,7 @@ def renew_worker_slot(storage: Storage, slot: WorkerSlot, lease_seconds: float) 
     return None if stored is None else WorkerSlot(slot.fleet, slot.number, slot.token, _from_micros(expires))
 
 
-def free_worker_slot(storage: Storage, slot: WorkerSlot) -> bool:
+def free_worker_slot(storage: DocumentStore, slot: WorkerSlot) -> bool:
     """Free the slot if ``slot.token`` still holds it; whether this call freed it."""
     current = _current(storage, slot)
     if current is None:
@@ -315,7 +246,7 @@ def free_worker_slot(storage: Storage, slot: WorkerSlot) -> bool:
                                 expected_version=current.version) is not None
 
 
-def worker_slots_held(storage: Storage, fleet: str) -> int:
+def worker_slots_held(storage: DocumentStore, fleet: str) -> int:
     """How many of ``fleet``'s slots are held now, whatever their number (pending starts included:
     they count against the cap)."""
     slots = _list_fleet(storage, fleet_prefix(fleet))
@@ -323,14 +254,14 @@ def worker_slots_held(storage: Storage, fleet: str) -> int:
     return sum(1 for s in slots if view.held(s))
 
 
-def worker_starts_pending(storage: Storage, fleet: str) -> int:
+def worker_starts_pending(storage: DocumentStore, fleet: str) -> int:
     """How many of ``fleet``'s held slots are reservations not yet taken over by their worker."""
     slots = _list_fleet(storage, fleet_prefix(fleet))
     view = _HeldView(storage, slots)
     return sum(1 for s in slots if s.start and view.held(s))
 
 
-def reserve_worker_starts(storage: Storage, fleet: str, cap: int, lease_seconds: float, *,
+def reserve_worker_starts(storage: DocumentStore, fleet: str, cap: int, lease_seconds: float, *,
                           fleet_size: int, most: int | None = None) -> list[WorkerStart]:
     """Reserve slots for workers about to be invoked, so that ``fleet``'s held and pending slots
     reach ``min(fleet_size, cap)`` (at most ``most`` new ones); each reservation lasts
@@ -355,7 +286,7 @@ def reserve_worker_starts(storage: Storage, fleet: str, cap: int, lease_seconds:
         time.sleep(PLAN_RETRY_SECONDS)
 
 
-def _reserve_once(storage: Storage, prefix: str, fleet: str, cap: int, lease: float, fleet_size: int,
+def _reserve_once(storage: DocumentStore, prefix: str, fleet: str, cap: int, lease: float, fleet_size: int,
                   limit: int) -> list[WorkerStart] | None:
     """One decision under the fleet's plan; None when another starter holds the plan."""
     slots, plan = _list_fleet_and_plan(storage, prefix)
@@ -403,7 +334,7 @@ def _reserve_once(storage: Storage, prefix: str, fleet: str, cap: int, lease: fl
     return reserved
 
 
-def take_reserved_worker_slot(storage: Storage, start: WorkerStart, lease_seconds: float) -> WorkerSlot | None:
+def take_reserved_worker_slot(storage: DocumentStore, start: WorkerStart, lease_seconds: float) -> WorkerSlot | None:
     """Turn the reservation ``start`` into a slot held for ``lease_seconds`` under a fresh token;
     None when it is no longer pending under ``start.token`` (taken over, cancelled, or its lease
     ran out by the store's clock: the worker then takes a slot the ordinary way)."""
@@ -421,7 +352,7 @@ def take_reserved_worker_slot(storage: Storage, start: WorkerStart, lease_second
     return None if stored is None else WorkerSlot(start.fleet, start.number, token, _from_micros(expires))
 
 
-def cancel_worker_start(storage: Storage, start: WorkerStart) -> bool:
+def cancel_worker_start(storage: DocumentStore, start: WorkerStart) -> bool:
     """Give back a reservation whose worker will not come (its invoke failed); whether this freed
     it. Fenced by the token: a reservation its worker has taken over is that worker's."""
     seen = _pending(storage, start)
@@ -431,7 +362,7 @@ def cancel_worker_start(storage: Storage, start: WorkerStart) -> bool:
                                 expected_version=seen.version) is not None
 
 
-def _pending(storage: Storage, start: WorkerStart) -> _Seen | None:
+def _pending(storage: DocumentStore, start: WorkerStart) -> _Seen | None:
     """The stored slot while it is still the reservation ``start`` (the token is the fence)."""
     prefix = fleet_prefix(start.fleet)
     document = storage.get_document(SLOT_KIND, f"{prefix}{start.number:04d}")
@@ -439,7 +370,7 @@ def _pending(storage: Storage, start: WorkerStart) -> _Seen | None:
     return seen if seen is not None and seen.start and seen.token == start.token else None
 
 
-def _current(storage: Storage, slot: WorkerSlot) -> _Seen | None:
+def _current(storage: DocumentStore, slot: WorkerSlot) -> _Seen | None:
     """The stored slot while ``slot.token`` holds it, else None (the token is the fence)."""
     prefix = fleet_prefix(slot.fleet)
     document = storage.get_document(SLOT_KIND, f"{prefix}{slot.number:04d}")

@@ -7,7 +7,8 @@ Contract (held by the compliance kit, ``rdq_core.compliance``):
   (delays, leases) come in as seconds and are added to the backend's now.
 * **Atomic claim.** ``claim`` flips up to ``limit`` due PENDING tasks of one queue (oldest
   ``next_attempt_at`` first) to IN_FLIGHT in one atomic step, stamping ``claimed_at``,
-  ``lease_expires_at = now + lease`` and a fresh, never-reused claim token per task. No two
+  ``lease_expires_at = now + lease``, the claimer's name (``claimed_by``, shown only while
+  IN_FLIGHT) and a fresh, never-reused claim token per task. No two
   concurrent claims may ever return the same task.
 * **Fencing.** Every post-claim write (``settle``, ``extend_leases``, ``release``) presents
   ``(task_id, claim_token)``. A token that does not match an IN_FLIGHT task changes nothing for
@@ -45,19 +46,22 @@ Contract (held by the compliance kit, ``rdq_core.compliance``):
 The engine decides (policy, backoff, error classification); the backend applies. Backends
 never compute retry policy. The built-in backends implement this contract through
 ``core.StorageCore``, which owns the shared behaviour, writing only store primitives.
+
+**Shape.** This module imports only leaves: the value types (``values.py``), the cursors
+(``cursors.py``), and ``slots.py`` and ``rollup.py``, which are written over a
+``values.DocumentStore`` rather than this class; so the default slot and chart methods below
+delegate to them with plain imports, and nothing in storage imports back up into the SPI except
+the core and the backends that implement it.
 """
 
 from __future__ import annotations
 
 import abc
-import base64
-import binascii
 import json
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
-from ..errors import InvalidCursor, UnsupportedOperation
+from ..errors import UnsupportedOperation
 from ..events import EventSettings, OutboxEvent
 from ..flow import NO_FLOW, FlowPolicy
 from ..model import (
@@ -78,28 +82,20 @@ from ..model import (
     TaskPage,
     TaskStatus,
 )
-from ..validation import TASK_ID, without_lone_surrogates
-from . import slots
-from .slots import WorkerSlot as WorkerSlot  # re-exported: the SPI's slot type
-from .slots import WorkerStart as WorkerStart  # re-exported: a reserved (pending) start
-
-
-@dataclass(frozen=True)
-class LiveQueueStats:
-    """A queue's live work (``Storage.live_stats``): what its gauges and the worker's fan-out
-    read. Finished tasks (SUCCEEDED, CANCELLED) are not counted, nor read."""
-
-    queue: str
-    pending: int
-    in_flight: int
-    dead: int
-    oldest_pending_age_seconds: float
-    paused: bool = False
-
-    @property
-    def live(self) -> bool:
-        """Whether the queue has any live work (pending, in flight or dead)."""
-        return bool(self.pending or self.in_flight or self.dead)
+from ..validation import without_lone_surrogates
+from . import rollup, slots
+# Re-exported: the SPI's names for its value types and cursors, which live in leaves of their own.
+from .cursors import decode_audit_cursor as decode_audit_cursor
+from .cursors import decode_dead_cursor as decode_dead_cursor
+from .cursors import decode_task_cursor as decode_task_cursor
+from .cursors import encode_audit_cursor as encode_audit_cursor
+from .cursors import encode_dead_cursor as encode_dead_cursor
+from .cursors import encode_task_cursor as encode_task_cursor
+from .cursors import from_micros as from_micros
+from .cursors import to_micros as to_micros
+from .values import LiveQueueStats as LiveQueueStats
+from .values import WorkerSlot as WorkerSlot  # the SPI's slot type
+from .values import WorkerStart as WorkerStart  # a reserved (pending) start
 
 
 class EnqueueListener(Protocol):
@@ -173,10 +169,15 @@ class Storage(abc.ABC):
 
     # -- worker side -----------------------------------------------------------------------
     @abc.abstractmethod
-    def claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy = NO_FLOW) -> list[ClaimedTask]:
+    def claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy = NO_FLOW, *,
+              worker: str = "") -> list[ClaimedTask]:
         """Atomically claim up to ``limit`` due PENDING tasks of ``queue`` (see module doc),
         lowest priority first, then by due time, within the queue's ``flow`` policy
-        (docs/flow-control.md)."""
+        (docs/flow-control.md).
+
+        ``worker`` names the claimer (printable, at most ``Limits.worker_chars`` characters, else
+        ``InvalidInput`` and nothing claimed); it is stored with each claim in the same atomic
+        step, read back as ``Task.claimed_by`` while the task is IN_FLIGHT, and '' stores none."""
 
     @abc.abstractmethod
     def extend_leases(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, datetime]:
@@ -382,14 +383,10 @@ class Storage(abc.ABC):
     def queue_metrics(self, queue: str, window: str = "hour", as_of: datetime | None = None) -> dict[str, Any]:
         """``queue``'s series per minute over ``window`` ("hour" or "day") up to the minute before
         ``as_of`` (default: the store's now); see ``rollup.queue_series``."""
-        from . import rollup
-
         return rollup.queue_series(self, queue, window, as_of)
 
     def metrics_overview(self, window: str = "hour", as_of: datetime | None = None) -> dict[str, Any]:
         """Every queue's finished tasks per minute over ``window``, summed, with per-queue totals."""
-        from . import rollup
-
         return rollup.overview_series(self, window, as_of)
 
     # -- lifecycle events (the outbox; rdq_core/events.py) ----------------------------------
@@ -436,90 +433,6 @@ class Storage(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# -- cursors ------------------------------------------------------------------------------------
-# A cursor is the keyset position of the last item on a page, bound to what was listed (the
-# queue, and for task listings the status). It is opaque to clients and validated on the way back.
-
-def _encode_cursor(fields: dict[str, Any]) -> str:
-    raw = json.dumps(fields, separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> dict[str, Any]:
-    """The cursor's fields with a valid ``t`` (int) and ``id`` (str); ``InvalidCursor`` otherwise."""
-    if not isinstance(cursor, str) or not 0 < len(cursor) <= 1024:
-        raise InvalidCursor()
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        data = json.loads(raw)
-    except (binascii.Error, ValueError, UnicodeDecodeError):
-        raise InvalidCursor() from None
-    if not isinstance(data, dict) or type(data.get("t")) is not int or not isinstance(data.get("id"), str):
-        raise InvalidCursor()
-    # A forged instant outside what every store can hold, or an id no task can have, is refused
-    # here rather than overflowing in a backend.
-    if not _CURSOR_MICROS[0] <= data["t"] <= _CURSOR_MICROS[1] or not TASK_ID.fullmatch(data["id"]):
-        raise InvalidCursor()
-    return data
-
-
-def encode_dead_cursor(queue: str, dead_at: datetime, task_id: str) -> str:
-    return _encode_cursor({"q": queue, "t": to_micros(dead_at), "id": task_id})
-
-
-def decode_dead_cursor(queue: str, cursor: str) -> tuple[int, str]:
-    """Returns ``(dead_at_micros, task_id)``; raises ``InvalidCursor`` on anything else."""
-    data = _decode_cursor(cursor)
-    if data.get("q") != queue or "s" in data:
-        raise InvalidCursor()
-    return data["t"], data["id"]
-
-
-def encode_task_cursor(queue: str, status: TaskStatus, at: datetime, task_id: str) -> str:
-    return _encode_cursor({"q": queue, "s": status.value, "t": to_micros(at), "id": task_id})
-
-
-def decode_task_cursor(queue: str, cursor: str) -> tuple[TaskStatus, int, str]:
-    """Returns ``(status, instant_micros, task_id)``; raises ``InvalidCursor`` on anything else."""
-    data = _decode_cursor(cursor)
-    # A forged cursor may carry any JSON in "s" (an object is unhashable): check the type first.
-    status = data.get("s")
-    if data.get("q") != queue or not isinstance(status, str) or status not in TaskStatus._value2member_map_:
-        raise InvalidCursor()
-    return TaskStatus(data["s"]), data["t"], data["id"]
-
-
-def encode_audit_cursor(queue: str | None, at: datetime, entry_id: str) -> str:
-    return _encode_cursor({"a": queue or "", "t": to_micros(at), "id": entry_id})
-
-
-def decode_audit_cursor(queue: str | None, cursor: str) -> tuple[int, str]:
-    """Returns ``(at_micros, entry_id)``; raises ``InvalidCursor`` on anything else."""
-    data = _decode_cursor(cursor)
-    if data.get("a") != (queue or ""):
-        raise InvalidCursor()
-    return data["t"], data["id"]
-
-
-def to_micros(value: datetime) -> int:
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
-    delta = value - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def from_micros(micros: int) -> datetime:
-    from datetime import timedelta
-
-    return _EPOCH + timedelta(microseconds=micros)
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-#: The keyset instants a cursor may carry: datetime's own range.
-_CURSOR_MICROS = (to_micros(datetime(1, 1, 1, tzinfo=timezone.utc)),
-                  to_micros(datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc)))
 
 
 # -- text every store can hold -----------------------------------------------------------------

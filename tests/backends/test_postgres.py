@@ -20,7 +20,7 @@ from psycopg import errors as pg_errors  # noqa: E402 - after importorskip
 from psycopg.rows import dict_row  # noqa: E402 - after importorskip
 
 from rdq_core.compliance import Capabilities, StorageCompliance  # noqa: E402 - after importorskip
-from rdq_core.compliance.servers import pg_url_with_search_path  # noqa: E402 - after importorskip
+from rdq_testing.servers import pg_url_with_search_path  # noqa: E402 - after importorskip
 from rdq_core.compliance.support import wait_until  # noqa: E402 - after importorskip
 from rdq_core.errors import StorageUnavailable  # noqa: E402 - after importorskip
 from rdq_core.model import NewTask, Outcome, Settlement, TaskFilter, TaskStatus  # noqa: E402 - after importorskip
@@ -157,7 +157,7 @@ def test_claim_plan_uses_the_pending_index_over_a_backlog(storage, sql_conn):
     claim_plan = "\n".join(
         row[0]
         for row in sql_conn.execute(
-            "EXPLAIN " + CLAIM_SQL, {"queue": "hot", "limit": 100, "lease_seconds": 30.0}
+            "EXPLAIN " + CLAIM_SQL, {"queue": "hot", "limit": 100, "lease_seconds": 30.0, "worker": "host:1"}
         )
     )
     assert "rdq_tasks_pending_claim_idx" in claim_plan, claim_plan
@@ -188,7 +188,7 @@ def test_hot_plans_hold_without_statistics(storage, sql_conn):
         " FROM generate_series(1, 20000) AS g")
     claimed = storage.claim("q", 100, 30)
     assert len(claimed) == 100
-    claim_plan = _plan(sql_conn, CLAIM_SQL, {"queue": "q", "limit": 100, "lease_seconds": 30.0})
+    claim_plan = _plan(sql_conn, CLAIM_SQL, {"queue": "q", "limit": 100, "lease_seconds": 30.0, "worker": "host:1"})
     assert "rdq_tasks_pending_claim_idx" in claim_plan and "rdq_tasks_queue_idx" not in claim_plan, claim_plan
     fenced = {"task_ids": [c.task.id for c in claimed], "claim_tokens": [c.claim_token for c in claimed]}
     settle_params = {"settlements": settle_document([
@@ -461,7 +461,7 @@ def test_the_watchdog_never_cuts_off_a_statement_that_answers_in_time(storage):
 def test_schema_8_moves_existing_history_into_the_task_row_and_numbering_goes_on(pg_database_url):
     """A store at schema 7 (history in rdq_attempts) upgraded by ``migrate``: every task keeps its
     history as it was, and the next attempt is numbered from it."""
-    from rdq_core.compliance.servers import pg_fresh_schema
+    from rdq_testing.servers import pg_fresh_schema
     from rdq_core.storage.postgres import backend as pg_backend
 
     url = pg_fresh_schema(pg_database_url, prefix="upgrade_")

@@ -38,3 +38,14 @@ def test_instants_come_back_as_aware_utc():
     assert instant(datetime(2026, 12, 3, 23, 0)) == utc
     assert instant("2026-12-04T00:00:00+01:00") == utc
     assert instant("2026-12-04T00:00:00+01:00").tzinfo is timezone.utc
+
+
+def test_who_claimed_shows_only_while_in_flight_and_an_empty_name_is_none():
+    codec = RecordCodec(time=epoch_micros)
+    assert codec.task({**RECORD, "claimed_by": "host:1"}).claimed_by == "host:1"
+    assert codec.task({**RECORD, "claimed_by": ""}).claimed_by is None, "a claimer that gave no name"
+    assert codec.task(RECORD).claimed_by is None, "a store that keeps no such field"
+    # A store may keep the last claim's name after it ends: a finished task shows none.
+    assert codec.task({**RECORD, "status": "SUCCEEDED", "claimed_by": "host:1"}).claimed_by is None
+    task = codec.task({**RECORD, "claimed_by": "host:1"})
+    assert Task.from_dict(task.to_dict()) == task and task.to_dict()["claimed_by"] == "host:1"

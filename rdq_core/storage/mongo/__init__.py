@@ -1,6 +1,14 @@
 """MongoDB backend (pymongo 4.x): ``mongodb://host:27017/rdq`` or ``mongodb+srv://…/rdq``.
 
-* ``backend.py`` -- ``MongoStorage``: the storage core's primitives in MongoDB commands.
+* ``backend.py`` -- ``MongoStorage``: the task lifecycle's primitives (enqueue, claim, extend,
+  settle, release, the expired-lease scan, get, cancel), composed with the parts below.
+* ``connection.py`` -- the client, its timeouts, the collections, ``migrate`` and the server clock.
+* ``history.py`` -- attempt rows: recorded, carried by their task until then, purged after it.
+* ``outbox.py`` -- lifecycle events, on the task document first, then in the outbox.
+* ``selections.py`` -- keyset pages, counts, cancel by filter, the DLQ's redrive and purge.
+* ``operator.py`` -- counts, queues, retention, pausing, the audit trail, engine documents.
+* ``shapes.py`` -- task documents, fencing and selection filters, keyset bounds, epoch ms.
+* ``flow_claim.py`` -- the claim under a flow policy.
 * ``migrations/`` -- the collections and indexes, one JSON file per schema version.
 
 Layout (database from the URL path, default ``rdq``):

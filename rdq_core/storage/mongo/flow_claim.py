@@ -42,7 +42,7 @@ from ...model import TaskStatus
 #: over a limit, are passed over).
 CANDIDATE_MARGIN = 16
 _CANDIDATE_FIELDS = {"_id": 1, "priority": 1, "next_attempt_at_ms": 1, "concurrency_key": 1, "rate_key": 1, "group": 1}
-_CLAIM_FIELDS = {"claim_token": "", "claimed_at_ms": "", "lease_expires_at_ms": ""}
+_CLAIM_FIELDS = {"claim_token": "", "claimed_at_ms": "", "claimed_by": "", "lease_expires_at_ms": ""}
 
 
 @dataclass
@@ -57,6 +57,8 @@ class FlowClaim:
     lease_ms: int
     flow: FlowPolicy
     fair_last: str | None
+    #: The claimer's name, stored as each task's ``claimed_by`` ('' = none).
+    worker: str = ""
     claimed: list[Mapping[str, Any]] = field(default_factory=list)
     served_group: str | None = None
     _tried: set[str] = field(default_factory=set)
@@ -172,7 +174,8 @@ class FlowClaim:
             {"_id": task_id, "queue": self.queue, "status": TaskStatus.PENDING.value,
              "next_attempt_at_ms": {"$lte": self.now_ms}},
             {"$set": {"status": TaskStatus.IN_FLIGHT.value, "claim_token": uuid.uuid4().hex,
-                      "claimed_at_ms": self.now_ms, "lease_expires_at_ms": self.now_ms + self.lease_ms,
+                      "claimed_at_ms": self.now_ms, "claimed_by": self.worker,
+                      "lease_expires_at_ms": self.now_ms + self.lease_ms,
                       "updated_at_ms": self.now_ms}},
             return_document=ReturnDocument.AFTER,
         )

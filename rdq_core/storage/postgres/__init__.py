@@ -1,6 +1,9 @@
-"""The PostgreSQL backend: ``backend.py`` (the dialect's primitives), ``queries.sql`` (every
-statement), ``migrations/`` (schema changes, applied in order), ``schema.sql`` (the schema they
-add up to) and ``pool.py`` (connections, bounded in time)."""
+"""The PostgreSQL backend: ``backend.py`` (the task lifecycle's primitives: enqueue, claim,
+fencing, settle, a handler's transaction), ``operator.py`` (selections, the DLQ, counts, pausing,
+outbox, documents, audit), ``connection.py`` (the pool, sending a statement, migrations, the
+clock, LISTEN), ``queries.sql`` (every statement), ``migrations/`` (schema changes, applied in
+order), ``schema.sql`` (the schema they add up to) and ``pool.py`` (connections, bounded in
+time)."""
 
 from .backend import QUERIES, PostgresStorage, page_statement
 

@@ -31,8 +31,8 @@
 -- Fragment: a task row as every statement returns it, from a relation aliased t.
 t.id, t.queue, t.handler, t.payload, t.headers, t.status, t.attempt_count, t.redrive_count,
 t.max_attempts, t.backoff, t.next_attempt_at, t.lease_expires_at, t.created_at, t.updated_at,
-t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at, t.priority, t.concurrency_key, t.rate_key,
-t.task_group AS "group", t.dedupe_key
+t.dead_at, t.result, t.last_error, t.claim_token, t.claimed_at, t.claimed_by, t.priority, t.concurrency_key,
+t.rate_key, t.task_group AS "group", t.dedupe_key
 
 -- name: task_history
 -- Fragment: the history of task t as a jsonb array, in attempt order (kept in the row since
@@ -182,6 +182,7 @@ WITH claimed AS (
     SET status = 'IN_FLIGHT',
         claim_token = gen_random_uuid()::text,
         claimed_at = now(),
+        claimed_by = NULLIF(%(worker)s::text, ''),  -- NULL: the claimer gave no name
         lease_expires_at = now() + %(lease_seconds)s * interval '1 second',
         updated_at = now()
     WHERE id = ANY (ARRAY(
@@ -309,6 +310,7 @@ WITH claimed AS (
     SET status = 'IN_FLIGHT',
         claim_token = gen_random_uuid()::text,
         claimed_at = %(now)s,
+        claimed_by = NULLIF(%(worker)s::text, ''),
         lease_expires_at = %(now)s + %(lease_seconds)s * interval '1 second',
         updated_at = %(now)s
     WHERE id = ANY (ARRAY(
@@ -368,7 +370,7 @@ WITH ref AS (
 ),
 released AS (
     UPDATE rdq_tasks AS t
-    SET status = 'PENDING', claim_token = NULL, lease_expires_at = NULL, updated_at = now()
+    SET status = 'PENDING', claim_token = NULL, claimed_by = NULL, lease_expires_at = NULL, updated_at = now()
     FROM ref
     WHERE t.id = ANY (ARRAY(
             SELECT id FROM rdq_tasks WHERE id = ANY(%(task_ids)s::text[]) ORDER BY id FOR UPDATE
@@ -421,6 +423,7 @@ settled AS (
             'finished_at', now(),
             'error', d.error::jsonb)),
         claim_token = NULL,
+        claimed_by = NULL,  -- the claim has ended: no worker holds it
         lease_expires_at = NULL,
         updated_at = now()
     FROM decision AS d

@@ -39,6 +39,8 @@ CREATE TABLE rdq_tasks (
     -- the attempt history in attempt order (schema 8): {attempt_no, outcome, started_at,
     -- finished_at, error} each, appended by the settle that ends the attempt
     attempts         jsonb NOT NULL DEFAULT '[]'::jsonb,
+    -- who holds the claim, as the claimer named itself (schema 9); NULL: no name, or no claim
+    claimed_by       text,
 
     CONSTRAINT rdq_tasks_pkey PRIMARY KEY (id),
     CONSTRAINT rdq_tasks_status_check

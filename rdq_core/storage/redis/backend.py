@@ -61,166 +61,35 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import secrets
-import threading
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError, SlotNotCoveredError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import ResponseError
 
-from ...errors import ConfigurationError, InvalidInput, RdqError, StorageUnavailable, TaskConflict
+from ...errors import StorageUnavailable, TaskConflict
 from ...flow import FlowPolicy
 from ...model import ClaimRef, NewTask, Settlement, TaskStatus
-from ..codec import Record, RecordCodec, epoch_micros
-from ..core import DeadSelection, InsertedRecord, QueueCounts, Selection, StorageCore, dedupe_states_of
-from ..spi import from_micros, storable_error, storable_json, to_micros
-from .client import open_client, send_pipeline
-from .lua import QUEUE_ZSETS, SCRIPTS, Call, Script
+from ..codec import Record
+from ..core import DeadSelection, InsertedRecord, QueueCounts, Selection, dedupe_states_of
+from .connection import _MIN_SERVER_VERSION, RedisConnection
+from .encoding import (_after, _document, _enqueue_args, _group_by_token_queue, _json, _micros, _record,
+                       _selection_args, _settle_args)
+from .lua import SCRIPTS, Call
 
 log = logging.getLogger(__name__)
 
-_QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,119}$")
 # How many entries of a status zset one script call may examine, so a filtered scan (or a bulk
 # action) over a huge queue never blocks the server for long; the client loops over bounded calls
 # instead, each atomic on its own.
 _SCAN_BUDGET = 1000
-_MIN_SERVER_VERSION = (5, 0)
-#: Error replies of server states that pass (out of memory, failover, loading, a busy script).
-_TRANSIENT_REPLIES = ("OOM", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "LOADING", "BUSY")
-#: Scripts that write nothing: ``wait_replicas`` has nothing to confirm for them.
-_READ_ONLY_SCRIPTS = frozenset({"expired_leases", "read_tasks", "stats", "page", "count", "existing", "audit_page",
-                                "doc_page"})
-#: The error prefix of a script that refused its arguments before writing anything.
-_INVALID_ARGUMENTS = "RDQ_INVALID"
 
 
-class RedisStorage(StorageCore):
+class RedisStorage(RedisConnection):
     """``redis://host:port/db?prefix=rdq`` (``rediss://`` for TLS; ``&cluster=true`` for Redis
-    Cluster). Other query parameters go to redis-py (e.g. ``socket_timeout``)."""
-
-    schemes = ("redis", "rediss")
-    store_name = "Redis"
-    codec = RecordCodec(time=epoch_micros)
-    # NOSCRIPT twice in a row means the script cache was flushed again meanwhile: it passes.
-    # SlotNotCoveredError: a Cluster whose slot map has a hole while a failover is under way.
-    transient_errors = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, NoScriptError, SlotNotCoveredError)
-    joins_transactions = False
-
-    def __init__(self, url: str) -> None:
-        self._client, self.prefix, self._durability = open_client(url)
-        self._global_keys = (f"{self.prefix}:{{{self.prefix}:global}}:ids", f"{self.prefix}:{{{self.prefix}:global}}:queues")
-        self._paused_registry = f"{self.prefix}:{{{self.prefix}:global}}:paused"
-        self._audit_base = f"{self.prefix}:{{{self.prefix}:audit}}:"
-        self._docs_base = f"{self.prefix}:{{{self.prefix}:docs}}:"
-        self._counter_lock = threading.Lock()
-        self.round_trips = 0
-
-    def enqueue_listener(self, queues: Sequence[str]) -> _PubSubListener:
-        """A pub/sub connection subscribed to the wake channel of each of ``queues``, or of every
-        queue (a pattern) when none is named; returned once the server confirmed it."""
-        pubsub = self._client.pubsub(ignore_subscribe_messages=False)
-        try:
-            if queues:
-                pubsub.subscribe(*[self._queue_base_checked(queue) + "wake" for queue in queues])
-            else:
-                pubsub.psubscribe(f"{self.prefix}:{{*}}:wake")
-            confirmed = 0
-            while confirmed < max(len(queues), 1):
-                message = pubsub.get_message(timeout=DEFAULT_SUBSCRIBE_TIMEOUT)
-                if message is None:
-                    raise StorageUnavailable("Redis did not confirm the wake-up subscription")
-                confirmed += message["type"] in ("subscribe", "psubscribe")
-        except BaseException:
-            pubsub.close()
-            raise
-        return _PubSubListener(pubsub)
-
-    def is_transient(self, exc: BaseException) -> bool:
-        return super().is_transient(exc) or (isinstance(exc, ResponseError) and str(exc).startswith(_TRANSIENT_REPLIES))
-
-    # -- sending -------------------------------------------------------------------------------
-    def _send(self, command: Callable[..., Any], *args: Any) -> Any:
-        """Send one command or pipeline: one round trip. A reply that refuses the request itself
-        (not the server's state) becomes the SPI error it means."""
-        with self._counter_lock:
-            self.round_trips += 1
-        try:
-            return command(*args)
-        except ResponseError as exc:
-            refusal = _refusal(exc)
-            if refusal is None:
-                raise
-            raise refusal from exc
-
-    def _queue_base_checked(self, queue: str) -> str:
-        # The name becomes the hash tag: anything outside the queue charset could change the slot.
-        if not isinstance(queue, str) or not _QUEUE_NAME.match(queue):
-            raise InvalidInput(f"invalid queue name {queue!r}", field="queue")
-        return f"{self.prefix}:{{{queue}}}:"
-
-    def _queue_call(self, name: str, queue: str, *args: Any) -> Call:
-        base = self._queue_base_checked(queue)
-        return Call(SCRIPTS[name], tuple(base + z for z in QUEUE_ZSETS), (base, *args))
-
-    def _global_call(self, name: str, *args: Any) -> Call:
-        return Call(SCRIPTS[name], self._global_keys, args)
-
-    def _audit_call(self, name: str, keys: tuple[str, ...], *args: Any) -> Call:
-        return Call(SCRIPTS[name], keys, (self._audit_base + "entry:", *args))
-
-    def _load_scripts(self, scripts: Sequence[Script]) -> None:
-        for script in {s.name: s for s in scripts}.values():
-            self._send(self._client.script_load, script.source)
-
-    def _run(self, call: Call) -> Any:
-        """Send one script by SHA; on NOSCRIPT (server restarted, failed over or flushed its
-        script cache) load it and send it again -- a NOSCRIPT reply means nothing ran."""
-        if self._durability.replicas and call.script.name not in _READ_ONLY_SCRIPTS:
-            return self._run_pipeline([call])[0]  # the script and its WAIT: one round trip
-        try:
-            return self._send(self._client.evalsha, call.script.sha, len(call.keys), *call.keys, *call.args)
-        except NoScriptError:
-            self._load_scripts([call.script])
-        return self._send(self._client.evalsha, call.script.sha, len(call.keys), *call.keys, *call.args)
-
-    def _run_pipeline(self, calls: Sequence[Call]) -> list[Any]:
-        """Send many scripts in one round trip (not a transaction: each script is atomic on its
-        own). Calls refused with NOSCRIPT are resent, in order, after loading their scripts."""
-        results: list[Any] = [None] * len(calls)
-        pending = list(range(len(calls)))
-        for attempt in range(2):
-            if not pending:
-                break
-            commands = [("EVALSHA", calls[i].script.sha, len(calls[i].keys), *calls[i].keys, *calls[i].args)
-                        for i in pending]
-            # Errors come back in place (NOSCRIPT among them), on a single Redis and a Cluster alike.
-            reads = [calls[i].script.name in _READ_ONLY_SCRIPTS for i in pending]
-            replies = self._send(send_pipeline, self._client, commands, self._durability, reads)
-            missing = []
-            for i, reply in zip(pending, replies, strict=True):
-                if isinstance(reply, NoScriptError) and attempt == 0:
-                    missing.append(i)
-                elif isinstance(reply, Exception):
-                    refusal = _refusal(reply) if isinstance(reply, ResponseError) else None
-                    raise reply if refusal is None else refusal from reply
-                else:
-                    results[i] = reply
-            if missing:
-                self._load_scripts([calls[i].script for i in missing])
-            pending = missing
-        return results
-
-    def _run_batch(self, calls: list[Call]) -> list[Any]:
-        """One script alone, or one pipeline of scripts (one per queue): a single round trip."""
-        if not calls:
-            return []
-        if len(calls) == 1:
-            return [self._run(calls[0])]
-        return self._run_pipeline(calls)
+    Cluster). Other query parameters go to redis-py (e.g. ``socket_timeout``). Every primitive is
+    a script call here (the client and the sending are ``connection.py``'s, the arguments and
+    replies ``encoding.py``'s)."""
 
     # -- lifecycle -----------------------------------------------------------------------------
     def migrate(self) -> None:
@@ -249,21 +118,6 @@ class RedisStorage(StorageCore):
             if exhausted:
                 return indexed
 
-    def close(self) -> None:
-        self._client.close()
-
-    def close_idle_connections(self) -> int:
-        # A cluster client keeps a pool per node; commands in flight keep their connections.
-        pool = getattr(self._client, "connection_pool", None)
-        if pool is None:
-            return 0
-        idle = len(getattr(pool, "_available_connections", ()))
-        pool.disconnect(inuse_connections=False)
-        return idle
-
-    def _now(self) -> datetime:
-        seconds, micros = self._send(self._client.time)
-        return from_micros(int(seconds) * 1_000_000 + int(micros))
 
     # -- producer side -------------------------------------------------------------------------
     def _insert(self, tasks: Sequence[NewTask], connection: Any) -> list[InsertedRecord]:
@@ -343,11 +197,12 @@ class RedisStorage(StorageCore):
             results[i] = result
 
     # -- worker side ---------------------------------------------------------------------------
-    def _claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy) -> list[Record]:
+    def _claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy, worker: str) -> list[Record]:
         # The token carries its queue so later fenced writes find the task's keys without a
         # lookup; the random part makes it unique even if Redis loses recent writes on restart.
         token_prefix = f"{queue}|{secrets.token_urlsafe(12)}."
-        replies = self._run(self._queue_call("claim", queue, limit, _micros(lease_seconds), token_prefix, *_flow_args(flow)))
+        replies = self._run(self._queue_call("claim", queue, limit, _micros(lease_seconds), token_prefix,
+                                             *_flow_args(flow), worker))
         return [_record(reply) for reply in replies]
 
     def _extend(self, refs: Sequence[ClaimRef], lease_seconds: float) -> dict[str, str]:
@@ -612,64 +467,7 @@ class RedisStorage(StorageCore):
             self._send(self._client.sadd, self._global_keys[1], queue)
 
 
-def _refusal(exc: ResponseError) -> RdqError | None:
-    """The SPI error for a reply that refuses the request itself, or None."""
-    text = str(exc)
-    if text.startswith(_INVALID_ARGUMENTS):  # a script refused its arguments and wrote nothing
-        return InvalidInput(text.split(" script: ", 1)[0][len(_INVALID_ARGUMENTS):].strip())
-    if "DB index is out of range" in text:  # redis://host/99 on a 16-database server
-        return ConfigurationError(f"the Redis URL names a database this server does not have ({text}); "
-                                  f"use one in 0..(databases-1), usually 0..15")
-    return None
-
-
 # -- encoding ----------------------------------------------------------------------------------
-
-def _micros(seconds: float) -> int:
-    return round(seconds * 1_000_000)
-
-
-def _json(value: Any) -> str:
-    # UTF-8 JSON with lone surrogates repaired: the same text every backend stores, and JSON
-    # that Redis' cjson can decode (it rejects a lone "\ud800" escape).
-    return storable_json(value)
-
-
-#: Seconds to wait for the server to confirm a wake-up subscription.
-DEFAULT_SUBSCRIBE_TIMEOUT = 5.0
-
-
-class _PubSubListener:
-    """The wake-up subscription of one worker (``enqueue_listener``)."""
-
-    def __init__(self, pubsub: Any) -> None:
-        self.pubsub = pubsub
-
-    def receive(self, timeout: float) -> list[str]:
-        message = self.pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
-        if message is None or message["type"] not in ("message", "pmessage"):
-            return []
-        return [str(message["data"])]
-
-    def close(self) -> None:
-        self.pubsub.close()
-
-
-def _enqueue_args(task: NewTask) -> tuple[Any, ...]:
-    return (
-        task.id,
-        task.handler,
-        _json(task.payload),
-        _json(dict(task.headers)),
-        "" if task.max_attempts is None else int(task.max_attempts),
-        "" if task.backoff is None else _json(task.backoff.to_dict()),
-        _micros(task.delay_seconds or 0.0),
-        "" if task.run_at is None else to_micros(task.run_at),
-        int(task.priority or 0),
-        task.concurrency_key or "",
-        task.rate_key or "",
-        task.group or "",
-    )
 
 
 def _flow_args(flow: FlowPolicy) -> tuple[Any, ...]:
@@ -686,54 +484,3 @@ def _flow_args(flow: FlowPolicy) -> tuple[Any, ...]:
     )
 
 
-def _settle_args(s: Settlement) -> tuple[Any, ...]:
-    error = storable_error(s.error)
-    return (
-        s.task_id,
-        s.claim_token,
-        s.outcome.value,
-        s.status.value,
-        _micros(s.retry_delay_seconds),
-        _json(error.to_dict()) if error else "",
-        error.type if error else "",
-        _json(s.result) if s.status is TaskStatus.SUCCEEDED else "",
-        "" if s.started_after_seconds is None else _micros(s.started_after_seconds),
-    )
-
-
-def _after(selection: Selection) -> tuple[str, str]:
-    """The keyset position as the scripts take it: ``("", "")`` for the start."""
-    return ("", "") if selection.after is None else (str(selection.after[0]), selection.after[1])
-
-
-def _selection_args(selection: Selection) -> tuple[str, str, str]:
-    return (
-        _json(list(selection.ids)) if selection.ids is not None else "",
-        selection.error_type or "",
-        selection.handler or "",
-    )
-
-
-def _group_by_token_queue(refs: Sequence[Any]) -> dict[str, list[Any]]:
-    """Group fenced writes by the queue named in their claim token; a token that names no
-    valid queue was not minted here and is left out: refused without a round trip."""
-    by_queue: dict[str, list[Any]] = {}
-    for ref in refs:
-        queue, sep, _ = str(ref.claim_token).partition("|")
-        if sep and _QUEUE_NAME.match(queue):
-            by_queue.setdefault(queue, []).append(ref)
-    return by_queue
-
-
-def _document(stored: str) -> tuple[int, str]:
-    """A document as the kind's hash holds it, ``<version>:<body>``, as ``(version, body)``."""
-    version, _, body = stored.partition(":")
-    return int(version), body
-
-
-def _record(reply: Sequence[Any]) -> Mapping[str, Any]:
-    """A script's task reply ``{task hash, attempts hash}`` (both flat) as a codec record."""
-    fields, history = reply
-    record: dict[str, Any] = dict(zip(fields[::2], fields[1::2], strict=True))
-    record["attempts"] = [{"attempt_no": no, **json.loads(raw)} for no, raw in zip(history[::2], history[1::2], strict=True)]
-    return record

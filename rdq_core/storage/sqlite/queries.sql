@@ -12,7 +12,7 @@
 -- name: task_columns
 id, queue, handler, payload, headers, status, attempt_count, redrive_count, max_attempts, backoff,
 next_attempt_at, lease_expires_at, created_at, updated_at, dead_at, result, last_error, claim_token, claimed_at,
-priority, concurrency_key, rate_key, task_group AS "group", dedupe_key
+claimed_by, priority, concurrency_key, rate_key, task_group AS "group", dedupe_key
 
 -- name: tasks_by_id
 SELECT {task_columns} FROM rdq_tasks WHERE id IN ({marks})
@@ -53,9 +53,10 @@ RETURNING {task_columns}
 -- Due tasks by priority, then due time, then id: one walk of the claim index per priority (each
 -- a range scan that stops at the first task not yet due), in priority order, until :limit.
 -- The placeholder in braces stands for one due_of_priority branch per priority, joined by UNION ALL.
+-- claimed_by: the claimer's name, or NULL for a claimer that gave none (never an earlier claim's).
 UPDATE rdq_tasks
    SET status = 'IN_FLIGHT', claim_token = lower(hex(randomblob(16))), claimed_at = :now,
-       lease_expires_at = :lease_until, updated_at = :now
+       claimed_by = NULLIF(:worker, ''), lease_expires_at = :lease_until, updated_at = :now
  WHERE id IN (SELECT id FROM ({due_of_priority}) LIMIT :limit)
    AND NOT EXISTS (SELECT 1 FROM rdq_paused_queues AS p WHERE p.queue = :queue)
 RETURNING {task_columns}
@@ -128,7 +129,7 @@ SELECT {{flow_candidate_columns}} FROM rdq_tasks
 -- name: flow_claim_ids
 UPDATE rdq_tasks
    SET status = 'IN_FLIGHT', claim_token = lower(hex(randomblob(16))), claimed_at = ?,
-       lease_expires_at = ?, updated_at = ?
+       claimed_by = NULLIF(?, ''), lease_expires_at = ?, updated_at = ?
  WHERE id IN ({marks}) AND status = 'PENDING'
 RETURNING {task_columns}
 
@@ -144,7 +145,7 @@ UPDATE rdq_tasks SET lease_expires_at = MAX(lease_expires_at, ?), updated_at = ?
 -- A SNOOZED attempt spends no budget.
 UPDATE rdq_tasks AS t
    SET status = s.status, attempt_count = t.attempt_count + (s.outcome <> 'SNOOZED'), claim_token = NULL,
-       lease_expires_at = NULL, updated_at = :now,
+       claimed_by = NULL, lease_expires_at = NULL, updated_at = :now,
        next_attempt_at = CASE WHEN s.status = 'PENDING' THEN :now + s.delay_us ELSE t.next_attempt_at END,
        dead_at = CASE WHEN s.status = 'DEAD' THEN :now ELSE NULL END,
        result = CASE WHEN s.status = 'SUCCEEDED' THEN s.result ELSE t.result END,
@@ -169,7 +170,7 @@ SELECT a.value ->> '$.id',
   FROM json_each(:applied) AS a
 
 -- name: release
-UPDATE rdq_tasks SET status = 'PENDING', claim_token = NULL, lease_expires_at = NULL, updated_at = ?
+UPDATE rdq_tasks SET status = 'PENDING', claim_token = NULL, claimed_by = NULL, lease_expires_at = NULL, updated_at = ?
  WHERE id = ? AND claim_token = ? AND status = 'IN_FLIGHT' RETURNING id, queue, rate_key, claimed_at
 
 -- name: release_rate_log

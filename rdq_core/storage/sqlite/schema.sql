@@ -27,6 +27,7 @@ CREATE TABLE rdq_tasks (
     rate_key         TEXT,
     task_group       TEXT,
     dedupe_key       TEXT,
+    claimed_by       TEXT,
     CHECK ((status = 'IN_FLIGHT') = (claim_token IS NOT NULL AND lease_expires_at IS NOT NULL)),
     CHECK ((status = 'DEAD') = (dead_at IS NOT NULL))
 );
@@ -95,4 +96,4 @@ CREATE TABLE rdq_fair_cursor (
     last_group TEXT NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX rdq_tasks_dedupe ON rdq_tasks (queue, dedupe_key, created_at, id) WHERE dedupe_key IS NOT NULL;
-PRAGMA user_version = 6;
+PRAGMA user_version = 9;

@@ -1,6 +1,7 @@
 -- ARGV: base, limit, lease_us, token_prefix, then the queue's flow policy ('' = none for each):
 -- aging_us, max_in_flight, fair ('1' | '0'), concurrency_limit, concurrency overrides (a JSON
--- object of key -> limit), rate count, rate period_us.
+-- object of key -> limit), rate count, rate period_us; then the claimer's name ('' = none),
+-- stored as each task's claimed_by in the same HSET as its claim (settle and release drop it).
 -- The token is the prefix (random per call, minted by the client) plus the position in the
 -- batch, so it is never reused.
 -- A paused queue (its `paused` key, in the queue's slot) claims nothing: one EXISTS, read in
@@ -35,6 +36,7 @@ if ARGV[10] ~= '' then
   rate_count = need_count(ARGV[10], 'rate count')
   rate_period = need_number(ARGV[11], 'rate period')
 end
+local worker = ARGV[12] or ''
 local limits_concurrency = conc_default ~= nil or next(overrides) ~= nil
 
 if redis.call('EXISTS', BASE .. 'paused') == 1 then return {} end
@@ -154,7 +156,7 @@ local function take(c, id, held)
   taken_ids[#taken_ids + 1] = id
   c.taken[#c.taken + 1] = id
   redis.call('HSET', task_key(id), 'status', 'IN_FLIGHT', 'claim_token', token, 'claimed_at', now_text,
-    'lease_expires_at', lease_until, 'updated_at', now_text)
+    'claimed_by', worker, 'lease_expires_at', lease_until, 'updated_at', now_text)
   if held[2] then redis.call('ZADD', key_in_flight(held[2]), lease_until, id) end
   if held[3] and rate_count then
     local log = rate_log(held[3])

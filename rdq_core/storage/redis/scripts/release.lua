@@ -22,7 +22,7 @@ for _, p in ipairs(plan) do
   redis.call('ZREM', INFLIGHT, id)
   if p[3] then redis.call('ZREM', key_in_flight(p[3]), id) end
   if p[4] then redis.call('ZREM', rate_log(p[4]), p[5]) end
-  redis.call('HDEL', key, 'claim_token', 'claimed_at', 'lease_expires_at')
+  redis.call('HDEL', key, 'claim_token', 'claimed_at', 'claimed_by', 'lease_expires_at')
   redis.call('HSET', key, 'status', 'PENDING', 'updated_at', us(now))
   index_pending(id, p[2])
 end

@@ -57,7 +57,7 @@ for _, p in ipairs(plan) do
   redis.call('HSETNX', attempts_key(id), tostring(p.attempt_no), p.attempt)
   left_in_flight[#left_in_flight + 1] = id
   if p.ckey then redis.call('ZREM', key_in_flight(p.ckey), id) end
-  redis.call('HDEL', key, 'claim_token', 'claimed_at', 'lease_expires_at', 'dead_at')
+  redis.call('HDEL', key, 'claim_token', 'claimed_at', 'claimed_by', 'lease_expires_at', 'dead_at')
   local fields = {'status', p.status, 'updated_at', at, 'attempt_count', tostring(p.attempt_count)}
   if p.error_json ~= '' then
     fields[#fields + 1] = 'last_error'; fields[#fields + 1] = p.error_json
