@@ -43,6 +43,16 @@ class TaskNotFound(RdqError):
         super().__init__(f"{what} {task_id!r} not found")
 
 
+class ScheduleNotFound(TaskNotFound):
+    """No schedule by that name. A ``TaskNotFound`` so that every caller maps it as it maps a
+    missing task (404, exit code 3)."""
+
+    def __init__(self, name: str) -> None:
+        Exception.__init__(self, f"no schedule named {name!r}")
+        self.task_id = name
+        self.name = name
+
+
 class TaskConflict(RdqError):
     """The request conflicts with the task's current state (e.g. cancel of a non-PENDING task,
     or an id already used on another queue)."""

@@ -28,9 +28,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from . import payloads
+from . import payload_retention
 from ..errors import UnsupportedOperation
-from ..events import DeliveryReport, Publisher, deliver_events
+from .outbox import DeliveryReport, Publisher, deliver_events
 from .operations import drive_operations
 from .reaper import PassReport, ReapReport, maintenance_pass, reap_expired_leases, store_outage
 from .retry import PolicyBook
@@ -140,7 +140,7 @@ def apply_retention(storage: Storage, hours: float, deadline: float, clock: Call
     nothing that old are not read again in this pass."""
     purged = 0
     idle_lanes: set[tuple[str, str]] = set()
-    while clock() < deadline and (batch := payloads.purge_finished_tasks(
+    while clock() < deadline and (batch := payload_retention.purge_finished_tasks(
             storage, hours * 3600, RETENTION_CHUNK, idle_lanes=idle_lanes)):
         purged += batch
     if purged:

@@ -54,7 +54,7 @@ from typing import Any, Callable, Mapping
 from ..errors import InvalidInput, OperationStillRunning, TaskConflict, TaskNotFound
 from ..events import operation_finished_event
 from ..ids import new_sequential_id
-from . import payloads
+from . import payload_retention
 from .. import validation
 from ..model import Document, Task, TaskFilter, TaskStatus
 from ..storage.spi import Storage
@@ -317,7 +317,7 @@ def _next_chunk(storage: Storage, operation: Operation, chunk: int) -> tuple[lis
 def _act(storage: Storage, operation: Operation, tasks: list[Task]) -> int:
     if operation.action == "purge":
         # Purged with their large-payload and result objects (those still dead when purged).
-        return payloads.purge_dead_tasks(storage, operation.queue, tasks)
+        return payload_retention.purge_dead_tasks(storage, operation.queue, tasks)
     chosen = TaskFilter(ids=tuple(t.id for t in tasks))
     if operation.action == "redrive":
         return storage.redrive(operation.queue, chosen)

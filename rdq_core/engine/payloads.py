@@ -25,15 +25,18 @@ the task's own id -- so no producer can make one task's purge delete another's p
 (``payloads/<queue>/<random>``, the name before task ids were part of it, is still read, but no
 longer accepted from a producer nor deleted by a purge.)
 
-Which store: ``RDQ_PAYLOAD_BUCKET`` (S3, the deployed stack's bucket) or ``RDQ_PAYLOAD_DIR`` (a
-directory; ``rdq dev`` uses ``<store dir>/rdq-payloads``); neither means payloads stay inline and
-the 256 KiB limit holds. How objects are deleted (DLQ purge deletes them; retention is an S3
+Which store: ``RDQ_PAYLOAD_BUCKET`` (S3, the deployed stack's bucket: ``rdq_core/aws/s3_payloads.py``)
+or ``RDQ_PAYLOAD_DIR`` (a directory; ``rdq dev`` uses ``<store dir>/rdq-payloads``); neither means
+payloads stay inline and the 256 KiB limit holds. How objects are deleted (DLQ purge deletes them; retention is an S3
 lifecycle rule on objects of finished tasks) is in docs/serverless.md, "Large payloads".
+
+This module holds the format, the limits, the integrity check, the store protocol and the
+worker's side; ``payload_uploads`` is the HTTP upload offer and ``payload_retention`` deletes
+objects with their tasks.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
@@ -41,18 +44,16 @@ import os
 import re
 import secrets
 import threading
-from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
-from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from . import outcomes
 from .. import validation
-from ..errors import ConfigurationError, InvalidInput, PermanentError, StorageUnavailable, TaskConflict
-from ..model import ClaimedTask, NewTask, Outcome, Settlement, Task, TaskFilter, TaskStatus
+from ..aws.s3_payloads import S3_SINGLE_PUT_BYTES, S3PayloadStore
+from ..errors import ConfigurationError, InvalidInput, PermanentError
+from ..model import ClaimedTask, NewTask, Outcome, Settlement, Task, TaskStatus
 from .retry import PolicyBook
-from ..storage.spi import Storage
 
 log = logging.getLogger("rdq.payloads")
 
@@ -65,24 +66,11 @@ DEFAULT_THRESHOLD_BYTES = 200 * 1024
 #: The largest payload or result kept in the bucket (``RDQ_PAYLOAD_MAX_BYTES``): the worker holds
 #: it in memory, decoded, next to the handler's own data.
 DEFAULT_MAX_BYTES = 100 * 1024 * 1024
-#: S3's limit for one PUT (and so for a presigned upload): 5 GiB.
-S3_SINGLE_PUT_BYTES = 5 * 1024**3
-#: The tag the worker puts on a succeeded task's payload object; the bucket's lifecycle rule
-#: expires tagged objects (and every ``results/`` object) after the retention period.
-FINISHED_TAG = ("rdq-finished", "true")
-#: The tag a presigned upload carries until a task is enqueued with it (``enqueued`` clears it):
-#: the bucket's lifecycle rule expires tagged objects after ``PENDING_UPLOAD_DAYS``, so an upload
-#: no task ever names does not stay in the bucket.
-PENDING_TAG = ("rdq-pending", "true")
-#: Days the lifecycle rule keeps a pending upload (template.yaml, PayloadBucket: never-enqueued-uploads).
-PENDING_UPLOAD_DAYS = 2
-#: Presigned URLs are valid this long.
-PRESIGN_SECONDS = 900
 
 #: The keys this module issues (``new_key``): nothing else is ever read, written or deleted.
 _KEY = re.compile(r"payloads/[a-z0-9][a-z0-9._-]{0,119}/(?:[A-Za-z0-9][A-Za-z0-9._~-]{0,127}/)?[0-9a-f]{32}"
                   r"|results/[a-z0-9][a-z0-9._-]{0,119}/[A-Za-z0-9][A-Za-z0-9._~-]{0,127}/[0-9a-f]{32}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class PayloadIntegrityError(PermanentError):
@@ -109,14 +97,14 @@ class PayloadRef:
         """A reference as a caller or the store gives it back; anything else is ``InvalidInput``."""
         if not isinstance(data, Mapping) or set(data) != {"bucket", "key", "size", "sha256"}:
             raise InvalidInput(f"{field} must be an object with exactly bucket, key, size and sha256", field)
-        bucket, key, size, sha256 = data["bucket"], data["key"], _whole(data["size"]), data["sha256"]
+        bucket, key, size, sha256 = data["bucket"], data["key"], whole(data["size"]), data["sha256"]
         if not isinstance(bucket, str) or not 0 < len(bucket) <= 255:
             raise InvalidInput(f"{field}.bucket must be a bucket name", field)
         if not isinstance(key, str) or not _KEY.fullmatch(key):
             raise InvalidInput(f"{field}.key is not a key this store issues", field)
         if type(size) is not int or not 0 <= size <= S3_SINGLE_PUT_BYTES:
             raise InvalidInput(f"{field}.size must be an integer in 0..{S3_SINGLE_PUT_BYTES}", field)
-        if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+        if not isinstance(sha256, str) or not SHA256_HEX.fullmatch(sha256):
             raise InvalidInput(f"{field}.sha256 must be 64 lowercase hexadecimal digits", field)
         return cls(bucket, key, size, sha256)
 
@@ -129,138 +117,49 @@ class PayloadRef:
         return cls.from_dict(data, REF_HEADER)
 
 
-def _whole(value: Any) -> Any:
+def whole(value: Any) -> Any:
     """JSON does not tell 3 from 3.0 (nor does JSON Schema's "integer")."""
     return int(value) if type(value) is float and value.is_integer() else value
 
 
 # -- stores ------------------------------------------------------------------------------------
-class PayloadStore(ABC):
-    """Where offloaded payloads and results live. ``bucket`` is what references name."""
+class PayloadStore(Protocol):
+    """Where offloaded payloads and results live. ``bucket`` is what references name.
+    Implementations: ``S3PayloadStore`` (``rdq_core/aws/s3_payloads.py``) and ``LocalPayloadStore``."""
 
     bucket: str
 
-    @abstractmethod
     def write(self, key: str, data: bytes) -> None: ...
 
-    @abstractmethod
     def read(self, key: str) -> bytes | None:
         """The object's bytes, or None when there is no such object."""
 
-    @abstractmethod
     def size_of(self, key: str) -> int | None:
         """The object's size, or None when there is no such object."""
 
-    @abstractmethod
     def delete(self, keys: Sequence[str]) -> None: ...
 
     def mark_finished(self, key: str) -> None:
         """Tell the retention rule the object's task finished (S3: a tag; elsewhere nothing)."""
-        return None
 
     def clear_pending(self, key: str) -> None:
         """A task now names the uploaded object: it must not expire as a pending upload (S3: the
         tag goes; elsewhere nothing)."""
-        return None
 
-    @abstractmethod
     def upload_target(self, key: str, size: int, sha256: str) -> dict[str, Any]:
         """Where a caller puts an object of ``size`` bytes hashing to ``sha256`` (hex):
         ``{"url", "method", "headers"}``; the caller sends exactly those headers."""
 
-    @abstractmethod
     def download_url(self, key: str) -> str: ...
 
-    def put(self, key: str, data: bytes) -> PayloadRef:
-        self.write(key, data)
-        return PayloadRef(self.bucket, key, len(data), hashlib.sha256(data).hexdigest())
+
+def put_object(store: PayloadStore, key: str, data: bytes) -> PayloadRef:
+    """Write ``data`` at ``key``; the reference that names it."""
+    store.write(key, data)
+    return PayloadRef(store.bucket, key, len(data), hashlib.sha256(data).hexdigest())
 
 
-class S3PayloadStore(PayloadStore):
-    """A bucket the stack owns (SSE-KMS and the lifecycle rule are the bucket's own settings)."""
-
-    def __init__(self, bucket: str, client: Any = None) -> None:
-        if not bucket:
-            raise ConfigurationError("RDQ_PAYLOAD_BUCKET is empty")
-        self.bucket = bucket
-        self._client = client
-        self._lock = threading.Lock()
-
-    @property
-    def client(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                from ..aws.clients import aws_client  # boto3 only where a bucket is configured
-
-                # Objects are at most a few MB: a longer read than rdq's other calls, still one attempt.
-                self._client = aws_client("s3", read_timeout=20.0, signature_version="s3v4")
-            return self._client
-
-    def _call(self, operation: str, **params: Any) -> Any:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            return getattr(self.client, operation)(Bucket=self.bucket, **params)
-        except ClientError as exc:
-            code = str(exc.response.get("Error", {}).get("Code", ""))
-            if code in ("NoSuchKey", "404", "NotFound"):
-                return None
-            if code in ("AccessDenied", "403", "NoSuchBucket", "InvalidAccessKeyId", "KMS.DisabledException"):
-                raise ConfigurationError(f"payload bucket {self.bucket!r}: {operation} refused ({code})") from None
-            raise StorageUnavailable(f"payload bucket {self.bucket!r}: {operation} failed ({code})") from None
-        except BotoCoreError as exc:
-            raise StorageUnavailable(f"payload bucket {self.bucket!r}: {operation} failed ({exc})") from None
-
-    def write(self, key: str, data: bytes) -> None:
-        self._call("put_object", Key=key, Body=data, ContentType="application/json")
-
-    def read(self, key: str) -> bytes | None:
-        answer = self._call("get_object", Key=key)
-        return None if answer is None else bytes(answer["Body"].read())
-
-    def size_of(self, key: str) -> int | None:
-        answer = self._call("head_object", Key=key)
-        return None if answer is None else int(answer["ContentLength"])
-
-    def delete(self, keys: Sequence[str]) -> None:
-        for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1,000 keys
-            chunk = keys[start:start + 1000]
-            answer = self._call("delete_objects", Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True})
-            errors = (answer or {}).get("Errors") or []
-            if errors:
-                raise StorageUnavailable(f"payload bucket {self.bucket!r}: {len(errors)} object(s) not deleted "
-                                         f"(first: {errors[0].get('Code')})")
-
-    def mark_finished(self, key: str) -> None:
-        self._call("put_object_tagging", Key=key,
-                   Tagging={"TagSet": [{"Key": FINISHED_TAG[0], "Value": FINISHED_TAG[1]}]})
-
-    def clear_pending(self, key: str) -> None:
-        # The only tag an object has when its task is enqueued is the pending one (the worker
-        # tags it finished later), so all of them go.
-        self._call("delete_object_tagging", Key=key)
-
-    def upload_target(self, key: str, size: int, sha256: str) -> dict[str, Any]:
-        # Length, checksum and the pending tag are signed headers of the URL: S3 refuses a PUT of
-        # another length or without the tag (SignatureDoesNotMatch), and one whose body does not
-        # hash to the checksum (BadDigest). So the URL uploads this object and nothing larger.
-        checksum = base64.b64encode(bytes.fromhex(sha256)).decode()
-        tagging = f"{PENDING_TAG[0]}={PENDING_TAG[1]}"
-        url = self.client.generate_presigned_url(
-            "put_object", Params={"Bucket": self.bucket, "Key": key, "ContentType": "application/json",
-                                  "ContentLength": size, "ChecksumSHA256": checksum, "Tagging": tagging},
-            ExpiresIn=PRESIGN_SECONDS)
-        headers = {"Content-Type": "application/json", "Content-Length": str(size),
-                   "x-amz-checksum-sha256": checksum, "x-amz-tagging": tagging}
-        return {"url": url, "method": "PUT", "headers": headers}
-
-    def download_url(self, key: str) -> str:
-        url: str = self.client.generate_presigned_url(
-            "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=PRESIGN_SECONDS)
-        return url
-
-
-class LocalPayloadStore(PayloadStore):
+class LocalPayloadStore:
     """A directory standing in for the bucket (``rdq dev``): same keys, same references.
 
     Its "presigned" URLs are ``file:`` URLs into the directory: ``rdq dev`` serves loopback, so
@@ -298,6 +197,12 @@ class LocalPayloadStore(PayloadStore):
     def delete(self, keys: Sequence[str]) -> None:
         for key in keys:
             self._path(key).unlink(missing_ok=True)
+
+    def mark_finished(self, key: str) -> None:
+        return None  # nothing expires a directory's objects: a purge deletes them
+
+    def clear_pending(self, key: str) -> None:
+        return None
 
     def upload_target(self, key: str, size: int, sha256: str) -> dict[str, Any]:
         return {"url": self._path(key).as_uri(), "method": "PUT", "headers": {}}
@@ -398,7 +303,7 @@ def offload_payload(store: PayloadStore, queue: str, payload: Any, task_id: str)
     """Check ``payload`` (JSON rules, the offload maximum) and write it as task ``task_id``'s own
     object; its reference."""
     validation.json_value(payload, max_bytes(), "payload")
-    return store.put(new_key("payloads", queue, validation.task_id(task_id)), encoded(payload))
+    return put_object(store, new_key("payloads", queue, validation.task_id(task_id)), encoded(payload))
 
 
 def owned_by(task: Task, ref: PayloadRef) -> bool:
@@ -410,67 +315,6 @@ def owned_by(task: Task, ref: PayloadRef) -> bool:
 def with_ref(new_task: NewTask, ref: PayloadRef) -> NewTask:
     """``new_task`` carrying ``ref`` instead of its payload."""
     return replace(new_task, payload=None, headers={**new_task.headers, REF_HEADER: ref.to_header()})
-
-
-def checked_upload(store: PayloadStore | None, queue: str, data: Any, task_id: str) -> PayloadRef:
-    """A reference an HTTP caller enqueues task ``task_id`` with: issued by this store for this
-    queue and this very task id, and the object is there with the size it names (the worker
-    checks the hash). A malformed reference is ``InvalidInput``; one that does not match what the
-    store holds is ``TaskConflict`` (409): the request is well formed, the bucket's state does not
-    allow it (yet). Another task's object is refused (409): two tasks never share one."""
-    ref = PayloadRef.from_dict(data)
-    if store is None:
-        raise TaskConflict("this deployment has no payload bucket; send the payload inline")
-    if ref.bucket != store.bucket or not ref.key.startswith(f"payloads/{queue}/"):
-        raise TaskConflict(f"payload_ref must name an object issued for queue {queue!r} in this deployment's bucket")
-    if not ref.key.startswith(f"payloads/{queue}/{task_id}/"):
-        raise TaskConflict(f"payload_ref must name an object issued for task {task_id!r}: ask for an upload with "
-                           "this task_id (each task has its own object)")
-    if ref.size > max_bytes():
-        raise InvalidInput(f"payload_ref.size exceeds the {max_bytes()}-byte maximum", "payload_ref")
-    size = store.size_of(ref.key)
-    if size is None:
-        raise TaskConflict(f"no object at payload_ref.key {ref.key!r}: upload it first")
-    if size != ref.size:
-        raise TaskConflict(f"the object at payload_ref.key holds {size} bytes, not {ref.size}")
-    return ref
-
-
-def enqueued(store: PayloadStore | None, ref: PayloadRef, task: Task) -> None:
-    """An enqueue with the uploaded ``ref`` answered ``task``: when the task names that very
-    object (created, or a deduplicated replace), the object stops being a pending upload and
-    lives as long as its task. An idempotent repeat whose task names another object leaves this
-    upload pending: the lifecycle rule removes it. A tag that cannot be cleared raises
-    (``StorageUnavailable``, 503): the caller's retry is a repeat that clears it, before the
-    lifecycle rule would take the payload of a pending task.
-
-    Cleared after the task is written, never before: an enqueue that then fails (a conflict, the
-    store down) leaves nothing that escapes expiry. A worker that ran and tagged the task
-    finished in between loses that tag; retention (``RetentionHours``) still deletes the object
-    with its task."""
-    if store is None or ref.bucket != store.bucket or task.headers.get(REF_HEADER) != ref.to_header():
-        return
-    store.clear_pending(ref.key)
-
-
-def upload_offer(store: PayloadStore | None, queue: str, size: Any, sha256: Any, task_id: Any) -> dict[str, Any]:
-    """What ``POST /v1/queues/{queue}/payloads`` answers: where to PUT, and the reference, for
-    the payload of task ``task_id`` (the only task that may then be enqueued with it)."""
-    queue = validation.queue_name(queue)
-    if store is None:
-        raise InvalidInput("this deployment has no payload bucket; send the payload inline", "size")
-    if task_id is None:
-        raise InvalidInput("task_id is required: the id of the task this payload is for", "task_id")
-    task_id = validation.task_id(task_id, "task_id")
-    size = _whole(size)
-    if type(size) is not int or not 0 < size <= max_bytes():
-        raise InvalidInput(f"size must be an integer in 1..{max_bytes()}", "size")
-    if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
-        raise InvalidInput("sha256 must be 64 lowercase hexadecimal digits", "sha256")
-    key = new_key("payloads", queue, task_id)
-    target = store.upload_target(key, size, sha256)
-    ref = PayloadRef(store.bucket, key, size, sha256)
-    return {"upload": {**target, "expires_in_seconds": PRESIGN_SECONDS}, "payload_ref": ref.to_dict()}
 
 
 # -- the worker's side -------------------------------------------------------------------------
@@ -549,7 +393,7 @@ def stored_result(task: Task, result: Any, store: PayloadStore | None = None) ->
         validation.json_value(result, max_bytes(), "handler result")
     except InvalidInput:
         return result
-    ref = store.put(new_key("results", task.queue, task.id), encoded(result))
+    ref = put_object(store, new_key("results", task.queue, task.id), encoded(result))
     return {RESULT_KEY: ref.to_dict()}
 
 
@@ -578,66 +422,6 @@ def resolved(task: Task, store: PayloadStore | None = None) -> Task:
     return replace(task, payload=payload, result=result)
 
 
-def object_refs(tasks: Iterable[Task]) -> list[PayloadRef]:
-    """Every object ``tasks`` own (payloads and results named under their own ids): what a purge
-    deletes. A reference to anything else is left alone -- whoever wrote it, it is not theirs."""
-    refs: list[PayloadRef] = []
-    for task in tasks:
-        for ref in (_ref_or_none(payload_ref, task), _ref_or_none(result_ref, task.result)):
-            if ref is not None and owned_by(task, ref):
-                refs.append(ref)
-    return refs
-
-
-def _ref_or_none(read: Callable[[Any], PayloadRef | None], source: Any) -> PayloadRef | None:
-    """The reference ``read`` finds in ``source``; None when there is none or it is malformed."""
-    try:
-        return read(source)
-    except InvalidInput:
-        return None
-
-
-def delete_objects(store: PayloadStore | None, refs: Sequence[PayloadRef]) -> int:
-    """Delete the objects of ``refs`` that live in ``store``; how many were asked for."""
-    keys = [ref.key for ref in refs if store is not None and ref.bucket == store.bucket]
-    if keys and store is not None:
-        store.delete(keys)
-    return len(keys)
-
-
-def purge_finished_tasks(storage: Storage, older_than_seconds: float, limit: int, store: PayloadStore | None = None,
-                         idle_lanes: set[tuple[str, str]] | None = None) -> int:
-    """One retention chunk: ``purge_succeeded(older_than_seconds, limit)``, and the payload and
-    result objects of the purged tasks deleted with them. The count the store purged.
-
-    The store purges the oldest finished tasks first, so the ones it deletes are among the oldest
-    ``limit`` of each queue and status, read just before. Rows go first and an object is deleted
-    only once its task is gone: a row never outlives its object; an object outlives its row only
-    if its delete fails or its task was not in the read (then the bucket's lifecycle rule takes
-    it). ``idle_lanes`` (queue, status) had nothing that old when last read: a pass skips them."""
-    store = store if store is not None else default_store()
-    if store is None:
-        return storage.purge_succeeded(older_than_seconds, limit)
-    cutoff = storage.now() - timedelta(seconds=older_than_seconds)
-    candidates: list[Task] = []
-    for queue in storage.list_queues():
-        for status in (TaskStatus.SUCCEEDED, TaskStatus.CANCELLED):
-            lane = (queue, status.value)
-            if idle_lanes is not None and lane in idle_lanes:
-                continue
-            old = [t for t in storage.list_tasks(queue, status=status, limit=limit).tasks
-                   if t.updated_at is not None and t.updated_at < cutoff]
-            if not old and idle_lanes is not None:
-                idle_lanes.add(lane)
-            candidates.extend(t for t in old if object_refs([t]))
-    count = storage.purge_succeeded(older_than_seconds, limit)
-    if count and candidates:
-        # Only the oldest ``count`` can have gone; each is checked, so a task the purge left keeps its objects.
-        candidates.sort(key=lambda t: (t.updated_at, t.id))
-        gone = [t for t in candidates[:count] if storage.get(t.id) is None]
-        delete_objects(store, object_refs(gone))
-    return count
-
 
 def handler_outcome(item: ClaimedTask, result: Any, policies: PolicyBook) -> Settlement:
     """What the worker settles for a handler that returned ``result``: a result too large to keep
@@ -659,18 +443,3 @@ def handler_outcome(item: ClaimedTask, result: Any, policies: PolicyBook) -> Set
     if settlement.status is TaskStatus.SUCCEEDED and REF_HEADER in task.headers:
         finished(task)
     return settlement
-
-
-def purge_dead_tasks(storage: Storage, queue: str, tasks: Sequence[Task], store: PayloadStore | None = None) -> int:
-    """Purge exactly ``tasks`` (those still DEAD; ``tasks`` as read just before, e.g. one page of
-    ``list_dead`` or ``list_tasks``) and delete the payload and result objects of the ones that are
-    gone. A task redriven in between keeps its objects. The count the store purged."""
-    if not tasks:
-        return 0
-    store = store if store is not None else default_store()
-    count = storage.purge_dead(queue, TaskFilter(ids=tuple(t.id for t in tasks)))
-    with_objects = [t for t in tasks if object_refs([t])]
-    if with_objects and count < len(tasks):  # some left the DLQ meanwhile: keep their objects
-        with_objects = [t for t in with_objects if storage.get(t.id) is None]
-    delete_objects(store, object_refs(with_objects))
-    return count

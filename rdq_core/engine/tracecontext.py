@@ -6,7 +6,8 @@ At enqueue the trace context is stored in the task's headers under two reserved 
 * from the Python client: an explicit ``traceparent=`` (and ``tracestate=``) argument, else the
   current OpenTelemetry span when OpenTelemetry is in use in the process;
 * from the HTTP API: the request's ``traceparent`` (and ``tracestate``) header, else its
-  ``X-Amzn-Trace-Id`` header converted (``Root`` and ``Parent`` become the trace and parent ids).
+  ``X-Amzn-Trace-Id`` header converted (``Root`` and ``Parent`` become the trace and parent ids;
+  ``rdq_core/aws/xray.py``).
 
 Every value is checked against the W3C format (version ``00``, and the forward-compatible rule
 for later versions); an invalid one is dropped, never refused: tracing must not fail an enqueue.
@@ -29,7 +30,6 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import logging
-import os
 import re
 import sys
 import threading
@@ -37,6 +37,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Mapping
 
+from ..aws import xray
 from ..model import NewTask
 from ..validation import TRACEPARENT_HEADER, TRACESTATE_HEADER
 
@@ -46,8 +47,6 @@ log = logging.getLogger("rdq.trace")
 TRACESTATE_MEMBERS = 32
 TRACESTATE_CHARS = 512
 
-_HEX32 = re.compile(r"[0-9a-f]{32}")
-_HEX16 = re.compile(r"[0-9a-f]{16}")
 # version "-" trace-id "-" parent-id "-" trace-flags, all lowercase hex.
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _TRACESTATE_KEY = re.compile(
@@ -56,7 +55,6 @@ _TRACESTATE_KEY = re.compile(
 )
 # Printable ASCII except "," and "=", the last character not a space; up to 256 characters.
 _TRACESTATE_VALUE = re.compile(r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
-_XRAY_ROOT = re.compile(r"1-([0-9a-fA-F]{8})-([0-9a-fA-F]{24})")
 
 
 @dataclass(frozen=True)
@@ -79,7 +77,7 @@ class TraceParent:
     @property
     def xray_trace_id(self) -> str:
         """The same trace id in X-Ray's spelling (``1-<8 hex>-<24 hex>``)."""
-        return xray_trace_id(self.trace_id)
+        return xray.xray_trace_id(self.trace_id)
 
 
 def parse_traceparent(value: Any) -> TraceParent | None:
@@ -137,37 +135,11 @@ def clean_tracestate(value: Any) -> str | None:
 
 
 def from_xray_header(value: Any) -> TraceParent | None:
-    """An ``X-Amzn-Trace-Id`` header (``Root=1-…;Parent=…;Sampled=1``) as a ``traceparent``: the
-    root's 8 + 24 hex digits are the 32-digit trace id, ``Parent`` the parent id, ``Sampled=1``
-    the sampled flag (anything else: not sampled). Without both ``Root`` and ``Parent``, None."""
-    fields = _xray_fields(value)
-    trace_id = _xray_root(fields)
-    parent = fields.get("Parent", "").lower()
-    if trace_id is None or not _HEX16.fullmatch(parent):
-        return None
-    flags = "01" if fields.get("Sampled") == "1" else "00"
-    return parse_traceparent(f"00-{trace_id}-{parent}-{flags}")
-
-
-def _xray_fields(value: Any) -> dict[str, str]:
-    fields: dict[str, str] = {}
-    if isinstance(value, str) and len(value) <= 1024:
-        for part in value.split(";"):
-            key, sep, item = part.strip(" \t").partition("=")
-            if sep:
-                fields.setdefault(key, item)
-    return fields
-
-
-def _xray_root(fields: Mapping[str, str]) -> str | None:
-    """The 32-digit trace id of an X-Ray header's ``Root``, or None."""
-    root = _XRAY_ROOT.fullmatch(fields.get("Root", ""))
-    return None if root is None else (root.group(1) + root.group(2)).lower()
-
-
-def xray_trace_id(trace_id: str) -> str:
-    """A 32-hex-digit W3C trace id spelt as X-Ray spells it."""
-    return f"1-{trace_id[:8]}-{trace_id[8:]}"
+    """An ``X-Amzn-Trace-Id`` header (``Root=1-…;Parent=…;Sampled=1``) as a ``traceparent``
+    (``rdq_core.aws.xray.traceparent_text``), checked as any other; None without both ``Root``
+    and ``Parent``."""
+    text = xray.traceparent_text(value)
+    return None if text is None else parse_traceparent(text)
 
 
 def headers_for(traceparent: Any, tracestate: Any = None) -> dict[str, str]:
@@ -262,16 +234,16 @@ def request_headers(header: Callable[[str], str | None]) -> dict[str, str]:
         found = headers_for(header("traceparent"), header("tracestate")) if header("traceparent") else {}
         if not found:
             xray_value = header("x-amzn-trace-id")
-            xray = from_xray_header(xray_value)
-            if xray is None:
+            converted = from_xray_header(xray_value)
+            if converted is None:
                 # API Gateway adds a header with a Root only; the API function's own trace header
                 # (``_X_AMZN_TRACE_ID``, set by Lambda for each invocation) has that root and the
                 # function's segment as Parent.
-                own = from_xray_header(os.environ.get("_X_AMZN_TRACE_ID"))
-                root = _xray_root(_xray_fields(xray_value))
-                xray = own if own is not None and root is not None and own.trace_id == root else None
-            if xray is not None:
-                found = {TRACEPARENT_HEADER: xray.header}
+                own = from_xray_header(xray.lambda_trace_header())
+                root = xray.root_trace_id(xray.header_fields(xray_value))
+                converted = own if own is not None and root is not None and own.trace_id == root else None
+            if converted is not None:
+                found = {TRACEPARENT_HEADER: converted.header}
         return found
     except Exception:  # never let a header fail an enqueue
         log.debug("could not read the request's trace headers", exc_info=True)

@@ -13,16 +13,9 @@ import pytest
 
 from rdq_core import Client
 from rdq_core.compliance.support import dead_letter, wait_until
-from rdq_core.events import (
-    MAX_DETAIL_BYTES,
-    MAX_ERROR_MESSAGE_CHARS,
-    EventBridgePublisher,
-    EventSettings,
-    OutboxEvent,
-    deliver_events,
-    detail_json,
-    put_events_entry,
-)
+from rdq_core.aws.eventbridge import MAX_DETAIL_BYTES, EventBridgePublisher, detail_json, put_events_entry
+from rdq_core.engine.outbox import deliver_events
+from rdq_core.events import MAX_ERROR_MESSAGE_CHARS, EventSettings, OutboxEvent
 from rdq_core.hosts.aws_lambda import connection, reaper
 from rdq_core.model import DeadFilter, ErrorInfo, NewTask, Outcome, Settlement, TaskFilter, TaskStatus
 from rdq_core.engine.operations import drive_operations, start_operation

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from rdq_core import Client
-from rdq_core.engine import maintenance, payloads
+from rdq_core.engine import maintenance, payload_retention, payloads
 from rdq_core.hosts.aws_lambda import connection, reaper
 from rdq_core.engine.retry import PolicyBook
 
@@ -147,7 +147,7 @@ def test_a_task_the_purge_leaves_keeps_its_objects(s3, monkeypatch):
     time.sleep(0.4)
     # The store purges nothing (another reaper holds the rows): no object may go.
     monkeypatch.setattr(storage, "purge_succeeded", lambda older_than, limit: 0)
-    assert payloads.purge_finished_tasks(storage, 0.3, 100) == 0
+    assert payload_retention.purge_finished_tasks(storage, 0.3, 100) == 0
     assert _keys(s3) == keys and client.get("finished") is not None
 
 
@@ -171,7 +171,7 @@ def test_retention_keeps_to_its_share_of_the_pass(store_url, monkeypatch):
         now[0] += 4.0  # each chunk takes 4 s
         return maintenance.RETENTION_CHUNK
 
-    monkeypatch.setattr(payloads, "purge_finished_tasks", chunk)
+    monkeypatch.setattr(payload_retention, "purge_finished_tasks", chunk)
     purged = maintenance.apply_retention(storage, 1.0, deadline=10.0, clock=lambda: now[0])
     assert calls == [0.0, 4.0, 8.0] and purged == 3 * maintenance.RETENTION_CHUNK
 

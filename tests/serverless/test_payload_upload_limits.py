@@ -19,8 +19,9 @@ from typing import Any, Iterator
 
 import pytest
 
+from rdq_core.aws import s3_payloads
 from rdq_core.engine import payloads
-from rdq_core.compliance.servers import free_loopback_port
+from rdq_testing.servers import free_loopback_port
 
 from .test_api import call, request
 from .test_template import transformed
@@ -133,10 +134,10 @@ def test_a_tag_that_cannot_be_cleared_answers_503_and_the_retry_clears_it(bucket
     # S3 away for the tag call only (a closed port; the size check before it still works): the
     # task is written, and the caller is told to retry.
     store = payloads.default_store()
-    assert isinstance(store, payloads.S3PayloadStore)
+    assert isinstance(store, s3_payloads.S3PayloadStore)
     import boto3
 
-    away = payloads.S3PayloadStore(BUCKET, client=boto3.client(
+    away = s3_payloads.S3PayloadStore(BUCKET, client=boto3.client(
         "s3", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{free_loopback_port()}"))
     with monkeypatch.context() as patched:
         patched.setattr(store, "clear_pending", away.clear_pending)
@@ -153,8 +154,8 @@ def test_an_upload_no_task_names_expires_with_the_pending_rule():
     rules = {r["Id"]: r for r in resources["PayloadBucket"]["Properties"]["LifecycleConfiguration"]["Rules"]}
     pending = rules["never-enqueued-uploads"]
     assert pending["Status"] == "Enabled" and pending["Prefix"] == "payloads/"
-    assert pending["TagFilters"] == [{"Key": payloads.PENDING_TAG[0], "Value": payloads.PENDING_TAG[1]}]
-    assert pending["ExpirationInDays"] == payloads.PENDING_UPLOAD_DAYS and 1 <= payloads.PENDING_UPLOAD_DAYS <= 2
+    assert pending["TagFilters"] == [{"Key": s3_payloads.PENDING_TAG[0], "Value": s3_payloads.PENDING_TAG[1]}]
+    assert pending["ExpirationInDays"] == s3_payloads.PENDING_UPLOAD_DAYS and 1 <= s3_payloads.PENDING_UPLOAD_DAYS <= 2
     # The API role signs the PUT with its tag, and clears the tag: both on payloads/ only.
     (grant,) = [s for s in resources["PayloadApiPolicy"]["Properties"]["PolicyDocument"]["Statement"]
                 if "s3:DeleteObjectTagging" in s["Action"]]
@@ -203,7 +204,7 @@ def signing_s3(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 @pytest.mark.localstack
 def test_s3_refuses_a_presigned_upload_of_another_length_checksum_or_without_the_tag(signing_s3):
-    store = payloads.S3PayloadStore(BUCKET, client=signing_s3)
+    store = s3_payloads.S3PayloadStore(BUCKET, client=signing_s3)
     data = json.dumps({"text": "q" * 2000}, separators=(",", ":")).encode()
     target = store.upload_target("payloads/emails/t-1/" + "0" * 32, len(data), hashlib.sha256(data).hexdigest())
     headers = target["headers"]

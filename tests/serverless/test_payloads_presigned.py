@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rdq_core.compliance.servers import free_loopback_port
+from rdq_testing.servers import free_loopback_port
 from rdq_core.compliance.support import wait_until
 from rdq_core.http_client import HttpClient
 from tests.rdq_servers import DevServer

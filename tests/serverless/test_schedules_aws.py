@@ -16,7 +16,9 @@ from rdq_core.engine import schedules
 from rdq_core.errors import InvalidInput, StorageUnavailable
 from rdq_core.hosts.aws_lambda import api, worker
 from rdq_core.hosts.aws_lambda.local_invoke import api_proxy_event
-from rdq_core.engine.schedules import SCHEDULED_TIME, Schedule, SchedulerBook, ScheduleNotFound, target_input
+from rdq_core.aws import scheduler as aws_scheduler
+from rdq_core.aws.scheduler import SCHEDULED_TIME, target_input
+from rdq_core.engine.schedules import Schedule, SchedulerBook, ScheduleNotFound
 
 from .test_template import managed_policies, transformed
 
@@ -145,7 +147,7 @@ def test_the_api_manages_scheduler_schedules_when_deployed(store_url, scheduler,
 
 def _scheduler_event(schedule: Schedule, scheduled_time: str) -> dict[str, Any]:
     """The invocation Scheduler makes: the target input with the context attribute substituted."""
-    return json.loads(target_input(schedule).replace(SCHEDULED_TIME, scheduled_time))
+    return json.loads(target_input(schedule.to_dict()).replace(SCHEDULED_TIME, scheduled_time))
 
 
 def test_a_duplicate_or_retried_trigger_makes_one_task(store_url, lambda_context):
@@ -169,7 +171,7 @@ def test_a_duplicate_or_retried_trigger_makes_one_task(store_url, lambda_context
 
 def test_a_malformed_trigger_is_refused(store_url, lambda_context):
     schedule = Schedule("tick", "cron(0 * * * ? *)", "scheduled", "quick")
-    event = json.loads(target_input(schedule))  # the placeholder never substituted
+    event = json.loads(target_input(schedule.to_dict()))  # the placeholder never substituted
     with pytest.raises(InvalidInput):
         worker.run_worker_invocation(event, lambda_context("rdq-worker", 10))
 
@@ -196,7 +198,7 @@ def test_the_template_declares_the_group_role_example_and_api_permissions(templa
     body = json.loads(props["Target"]["Input"])
     schedule = Schedule.from_dict(body["rdq_schedule"], allow_seconds=False)
     assert (schedule.expression, schedule.timezone) == (props["ScheduleExpression"], props["ScheduleExpressionTimezone"])
-    assert props["Target"]["Input"] == target_input(schedule)  # exactly what the API would write
+    assert props["Target"]["Input"] == target_input(schedule.to_dict())  # exactly what the API would write
 
     role = resources["SchedulerRole"]["Properties"]
     (trust,) = role["AssumeRolePolicyDocument"]["Statement"]
@@ -252,4 +254,4 @@ def test_a_trigger_whose_store_never_answers_fails_the_invocation(store_url, lam
 
 def test_the_worker_knows_a_scheduler_event_by_the_schedules_key():
     # The Lambda worker recognises a Scheduler invocation without importing rdq_core.engine.schedules.
-    assert worker.SCHEDULE_EVENT_KEY == schedules.EVENT_KEY
+    assert worker.SCHEDULE_EVENT_KEY == aws_scheduler.EVENT_KEY

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rdq_core.compliance.servers import stop_process
+from rdq_testing.servers import stop_process
 from rdq_core.compliance.support import wait_until
 from tests.loopback import without_rdq_settings
 

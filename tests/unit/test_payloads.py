@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from rdq_core.engine import payloads
+from rdq_core.engine import payload_uploads, payloads
 from rdq_core.client import Client
 from rdq_core.compliance.support import wait_until
 from rdq_core.errors import InvalidInput, TaskConflict
@@ -130,23 +130,23 @@ def test_a_conflict_on_another_queue_deletes_the_upload(client, store):
 
 
 def test_an_http_reference_must_be_issued_for_the_queue_and_uploaded(store):
-    offer = payloads.upload_offer(store, "q", 10, SHA, "t1")
+    offer = payload_uploads.upload_offer(store, "q", 10, SHA, "t1")
     ref = offer["payload_ref"]
     assert offer["upload"]["url"].startswith("file://") and ref["key"].startswith("payloads/q/t1/")
     with pytest.raises(TaskConflict, match="upload it first"):
-        payloads.checked_upload(store, "q", ref, "t1")
+        payload_uploads.checked_upload(store, "q", ref, "t1")
     store.write(ref["key"], b"0123456789")
-    assert payloads.checked_upload(store, "q", ref, "t1").size == 10
+    assert payload_uploads.checked_upload(store, "q", ref, "t1").size == 10
     with pytest.raises(TaskConflict, match="queue 'other'"):
-        payloads.checked_upload(store, "other", ref, "t1")
+        payload_uploads.checked_upload(store, "other", ref, "t1")
     with pytest.raises(TaskConflict, match="task 't2'"):
-        payloads.checked_upload(store, "q", ref, "t2")
+        payload_uploads.checked_upload(store, "q", ref, "t2")
     with pytest.raises(TaskConflict, match="not 11"):
-        payloads.checked_upload(store, "q", {**ref, "size": 11}, "t1")
+        payload_uploads.checked_upload(store, "q", {**ref, "size": 11}, "t1")
     with pytest.raises(InvalidInput):
-        payloads.upload_offer(store, "q", 0, SHA, "t1")
+        payload_uploads.upload_offer(store, "q", 0, SHA, "t1")
     with pytest.raises(InvalidInput, match="task_id"):
-        payloads.upload_offer(store, "q", 10, SHA, None)
+        payload_uploads.upload_offer(store, "q", 10, SHA, None)
 
 
 # -- the long-running worker ---------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Schedules (rdq_core/engine/schedules.py): expressions, next fire times, time zones and daylight saving
+"""Schedules (rdq_core/engine/schedules.py, rdq_core/engine/cron.py): expressions, next fire times, time zones and daylight saving
 time, the catch-up policy driven by a fake clock, and firing exactly once per period."""
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from rdq_core.engine.schedules import (
     ScheduleNotFound,
     due_instant,
     fire,
-    parse_expression,
     parse_scheduled_time,
     schedule_body,
-    target_input,
     task_id_for,
 )
+from rdq_core.aws.scheduler import target_input
+from rdq_core.engine.cron import parse_expression
 from rdq_core.validation import TASK_ID
 
 UTC = timezone.utc
@@ -168,7 +168,7 @@ def test_the_grammar_and_the_parser_agree():
     from hypothesis import Phase, given, settings
     from hypothesis import strategies as st
 
-    from rdq_core.engine.schedules import EXPRESSION_PATTERN
+    from rdq_core.engine.cron import EXPRESSION_PATTERN
 
     @settings(max_examples=150, deadline=None, database=None, derandomize=True, phases=[Phase.generate])
     @given(st.from_regex(f"^{EXPRESSION_PATTERN}$", fullmatch=True).filter(lambda text: len(text) <= 256))
@@ -344,7 +344,7 @@ def test_the_schedule_client_validates_definitions(tmp_path):
 
 def test_the_scheduler_target_input_carries_the_definition_and_the_scheduled_time_attribute():
     schedule = Schedule("nightly", "cron(0 3 * * ? *)", "reports", "build", payload={"a": 1}, timezone="Europe/Paris")
-    body = json.loads(target_input(schedule))
+    body = json.loads(target_input(schedule.to_dict()))
     assert body["scheduled_time"] == "<aws.scheduler.scheduled-time>"
     assert Schedule.from_dict(body["rdq_schedule"]) == schedule
 
