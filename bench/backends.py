@@ -8,7 +8,7 @@ import tempfile
 from contextlib import ExitStack, contextmanager
 from typing import Iterator
 
-from rdq_core.compliance import servers as provisioning
+from rdq_testing import servers as provisioning
 
 from . import servers
 

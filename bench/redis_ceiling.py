@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from rdq_core.compliance import servers as provisioning
+from rdq_testing import servers as provisioning
 
 from . import servers
 from .ceiling import busy_window

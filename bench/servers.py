@@ -1,5 +1,5 @@
 """The servers the benchmarks use, from the same provisioning module as the tests
-(``rdq_core.compliance.servers``), each scoped so cleanup touches only what we created.
+(``rdq_testing.servers``), each scoped so cleanup touches only what we created.
 
 * PostgreSQL: a database ``rdq_bench_<random>`` created here and dropped here (only that one).
 * Redis: keys under our own prefix, deleted with SCAN + UNLINK (never FLUSHALL).
@@ -14,7 +14,7 @@ import secrets
 from contextlib import contextmanager
 from typing import Iterator
 
-from rdq_core.compliance import servers
+from rdq_testing import servers
 
 PG_ADMIN_URL = os.environ.get("RDQ_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("RDQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from rdq_core.compliance import servers as provisioning
+from rdq_testing import servers as provisioning
 from rdq_core.hosts.aws_lambda.local_invoke import scheduled_event
 from rdq_core.model import NewTask, TaskStatus
 from rdq_core.storage import open_storage
@@ -238,7 +238,7 @@ def worker_fleet(env: dict[str, str]) -> str:
 
 def _burst(storage: Storage, scenario: Scenario, function: str, endpoint: str, fleet: str) -> dict[str, Any]:
     """The backlog, enqueued as API requests by ``api_containers`` containers, each waking a worker
-    into a slot it reserves, as the API does (``routes._wake_worker_for``)."""
+    into a slot it reserves, as the API does (``route_support.wake_worker_for``)."""
     import boto3
 
     from rdq_core.aws.clients import client_config

@@ -18,8 +18,9 @@ A backend -- ours or a third party's -- passes the kit with a few lines of pytes
 ``rdq_core.storage.register_backend`` in a module listed in ``plugin_modules`` (the chaos test's
 worker subprocesses import them too). Class attributes tune timing for slow stores, and
 ``capabilities = Capabilities(...)`` declares where a backend legitimately differs (round-trip
-budgets, joining a caller's transaction, a URL for an unreachable server). ``servers`` starts,
-owns and stops the servers the tests and the benchmarks use.
+budgets, joining a caller's transaction, a URL for an unreachable server). The servers the tests
+start and the processes the chaos tests kill are test support outside the runtime package
+(``rdq_testing``); the kit drives them.
 """
 
 import pkgutil

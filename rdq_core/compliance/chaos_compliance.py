@@ -20,7 +20,7 @@ class ChaosCompliance:
 
     @pytest.mark.chaos
     def test_chaos_kill_9_workers_mid_task(self, storage: Storage, storage_url: str, tmp_path: Path) -> None:
-        from .chaos import run_chaos
+        from rdq_testing.chaos.runs import run_chaos
 
         figures = run_chaos(
             storage, storage_url, tmp_path,
@@ -45,8 +45,8 @@ class ChaosCompliance:
         """``rdq worker`` processes killed inside claim and settle calls (before and after the
         store committed), with finished outcomes in the settle buffer, inside the heartbeat's
         extend, inside handlers and at random; then every claim, execution and kill is held
-        against the store (``chaos_history``)."""
-        from .chaos import run_runner_chaos
+        against the store (``rdq_testing.chaos.history``)."""
+        from rdq_testing.chaos.runs import run_runner_chaos
 
         figures = run_runner_chaos(
             storage, storage_url, tmp_path,
@@ -62,7 +62,7 @@ class ChaosCompliance:
         """Warm Lambda worker containers running ``run_worker_invocation`` back to back, killed
         at journal markers and exactly at an invocation's deadline (Lambda's timeout, also
         under a handler that overruns it); then the same history audit."""
-        from .chaos import run_lambda_chaos
+        from rdq_testing.chaos.runs import run_lambda_chaos
 
         figures = run_lambda_chaos(
             storage, storage_url, tmp_path,

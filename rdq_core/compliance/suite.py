@@ -26,8 +26,11 @@ one promise of the storage SPI (see ``spi.py``); a backend's test class subclass
 | ``runner_paths.py``   | the runner's own paths (buffers, heartbeats, deadlines)             |
 | ``exactly_once.py``   | ``ctx.transaction()``: effects and completion commit together, fenced |
 | ``exactly_once_chaos.py`` | ``ctx.transaction()`` under kill -9 and freezes (marked ``chaos``) |
-| ``stateful.py``       | the model-based test                                                |
+| ``stateful.py``       | the model-based test (its model and rules: ``stateful_model.py``, ``stateful_machine.py``) |
 | ``chaos_compliance.py`` | multi-process kill -9 runs (marked ``chaos``)                     |
+
+The chaos tests drive processes they start and kill (``rdq_testing.chaos``): test support
+outside the runtime package, like the servers the tests start (``rdq_testing.servers``).
 """
 
 from __future__ import annotations

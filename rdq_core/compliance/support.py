@@ -5,25 +5,19 @@ from __future__ import annotations
 import multiprocessing
 import time
 from datetime import datetime
-from typing import Any, Callable, Mapping, TypedDict, TypeVar, Unpack
+from typing import Any, Callable, Mapping, TypedDict, Unpack
+
+# Waiting and insisting are test support beyond the kit too; the kit's tests reach them here.
+from rdq_testing.conditions import present as present, wait_until as wait_until
 
 from ..ids import new_task_id
 from ..model import Attempt, Backoff, ClaimedTask, ErrorInfo, NewTask, Outcome, Settlement, Task, TaskStatus
 from ..storage.spi import Storage
 
-T = TypeVar("T")
-
 #: The ``open_another`` fixture: each call opens one more connection to the test's store.
 OpenStore = Callable[[], Storage]
 
 FAST_BACKOFF = Backoff(initial_seconds=0.05, factor=2.0, max_seconds=0.2, jitter=0.0)
-
-
-def present(value: T | None, what: str) -> T:
-    """``value``, or a test failure naming ``what`` when it is None (an optional field expected set)."""
-    if value is None:
-        raise AssertionError(f"expected {what}, found None")
-    return value
 
 
 def error_of(attempt: Attempt) -> ErrorInfo:
@@ -42,18 +36,6 @@ def must_get(storage: Storage, task_id: str) -> Task:
 def due_at(storage: Storage, task_id: str) -> datetime:
     """When the stored task is next due; a test failure when it is missing or has no due time."""
     return present(must_get(storage, task_id).next_attempt_at, f"a next_attempt_at on {task_id!r}")
-
-
-def wait_until(condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "condition") -> T:
-    """Poll ``condition`` until it returns something truthy; fail loudly at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 class TaskFields(TypedDict, total=False):

@@ -26,7 +26,7 @@ from datetime import timedelta
 from typing import Any
 
 
-from rdq_core.compliance.stateful import (
+from rdq_core.compliance.stateful_model import (
     ERROR_TYPES,
     FAR,
     FAR_BACKOFF,

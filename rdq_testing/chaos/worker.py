@@ -1,11 +1,11 @@
 """A worker process for the chaos tests: the real engine, plus a journal the test can audit.
 
-``python -m rdq_core.compliance.chaos_worker URL QUEUE JOURNAL [--plugin MOD] [--lease S]
+``python -m rdq_testing.chaos.worker URL QUEUE JOURNAL [--plugin MOD] [--lease S]
 [--batch N] [--dwell-ms MS] [--seed N] [--go-file PATH]`` (a spare waits for PATH to exist)
 
 The journal is one line per event, each written with a single unbuffered ``os.write`` on an
 ``O_APPEND`` file, so ``kill -9`` loses nothing that was written and lines from the worker's
-threads never interleave. ``chaos_history`` reads it; the grammar (times are ``time.time()``)::
+threads never interleave. ``chaos.journal`` reads it; the grammar (times are ``time.time()``)::
 
     B <seq> <op> <ts> <label>        a storage call began (op: claim settle release extend reap)
     i <seq> <task_id> <token> <x>    one item of that call (x: the outcome for settle/reap)
@@ -15,7 +15,7 @@ threads never interleave. ``chaos_history`` reads it; the grammar (times are ``t
     H <seq> <point> <ts>             armed for <point>: holding here for the killer
     H <task_id> handler <ts>         armed for a kill inside a handler: holding in it
     H <task_id> freeze <ts>          holding in a handler for the test to freeze the process
-                                     (SIGSTOP; ``exactly_once_worker``)
+                                     (SIGSTOP; ``chaos.exactly_once_worker``)
     S <task_id> <ts> <attempt> <ms>  a handler began (and means to run <ms>)
     F <task_id> <ts> ok|raised       a handler finished (returned or raised)
 
@@ -43,14 +43,14 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Callable, Iterator, Sequence, cast
 
-from ..flow import NO_FLOW, FlowPolicy
-from ..errors import StaleClaim
-from ..engine.handlers import HandlerRegistry
-from ..model import Backoff, ClaimedTask, ClaimRef, Outcome, Settlement
-from ..engine.retry import PolicyBook, RetryPolicy
-from ..storage import open_storage
-from ..storage.spi import Storage, to_micros
-from ..hosts.process.worker import Worker, WorkerConfig
+from rdq_core.flow import NO_FLOW, FlowPolicy
+from rdq_core.errors import StaleClaim
+from rdq_core.engine.handlers import HandlerRegistry
+from rdq_core.model import Backoff, ClaimedTask, ClaimRef, Outcome, Settlement
+from rdq_core.engine.retry import PolicyBook, RetryPolicy
+from rdq_core.storage import open_storage
+from rdq_core.storage.spi import Storage, to_micros
+from rdq_core.hosts.process.worker import Worker, WorkerConfig
 
 #: Handler names and their ``timeout_seconds`` in a chaos worker. ``chaos-tight`` runs close to
 #: its timeout, so a runner that stops renewing a claim once the handler's time is spent loses
@@ -165,12 +165,13 @@ class JournalingStorage:
         return result
 
     # -- the journaled SPI calls -------------------------------------------------------------
-    def claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy = NO_FLOW) -> list[ClaimedTask]:
+    def claim(self, queue: str, limit: int, lease_seconds: float, flow: FlowPolicy = NO_FLOW, *,
+              worker: str = "") -> list[ClaimedTask]:
         def describe(seq: int, claimed: list[ClaimedTask]) -> str:
             return "".join(f"c {seq} {c.task.id} {c.claim_token} {to_micros(c.claimed_at)}\n" for c in claimed)
 
         claimed: list[ClaimedTask] = self._journaled(
-            "claim", f"limit={limit}", (), lambda: self._inner.claim(queue, limit, lease_seconds, flow), describe
+            "claim", f"limit={limit}", (), lambda: self._inner.claim(queue, limit, lease_seconds, flow, worker=worker), describe
         )
         return claimed
 

@@ -1,6 +1,6 @@
 """A warm Lambda worker container for the chaos tests: ``run_worker_invocation`` back to back.
 
-``python -m rdq_core.compliance.chaos_lambda URL QUEUE JOURNAL [--plugin MOD] [--seed N]
+``python -m rdq_testing.chaos.lambda_container URL QUEUE JOURNAL [--plugin MOD] [--seed N]
 [--grace S] [--budget-min S] [--budget-max S] [--dwell-ms MS] [--go-file PATH]``
 
 Like a warm container, one process serves one invocation after another with the same shared
@@ -11,7 +11,7 @@ deadline as Lambda's timeout would -- and starts a cold one in its place.
 
 Storage goes through ``shared_storage``, which opens ``$RDQ_STORAGE_URL``; that URL names the
 ``chaosjournal:`` scheme registered below, so the container's one connection is a
-``JournalingStorage`` around the real backend. The journal adds two lines to ``chaos_worker``'s::
+``JournalingStorage`` around the real backend. The journal adds two lines to ``chaos.worker``'s::
 
     V <n> <ts> <deadline_ts> <budget_ms> <settle_reserve>   invocation n began
     W <n> <ts> <result...>                                  invocation n returned (or raised)
@@ -28,8 +28,8 @@ import time
 import traceback
 from typing import Any, Callable
 
-from ..storage import open_storage, register_backend
-from .chaos_worker import JournalingStorage, chaos_handler, chaos_process_arguments, stamp, wait_for_go
+from rdq_core.storage import open_storage, register_backend
+from .worker import JournalingStorage, chaos_handler, chaos_process_arguments, stamp, wait_for_go
 
 SCHEME = "chaosjournal"
 #: Handler names and timeouts in a chaos Lambda container. Every one fits a 3 s invocation with
@@ -110,9 +110,9 @@ def main() -> None:
     register_backend(SCHEME, f"{__name__}:JournaledStore")
     os.environ["RDQ_STORAGE_URL"] = f"{SCHEME}:{args.url}"
 
-    from ..engine.handlers import registry
-    from ..hosts.aws_lambda.settings import Settings
-    from ..hosts.aws_lambda.worker import run_worker_invocation
+    from rdq_core.engine.handlers import registry
+    from rdq_core.hosts.aws_lambda.settings import Settings
+    from rdq_core.hosts.aws_lambda.worker import run_worker_invocation
 
     handle = _LazyHandler()
     for name, timeout in HANDLER_TIMEOUTS.items():

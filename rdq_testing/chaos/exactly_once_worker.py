@@ -1,9 +1,9 @@
-"""A worker process for the exactly-once chaos test (``exactly_once_chaos``): the real ``Worker``
+"""A worker process for the exactly-once chaos test (``chaos.exactly_once``): the real ``Worker``
 running a handler that inserts a row into an application table and completes its task in the
-same ``ctx.transaction()``, journaled as ``chaos_worker`` journals (the grammar there, read by
-``chaos_history``).
+same ``ctx.transaction()``, journaled as ``chaos.worker`` journals (the grammar there, read by
+``chaos.journal``).
 
-``python -m rdq_core.compliance.exactly_once_worker URL QUEUE JOURNAL --app-db PATH_OR_URL
+``python -m rdq_testing.chaos.exactly_once_worker URL QUEUE JOURNAL --app-db PATH_OR_URL
 --app-table NAME [--lease S] [--batch N] [--plugin MOD] [--go-file PATH]``
 
 The completion is written inside the handler's transaction and is durable only once COMMIT
@@ -12,7 +12,7 @@ write matched nothing (the claim was lost; the transaction is rolled back), ``R 
 COMMIT returned. A kill between the fenced write and ``R`` leaves the call in flight, which the
 history checker reads as "committed or not" and resolves from the store. The handler journals
 ``F`` once its work is done, before the block closes: what follows is its completion, as a
-returning handler's settle follows ``F`` in ``chaos_worker``.
+returning handler's settle follows ``F`` in ``chaos.worker``.
 
 A task's payload names its fate on its first attempt (``FATES``). The handler holds at the fated
 point, journaling an ``H`` marker, and the test SIGKILLs the process there or freezes it
@@ -42,11 +42,11 @@ import time
 from typing import Any, Callable, cast
 from urllib.parse import urlsplit
 
-from ..engine.handlers import HandlerRegistry, TaskContext
-from ..model import Settlement
-from ..storage import open_storage
-from ..storage.spi import OpenTransaction, Storage
-from .chaos_worker import JournalingStorage, chaos_process_arguments, run_chaos_worker, stamp
+from rdq_core.engine.handlers import HandlerRegistry, TaskContext
+from rdq_core.model import Settlement
+from rdq_core.storage import open_storage
+from rdq_core.storage.spi import OpenTransaction, Storage
+from .worker import JournalingStorage, chaos_process_arguments, run_chaos_worker, stamp
 
 HANDLER = "exactly-once-ship"
 FATES = ("kill-in-block", "kill-before-commit", "kill-after-commit", "freeze-then-kill", "freeze-then-commit")
