@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, Unpack
 
-from .engine import payloads as payload_objects
+from .engine import payload_retention, payloads as payload_objects
 from .engine import operations, tracecontext
 from . import validation
 from .client_protocol import EnqueueOptions, QueueClient, check_enqueue_options
@@ -323,7 +323,7 @@ class Client:
         unused = [ref for index, ref in enumerate(refs)
                   if ref is not None and (results is None or not _points_at(results[index], ref))]
         try:
-            payload_objects.delete_objects(self.payload_store, unused)
+            payload_retention.delete_objects(self.payload_store, unused)
         except Exception:  # noqa: BLE001 - an orphan object costs storage, never the enqueue's answer
             payload_objects.log.warning("could not delete %d unused payload object(s)", len(unused))
 
@@ -343,7 +343,7 @@ class Client:
         for page in pages:
             if not page:
                 break
-            total += payload_objects.purge_dead_tasks(self.storage, queue, page, store)
+            total += payload_retention.purge_dead_tasks(self.storage, queue, page, store)
         self._audit("purge", queue, selection.described(all), total)
         return total
 

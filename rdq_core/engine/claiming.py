@@ -22,6 +22,7 @@ batches of its own, so up to that many handlers run at once, each under its own 
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import threading
 import time
@@ -34,6 +35,7 @@ from .outage import ReconnectBackoff, StorageHealth
 from .runner import BatchRunner
 from .settling import BatchReport, ClaimLedger, SettleBehind
 from ..storage.spi import Storage
+from ..validation import Limits
 from .telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -135,9 +137,30 @@ class ClaimPace:
         return max(1, min(batch_size, int(window / per_task + 1e-9) + 1))
 
 
+def fitted_worker_name(*parts: str) -> str:
+    """The non-empty ``parts``, joined by spaces, as ``Storage.claim(worker=...)`` takes them:
+    characters that are not printable dropped and the text cut to ``Limits.worker_chars``, so an
+    odd host or function name costs a running task its label, never a claim."""
+    text = " ".join(part for part in parts if part)
+    return "".join(ch for ch in text if ch.isprintable())[:Limits.worker_chars]
+
+
+def _claim_takes_worker(storage: Storage) -> bool:
+    """Whether ``storage.claim`` accepts ``worker=``: a backend written before the SPI had it
+    keeps working, its claims unnamed."""
+    try:
+        parameters = inspect.signature(storage.claim).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: assume the current SPI
+        return True
+    return any(p.name == "worker" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
 class ClaimLoop:
     """Claims from ``queues()`` with ``lease_seconds()`` and runs what it claims on ``runner``
     until ``should_stop()`` or ``deadline`` (on ``clock``).
+
+    ``worker``: the name every claim of this loop is stored under (``Task.claimed_by`` of a
+    running task, shown by the console and ``rdq task show``); see ``fitted_worker_name``.
 
     ``idle_pause``: seconds to wait (with ``wait``) after a round that made no progress;
     None ends the loop then instead. ``wake``: given, that wait ends early when a task is
@@ -169,6 +192,7 @@ class ClaimLoop:
         wake: WakeSignal | None = None,
         settle_behind: bool = True,
         fit_to_deadline: bool = False,
+        worker: str = "",
     ) -> None:
         self.storage = storage
         self.runner = runner
@@ -186,6 +210,9 @@ class ClaimLoop:
         self.wake = wake
         self.settle_behind = settle_behind
         self.fit_to_deadline = fit_to_deadline
+        self.worker = worker
+        # Given once here, not per claim; left out for a backend whose claim does not take it.
+        self._claim_options = {"worker": worker} if worker and _claim_takes_worker(storage) else {}
 
     def stopped(self) -> bool:
         return self.should_stop() or self.clock() >= self.deadline
@@ -262,7 +289,8 @@ class ClaimLoop:
                     break  # no registered handler could start any more: the round made no progress
             lease = self.lease_seconds()
             began = self.clock()
-            claimed = self.storage.claim(queue, size, lease, self.runner.policies.flow_for(queue))
+            claimed = self.storage.claim(queue, size, lease, self.runner.policies.flow_for(queue),
+                                         **self._claim_options)
             if self.health is not None:
                 # Only a call that reached the store ends an outage (a round also returns
                 # normally when the runner gave up on a settle, which proves nothing).

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from rdq_core.compliance.servers import fail_or_skip, stop_process
+from rdq_testing.servers import fail_or_skip, stop_process
 from rdq_core.compliance.support import wait_until
 from tests.loopback import without_rdq_settings
 from tests.rdq_servers import REPO, DevServer, dev_server

@@ -5,6 +5,7 @@ deadline (Playwright's ``expect`` and ``wait_until``); screenshots go to ``artif
 from __future__ import annotations
 
 import contextlib
+import json
 import http.client
 import re
 import threading
@@ -60,6 +61,27 @@ def test_enqueue_from_the_form_and_watch_the_task_succeed_on_its_page(page: Page
     assert p.locator("#view img").count() == 0
     expect(p.get_by_role("status")).to_contain_text(f"Task {task_id} enqueued on {queue}")
     page.shoot("task-succeeded")
+
+
+def test_a_worker_name_shows_as_text_on_the_running_task(page: Page) -> None:
+    # A worker names itself (any printable text): markup in it must stay text. The task is real
+    # (pending, an hour out); the API's answer is given the running claim a hostile worker made.
+    queue = fresh_queue("claimer")
+    status, task = call(page.base_url, "POST", f"/v1/queues/{queue}/tasks", {"handler": "console.ok", "delay_seconds": 3600})
+    assert status == 201, task
+    hostile = '<img src=x onerror="window.__pwned=1">"; alert(1) //'
+    running = {**task, "status": "IN_FLIGHT", "claimed_at": task["created_at"], "lease_expires_at": task["next_attempt_at"],
+               "claimed_by": hostile}
+
+    def answer(route: Any) -> None:
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(running))
+
+    page.page.route(re.compile(re.escape(f"/v1/tasks/{task['id']}") + r"(\?.*)?$"), answer)
+    p = page.open(f"/tasks/{task['id']}")
+    section = p.locator("section.running")
+    expect(section.locator("dt:text-is('Worker') + dd")).to_have_text(hostile)
+    expect(section.locator("img")).to_have_count(0)
+    assert p.evaluate("() => window.__pwned") is None
 
 
 def test_a_failing_task_dead_letters_is_found_by_error_type_and_redriven_through_the_dialog(page: Page) -> None:

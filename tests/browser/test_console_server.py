@@ -211,7 +211,7 @@ def test_every_served_file_is_package_data() -> None:
     patterns = config["tool"]["setuptools"]["package-data"]["rdq_core.hosts.console"]
     for path, (name, _) in ASSETS.items():
         file = f"static/{name}"
-        assert (REPO / "rdq_core" / "console" / file).is_file(), file
+        assert (REPO / "rdq_core" / "hosts" / "console" / file).is_file(), file
         assert any(fnmatch.fnmatchcase(file, pattern) and "/" not in file[len(pattern.rsplit("/", 1)[0]) + 1:]
                    for pattern in patterns), f"{path}: {file} is not package data"
-    assert (REPO / "rdq_core" / "console" / "static" / "vendor" / "uplot" / "LICENSE").is_file()
+    assert (REPO / "rdq_core" / "hosts" / "console" / "static" / "vendor" / "uplot" / "LICENSE").is_file()

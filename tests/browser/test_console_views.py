@@ -182,6 +182,10 @@ def test_views_a_running_task_shows_its_running_attempt(view: Page, scene: dict[
     running = p.locator("section.running")
     expect(running).to_contain_text("Running now: attempt 1")
     expect(running.locator("time")).to_have_count(2)  # started, lease expiry
+    # The worker holding it, as the store has it: rdq dev's worker function and its request id.
+    claimed_by = call(scene["dev"].url, "GET", f"/v1/tasks/{scene['ids']['running']}")[1]["claimed_by"]
+    assert claimed_by.startswith("rdq-dev-worker request "), claimed_by
+    expect(running.locator("dt:text-is('Worker') + dd")).to_have_text(claimed_by)
     expect(p.locator("dl.summary dt:text-is('Budget') + dd")).to_have_text("attempt 1 running")
     expect(p.locator("ol.timeline > li.outcome-running")).to_contain_text("RUNNING")
     expect(p.get_by_text("Not run yet")).to_have_count(0)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rdq_core.compliance.support import wait_until
-from rdq_core.hosts.dev import IDLE_TIMEOUT_SECONDS, MAX_CONNECTIONS
+from rdq_core.hosts.localhttp import IDLE_TIMEOUT_SECONDS, MAX_CONNECTIONS
 
 from .conftest import PROBLEM_JSON
 

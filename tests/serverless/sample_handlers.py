@@ -34,6 +34,14 @@ def report_lease(payload, ctx):
     return {"lease_expires_at": task.lease_expires_at.isoformat(), "remaining_seconds": ctx.remaining_seconds()}
 
 
+@handler("report-claimer", timeout_seconds=2)
+def report_claimer(payload, ctx):
+    """Returns who the store says holds this task's claim, read back mid-run."""
+    from rdq_core.hosts.aws_lambda.connection import shared_storage
+
+    return {"claimed_by": shared_storage().get(ctx.task_id).claimed_by}
+
+
 #: Set by a test to let ``overruns-the-invocation`` return.
 OVERRUN_RELEASE = __import__("threading").Event()
 

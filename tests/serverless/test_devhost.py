@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from rdq_core.compliance.support import wait_until
-from rdq_core.compliance.servers import stop_process
+from rdq_testing.servers import stop_process
 from tests.loopback import rdq_dev_address
 
 from .conftest import REPO

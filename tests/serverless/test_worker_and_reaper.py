@@ -109,6 +109,31 @@ def test_lease_is_the_invocations_remaining_time_plus_grace(client, lambda_conte
     assert result["remaining_seconds"] <= 12
 
 
+def test_a_running_task_names_the_invocation_that_holds_it(client, lambda_context):
+    context = lambda_context("rdq-prod-Worker-7QX2", 30)
+    context.aws_request_id = "8f5e2c1a-0b7d-4d6e-9a3f-1c2b3d4e5f60"
+    context.log_stream_name = "2026/12/05/[$LATEST]0123456789abcdef0123456789abcdef"
+    client.enqueue("emails", "report-claimer", id="claimer-1")
+    worker.lambda_handler(load_event("worker-scheduled"), context)
+    task = client.get("claimer-1")
+    # What an operator needs to find the invocation's logs: the function, its request id and
+    # its log stream, as the store held them while the handler ran.
+    assert task.result == {"claimed_by": "rdq-prod-Worker-7QX2 request 8f5e2c1a-0b7d-4d6e-9a3f-1c2b3d4e5f60 "
+                                         "log stream 2026/12/05/[$LATEST]0123456789abcdef0123456789abcdef"}
+    assert task.status.value == "SUCCEEDED" and task.claimed_by is None, "shown only while in flight"
+
+
+def test_the_invocation_name_keeps_its_request_id_when_cut_to_length():
+    class LongNamedContext:
+        function_name = "f" * 64
+        aws_request_id = "8f5e2c1a-0b7d-4d6e-9a3f-1c2b3d4e5f60"
+        log_stream_name = "s" * 300
+
+    name = worker.invocation_name(LongNamedContext())
+    assert len(name) == 200 and name.startswith("f" * 64 + " request 8f5e2c1a-0b7d-4d6e-9a3f-1c2b3d4e5f60 log stream ")
+    assert worker.invocation_name(object()) == "", "a context without the attributes names nobody"
+
+
 def test_worker_keeps_claiming_while_time_remains(client, lambda_context, monkeypatch):
     monkeypatch.setenv("RDQ_BATCH_SIZE", "2")
     client.enqueue_many("emails", [{"handler": "quick", "payload": n} for n in range(7)])

@@ -45,6 +45,51 @@ def test_embedded_default_needs_no_setup(rdq):
     assert shown["attempts"] == [] and shown["queue"] == "emails"
 
 
+def test_task_show_names_the_worker_running_a_task_and_only_while_it_runs(rdq):
+    from rdq_core.storage import open_storage
+
+    rdq("enqueue", "jobs", "send", "--id", "held-1")
+    store = open_storage(f"sqlite:///{rdq.cwd}/rdq.db")
+    try:
+        (claimed,) = store.claim("jobs", 1, 300, worker="ip-10-0-3-7:4242 billing")
+        shown = rdq("task", "show", "held-1").stdout
+        assert "IN_FLIGHT" in shown
+        running = [line.strip() for line in shown.splitlines() if line.strip().startswith("running:")]
+        assert running == [f"running: claimed_at={claimed.claimed_at.isoformat()} "
+                           f"lease_expires_at={claimed.lease_expires_at.isoformat()} worker=ip-10-0-3-7:4242 billing"]
+        as_json = json.loads(rdq("task", "show", "held-1", "--json").stdout)
+        assert as_json["claimed_by"] == "ip-10-0-3-7:4242 billing"
+        store.release([claimed.ref])
+    finally:
+        store.close()
+    assert "running:" not in rdq("task", "show", "held-1").stdout
+    assert json.loads(rdq("task", "show", "held-1", "--json").stdout)["claimed_by"] is None
+
+
+def test_rdq_worker_name_labels_its_claims_with_host_pid_and_name(rdq):
+    release = rdq.cwd / "release"
+    rdq("enqueue", "jobs", "sample.hold", "--id", "held-by-name", "--payload", json.dumps({"until": str(release)}))
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "rdq_core.hosts.cli", "worker", "--handlers", "tests.unit.sample_handlers", "--queues", "jobs",
+         "--name", "billing-blue"],
+        cwd=rdq.cwd, env=rdq.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        def shown() -> dict:
+            return json.loads(rdq("task", "show", "held-by-name", "--json").stdout)
+
+        wait_until(lambda: shown()["status"] == "IN_FLIGHT", timeout=30, what="the worker to start the task")
+        assert shown()["claimed_by"] == f"{os.uname().nodename}:{worker.pid} billing-blue"
+        release.touch()
+        wait_until(lambda: shown()["status"] == "SUCCEEDED", timeout=30, what="the task to finish")
+        assert shown()["claimed_by"] is None
+    finally:
+        release.touch()
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(15)
+    assert worker.returncode == 0, worker.stderr.read()
+
+
 def test_errors_go_to_stderr_with_distinct_exit_codes(rdq):
     missing = rdq("task", "show", "nope", check=False)
     assert missing.returncode == 3 and "not found" in missing.stderr and missing.stdout == ""

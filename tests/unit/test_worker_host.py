@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 
@@ -178,6 +180,29 @@ def test_the_claim_loop_rides_out_an_outage_with_backoff_and_idles_on_the_wait_i
     assert loop.run().claimed == 0
     assert pauses == [0.5, 1.0, 2.0, 1.0, 1.0]  # reconnect backoff, then the idle pause
     assert health.outages == 1 and health.failures_in_outage == 0  # ended by the first good claim
+
+
+def test_a_running_task_names_the_worker_process_that_holds_it(storage):
+    seen: list[str | None] = []
+    registry = HandlerRegistry()
+    registry.register("look", lambda payload, ctx: seen.append(storage.get(ctx.task_id).claimed_by), timeout_seconds=5)
+    task = Client(storage).enqueue("named", "look")
+    worker = Worker(storage, WorkerConfig(queues=["named"], name="billing-7"), registry=registry)
+    assert worker.run_once() == 1
+    assert seen == [f"{socket.gethostname()}:{os.getpid()} billing-7"]
+    assert storage.get(task.id).claimed_by is None, "settled: no longer shown"
+
+
+def test_a_claim_loop_over_a_store_whose_claim_takes_no_worker_name_still_claims(storage):
+    # SlowClaims.claim has the signature the SPI had before ``worker=``: a backend written then.
+    registry = HandlerRegistry()
+    registry.register("quick", lambda payload, ctx: "ok", timeout_seconds=5)
+    Client(storage).enqueue_many("older", [{"handler": "quick"} for _ in range(2)])
+    store = SlowClaims(storage, FakeClock(), seconds=0.0)
+    loop = ClaimLoop(store, BatchRunner(store, registry=registry), queues=lambda: ["older"], batch_size=5,
+                     lease_seconds=lambda: 30, worker="host:1")
+    assert loop.run_round().started == 2
+    assert storage.stats("older").succeeded == 2
 
 
 def test_drain_settles_every_batch_with_or_without_settling_behind(tmp_path):

@@ -18,7 +18,8 @@ from ...engine import payloads
 from ... import validation
 from ...model import Outcome
 from ...validation import Limits
-from ...engine.schedules import EXPRESSION_PATTERN, SCHEDULE_NAME
+from ...engine.cron import EXPRESSION_PATTERN
+from ...engine.schedules import SCHEDULE_NAME
 
 
 
@@ -249,6 +250,10 @@ def _schemas() -> dict[str, Any]:
                 "concurrency_key": _nullable(flow_key), "rate_key": _nullable(flow_key), "group": _nullable(flow_key),
                 "dedupe_key": _nullable(flow_key),
                 "claimed_at": {**timestamp, "description": "while IN_FLIGHT: when the running attempt was claimed"},
+                "claimed_by": {"type": ["string", "null"], "maxLength": Limits.worker_chars,
+                               "description": "while IN_FLIGHT: the worker holding the running attempt, as it "
+                                              "named itself (rdq worker: host:pid and name; Lambda: function, "
+                                              "request id and log stream); else null"},
                 "deduplicated": {"type": "boolean", "description": "enqueue only: true when a task with the same "
                                                                    "dedupe_key was found and is returned instead"},
             },

@@ -28,7 +28,9 @@ from typing import Any, Callable
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from ...events import DeliveryReport, EventSettings, OutboxEvent, Publisher, publisher_from_settings
+from ...aws.eventbridge import publisher_from_settings
+from ...events import EventSettings, OutboxEvent
+from ...engine.outbox import DeliveryReport, Publisher
 from ...engine.maintenance import MaintenancePlan, retention_hours_from_env, run_maintenance
 from ...engine.operations import DriveReport
 from ...engine.reaper import ReapReport

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from ...engine.claiming import ClaimLoop, per_thread_batch, run_concurrently
+from ...engine.claiming import ClaimLoop, fitted_worker_name, per_thread_batch, run_concurrently
 from ...client import Client
 from ...errors import StorageUnavailable
 from ...engine.handlers import registry
@@ -82,13 +82,23 @@ def run_worker_invocation(
     registry.load_modules(settings.handler_modules)
     storage = shared_storage(settings)
     try:
-        return _run_in_slot(event, settings, storage, deadline, clock)
+        return _run_in_slot(event, settings, storage, deadline, clock, invocation_name(context))
     finally:
         _end_of_invocation(storage, settings)
 
 
+def invocation_name(context: Any) -> str:
+    """Who this invocation's claims say holds a running task (``Task.claimed_by``): the function,
+    the request id and the log stream, which is what finds the invocation's logs in CloudWatch.
+    The request id comes before the stream, so a name cut to length keeps it."""
+    function = str(getattr(context, "function_name", "") or "")
+    request = str(getattr(context, "aws_request_id", "") or "")
+    stream = str(getattr(context, "log_stream_name", "") or "")
+    return fitted_worker_name(function, f"request {request}" if request else "", f"log stream {stream}" if stream else "")
+
+
 def _run_in_slot(event: Mapping[str, Any], settings: Settings, storage: Storage, deadline: InvocationClock,
-                 clock: Callable[[], float]) -> dict[str, Any]:
+                 clock: Callable[[], float], worker: str) -> dict[str, Any]:
     # An EventBridge Scheduler trigger (schedules.py) enqueues its period's task first, slot or
     # not: the firing is idempotent, and a full fleet must not drop it.
     fired = _fire_schedule(event, storage, deadline)
@@ -103,7 +113,7 @@ def _run_in_slot(event: Mapping[str, Any], settings: Settings, storage: Storage,
         log_invocation("worker invocation found every slot held", summary, busy=False)
         return summary
     try:
-        summary = _work_holding_slot(event, settings, storage, deadline, fired, invocation_end, clock)
+        summary = _work_holding_slot(event, settings, storage, deadline, fired, invocation_end, clock, worker)
     finally:
         _free_slot(storage, slot)
     summary["slot"] = slot.number
@@ -120,7 +130,7 @@ def _run_in_slot(event: Mapping[str, Any], settings: Settings, storage: Storage,
 
 def _work_holding_slot(
     event: Mapping[str, Any], settings: Settings, storage: Storage, deadline: InvocationClock,
-    fired: "_FiredHere | None", invocation_end: float, clock: Callable[[], float],
+    fired: "_FiredHere | None", invocation_end: float, clock: Callable[[], float], worker: str,
 ) -> dict[str, Any]:
     """Claim and run until the work deadline; the summary."""
     function_timeout = deadline.timeout_seconds
@@ -154,7 +164,7 @@ def _work_holding_slot(
     done = run_concurrently(ClaimLoop(
         storage, runner, queues=lambda: queues, batch_size=per_thread_batch(settings.batch_size, threads),
         lease_seconds=lambda: _lease_seconds(invocation_end, settings, clock), deadline=work_deadline,
-        telemetry=telemetry, clock=clock, fit_to_deadline=True,
+        telemetry=telemetry, clock=clock, fit_to_deadline=True, worker=worker,
     ), threads, name="rdq-handler")
     summary.update(claimed=done.claimed, started=done.started, released=done.released, too_long=done.too_long,
                    outcomes=done.outcomes)
@@ -186,7 +196,7 @@ def _end_of_invocation(storage: Storage, settings: Settings) -> None:
 
 
 # -- schedules (rdq_core.engine.schedules) ----------------------------------------------------------
-#: The key of a Scheduler-triggered invocation's event (``rdq_core.engine.schedules.EVENT_KEY``; a test
+#: The key of a Scheduler-triggered invocation's event (``rdq_core.aws.scheduler.EVENT_KEY``; a test
 #: holds them equal). The schedules module itself, a sizeable share of the worker's cold import,
 #: is loaded only for such an invocation.
 SCHEDULE_EVENT_KEY = "rdq_schedule"

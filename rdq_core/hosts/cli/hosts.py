@@ -13,7 +13,8 @@ import sys
 from typing import Any, Callable
 
 from ...errors import InvalidInput, RdqError
-from ...events import EventSettings, publisher_from_settings
+from ...aws.eventbridge import publisher_from_settings
+from ...events import EventSettings
 from ...engine.maintenance import MaintenancePlan, MaintenanceReport, run_maintenance
 from ...engine.reaper import maintain_forever
 from ...storage import redact_url as _redact
@@ -55,6 +56,8 @@ def configure(commands: Any) -> None:
                              "on PostgreSQL and Redis an enqueue wakes the worker at once")
 
     # schedules (rdq_core.engine.schedules): the worker fires a local schedules file's periods
+    worker.add_argument("--name", default="", metavar="NAME",
+                        help="a name added to HOST:PID on this worker's claims (shown on a running task)")
     worker.add_argument("--schedules", metavar="FILE", dest="schedules_file",
                         help="schedules file to fire (default: $RDQ_SCHEDULES_FILE, else ./rdq-schedules.json)")
     worker.add_argument("--schedules-every", type=float, default=1.0, metavar="SECONDS",
@@ -118,7 +121,7 @@ def cmd_worker(args: argparse.Namespace, url: str) -> int:
     queues = args.queues or []
     config = WorkerConfig(queues=queues, batch_size=args.batch, lease_seconds=args.lease, concurrency=args.concurrency,
                           overrun_grace_seconds=args.overrun_grace, idle_poll_seconds=args.idle_poll,
-                          settle_behind=args.settle_behind,
+                          settle_behind=args.settle_behind, name=args.name,
                           schedules_file=args.schedules_file, schedules_every_seconds=max(args.schedules_every, 0.0))
     # Before the store is opened: a bad policy (a misspelled key) stops the start with its own
     # message, whatever state the store is in.

@@ -60,6 +60,10 @@ def print_task(task: Any, as_json: bool) -> None:
     say(f"{task.id}  {task.status.value}  queue={task.queue} handler={task.handler}")
     due = f" next_attempt_at={at_or_dash(task.next_attempt_at)}" if task.status is TaskStatus.PENDING else ""
     say(f"  attempt_count={task.attempt_count} redrive_count={task.redrive_count}{due}")
+    if task.status is TaskStatus.IN_FLIGHT:
+        # The running attempt: since when, until when its lease holds, and who holds it.
+        say(f"  running: claimed_at={at_or_dash(task.claimed_at)} lease_expires_at={at_or_dash(task.lease_expires_at)} "
+            f"worker={task.claimed_by or '-'}")
     if task.result is not None:
         say(f"  result={json.dumps(task.result)[:200]}")
     for a in task.attempts:

@@ -16,6 +16,9 @@ ASSETS: dict[str, tuple[str, str]] = {
     "/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/app.css": ("app.css", "text/css; charset=utf-8"),
     "/charts.js": ("charts.js", "text/javascript; charset=utf-8"),
+    "/view-queues.js": ("view-queues.js", "text/javascript; charset=utf-8"),
+    "/view-task.js": ("view-task.js", "text/javascript; charset=utf-8"),
+    "/view-actions.js": ("view-actions.js", "text/javascript; charset=utf-8"),
     "/favicon.svg": ("favicon.svg", "image/svg+xml"),
     # uPlot (MIT), the charts: vendored from its npm package, unchanged (vendor/uplot/VERSION).
     "/vendor/uplot/uPlot.iife.min.js": ("vendor/uplot/uPlot.iife.min.js", "text/javascript; charset=utf-8"),

@@ -41,19 +41,17 @@ import logging
 import os
 import re
 import secrets
-import signal
 import ssl
 import sys
-import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler
 from typing import Any, Mapping
 
 from ...errors import ConfigurationError, RdqError
 from ...http_client import ApiKey, Auth, BearerToken, SigV4, plaintext_credential_warning
+from ...http_client.transport import ApiEndpoint, NotSent
 from ...problems import PROBLEM_JSON, problem_json
 from ...text import printable
-from .assets import asset_for
+from ..localhttp import BoundedHTTPServer, GuardedRequestHandler, cross_origin_refusal, loopback_refusal, serve_until_stopped
 
 DEFAULT_PORT = 8788
 #: The API refuses bodies over 1 MiB itself; anything far beyond is refused here unread.
@@ -76,31 +74,18 @@ class ConsoleServer:
 
     def __init__(self, api_url: str, auth: Auth | None, port: int = DEFAULT_PORT, *,
                  ssl_context: ssl.SSLContext | None = None, session_token: str | None = None) -> None:
-        from ..dev import BoundedHTTPServer
-
-        parts = urllib.parse.urlsplit(api_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigurationError("the API URL must be http(s)://host[:port][/stage]")
-        if parts.username or parts.password or parts.query or parts.fragment:
-            raise ConfigurationError("the API URL must not carry credentials, a query or a fragment")
-        self.scheme, self.host = parts.scheme, parts.hostname
-        self.port = parts.port
-        if (parts.scheme, parts.port) in (("https", 443), ("http", 80)):
-            self.port = None  # the Host header then matches the host SigV4 signs
-        self.base_path = parts.path.rstrip("/")
+        self.endpoint = ApiEndpoint(api_url)
         #: What messages name: scheme, host and port, never a path, key or token.
-        self.api = f"{parts.scheme}://{parts.netloc}"
+        self.api = self.endpoint.api
         self.auth = auth
         self.ssl_context = ssl_context or ssl.create_default_context()
         #: This run's secret: what the page proves it is the operator's with (see the module's text).
         self.session_token = session_token or secrets.token_urlsafe(32)
         self.server = BoundedHTTPServer(("127.0.0.1", port), _handler_class(self))
-        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host!s}:{port}/"
+        return f"{self.server.base_url}/"
 
     @property
     def login_url(self) -> str:
@@ -116,51 +101,32 @@ class ConsoleServer:
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.session_token.encode())
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="rdq-console-http", daemon=True)
-        self._thread.start()
+        self.server.start("rdq-console-http")
 
     def stop(self) -> None:
-        self.server.closing.set()
-        self.server.shutdown()
-        self.server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        self.server.close()
 
     # -- forwarding --------------------------------------------------------------------------
-    def _netloc(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}" if self.port else host
-
     def forward(self, method: str, path: str, query: str, body: bytes,
                 browser_headers: Mapping[str, str]) -> tuple[int, dict[str, str], bytes]:
         """One request to the API, signed; (status, headers to pass back, body)."""
-        target = self.base_path + path + (f"?{query}" if query else "")
-        url = f"{self.scheme}://{self._netloc()}{target}"
+        path_and_query = path + (f"?{query}" if query else "")
         headers = {"Accept": browser_headers.get("Accept") or "application/json"}
         if body or method in ("POST", "PUT", "PATCH"):
             headers["Content-Type"] = browser_headers.get("Content-Type") or "application/json"
         if self.auth is not None:
             try:
-                headers.update(self.auth.headers(method, url, headers, body))
+                headers.update(self.auth.headers(method, self.endpoint.url(path_and_query), headers, body))
             except Exception as exc:  # noqa: BLE001 - expired or missing credentials, an unknown profile: this request's 502
                 return _problem(502, f"the console could not sign the request: {type(exc).__name__}: {exc}")
-        connection: http.client.HTTPConnection
-        if self.scheme == "https":
-            connection = http.client.HTTPSConnection(self.host, self.port, timeout=CONNECT_TIMEOUT_SECONDS,
-                                                     context=self.ssl_context)
-        else:
-            connection = http.client.HTTPConnection(self.host, self.port, timeout=CONNECT_TIMEOUT_SECONDS)
+        try:
+            connection = self.endpoint.connect(CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS, self.ssl_context)
+        except NotSent as exc:
+            return _problem(502, f"the rdq API at {self.api} could not be reached ({type(exc.__cause__).__name__})")
         try:
             try:
-                connection.connect()
-            except (OSError, http.client.HTTPException) as exc:
-                return _problem(502, f"the rdq API at {self.api} could not be reached ({type(exc).__name__})")
-            assert connection.sock is not None
-            connection.sock.settimeout(READ_TIMEOUT_SECONDS)
-            try:
-                connection.request(method, target, body=body if body or "Content-Type" in headers else None,
-                                   headers=headers)
+                connection.request(method, self.endpoint.target(path_and_query),
+                                   body=body if body or "Content-Type" in headers else None, headers=headers)
                 response = connection.getresponse()
                 payload = response.read()
             except TimeoutError:
@@ -203,22 +169,18 @@ def path_refusal(path: str) -> str | None:
     return None
 
 
-def _handler_class(console: ConsoleServer) -> type[BaseHTTPRequestHandler]:
-    from ..dev import GuardedRequestHandler, cross_origin_refusal, loopback_refusal
-
+def _handler_class(console: ConsoleServer) -> type[GuardedRequestHandler]:
     class ConsoleRequestHandler(GuardedRequestHandler):
         server_version = "rdq-console"
+        request_log = log
 
         def _handle(self) -> None:
             refusal = self._framing_refusal() or loopback_refusal(self.headers, "the console")
             if refusal:
                 return self._refuse(*refusal)
             path, _, query = self.path.partition("?")
-            if self.command in ("GET", "HEAD"):
-                # The page itself holds no data: a link from another site may open it.
-                asset = asset_for(path)
-                if asset is not None:
-                    return self._send(200, asset.headers(), asset.body, unread=self._declares_body())
+            if self._send_asset_of(path):  # the page itself holds no data: a link from another site may open it
+                return None
             if self.command not in FORWARDED_METHODS:
                 allowed = ", ".join(FORWARDED_METHODS)
                 return self._refuse(405, f"the rdq API has no {printable(self.command)[:20]} route; use {allowed}",
@@ -236,27 +198,17 @@ def _handler_class(console: ConsoleServer) -> type[BaseHTTPRequestHandler]:
                 reason = "the path's percent-encoding is not UTF-8"
             if reason:
                 return self._refuse(404, f"{reason}, not {printable(path)[:200]}")
-            length = self._declared_length(MAX_BODY_BYTES)
-            if isinstance(length, tuple):
-                return self._refuse(*length)
-            if not self.server.reserve_body(length):
-                return self._refuse(503, "too many request bodies in progress; retry later", {"Retry-After": "5"})
-            try:
-                browser = {name: value for name in ("Accept", "Content-Type") if (value := self.headers.get(name))}
-                body = self._read_body(length)
-                self.server.unwatch(self.connection)  # it has arrived
-                if body is None:
-                    self.close_connection = True  # the client stopped sending: nothing to answer
-                    return None
-                status, headers, payload = console.forward(self.command, path, canonical_query(query), body, browser)
-            finally:
-                self.server.release_body(length)
-            self._send(status, {**headers, "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}, payload)
-            return None
+            browser = {name: value for name in ("Accept", "Content-Type") if (value := self.headers.get(name))}
 
-        def log_message(self, format: str, *args: Any) -> None:  # stdlib signature
+            def answer(body: bytes) -> None:
+                # Sent no-store and nosniff (``_send``): the API's own caching headers are not passed back.
+                self._send(*console.forward(self.command, path, canonical_query(query), body, browser))
+
+            return self._with_body(MAX_BODY_BYTES, answer)
+
+        def _loggable(self, line: str) -> str:
             # The page's first request carries the session token in its query: never log it.
-            log.info("%s %s", self.address_string(), printable(_TOKEN_IN_QUERY.sub(r"\1***", format % args)))
+            return _TOKEN_IN_QUERY.sub(r"\1***", line)
 
     return ConsoleRequestHandler
 
@@ -336,21 +288,11 @@ def run(args: argparse.Namespace) -> int:
     if configured_format() is None:
         configure_logging(default_log_format(), default_log_level())
     console, described = build(args)
-    stop_requested = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: stop_requested.set())
-    console.start()
-    print(f"rdq console: {console.login_url}", flush=True)
-    print("  open this address: its token is this run's secret (keep it to yourself; it changes at each start)",
-          flush=True)
-    print(f"  forwarding /v1/ to {described}; Ctrl-C to stop", flush=True)
-    try:
-        while not stop_requested.wait(0.5):
-            pass
-    finally:
-        print("rdq console: stopping", flush=True)
-        console.stop()
+    serve_until_stopped("rdq console", console.start, console.stop, "\n".join([
+        f"rdq console: {console.login_url}",
+        "  open this address: its token is this run's secret (keep it to yourself; it changes at each start)",
+        f"  forwarding /v1/ to {described}; Ctrl-C to stop",
+    ]))
     return 0
 
 

@@ -28,19 +28,22 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ...engine.claiming import ClaimLoop, run_concurrently
+from ...engine.claiming import ClaimLoop, fitted_worker_name, run_concurrently
 from ...errors import StaleClaim, StorageUnavailable
 from ...engine.execution import Overrun
 from ...engine.handlers import HandlerRegistry
 from ...model import ClaimedTask, ClaimRef
 from ...engine.outage import StorageHealth
 from ...engine.retry import PolicyBook
-from ...events import EventSettings, publisher_from_settings
+from ...aws.eventbridge import publisher_from_settings
+from ...events import EventSettings
 from ...engine.maintenance import MaintenancePlan, retention_hours_from_env, run_maintenance
 from ...engine.reaper import store_outage
 from ...engine.runner import BatchRunner
@@ -137,6 +140,9 @@ class WorkerConfig:
     #: Ids are per period, so any number of workers (and ``rdq dev``) firing one file make one task.
     schedules_file: str | None = None
     schedules_every_seconds: float = 1.0
+    #: A name for this worker, added to the host and process id its claims carry
+    #: (``Task.claimed_by``): which deployment or container a running task is in.
+    name: str = ""
 
 
 class Worker:
@@ -165,6 +171,8 @@ class Worker:
             abandon_overdue_handlers=True, clock=clock, sleep=sleep,
         )
         self.health = StorageHealth(log, clock=clock)
+        #: Who this worker's claims say holds a running task: the process an operator can find.
+        self.worker_name = fitted_worker_name(f"{socket.gethostname()}:{os.getpid()}", config.name)
         self.ledger = HeartbeatLedger(storage, config.lease_seconds, self.health)
         self.stop_event = StopEvent()
         self.wake = WakeSignal(storage, config.queues, self.stop_event) if config.wake_up else None
@@ -258,7 +266,7 @@ class Worker:
             self.storage, self.runner, queues=self._queues, batch_size=self.config.batch_size,
             lease_seconds=lambda: self.config.lease_seconds, should_stop=self.stop_event.is_set,
             ledger=self.ledger, telemetry=self.telemetry, clock=self.clock,
-            settle_behind=self.config.settle_behind, **idling,
+            settle_behind=self.config.settle_behind, worker=self.worker_name, **idling,
         )
 
     def _queues(self) -> Sequence[str]:
