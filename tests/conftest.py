@@ -4,7 +4,7 @@ Powertools reads its environment at import time, and any test package may be the
 import the Lambda host, so the offline AWS settings live here, once.
 
 Servers: every fixture below gets its server or its fresh store from
-``rdq_core.compliance.servers`` (the one place that starts, owns and stops them). A shared server
+``rdq_testing.servers`` (the one place that starts, owns and stops them). A shared server
 that does not answer fails the test under ``CI`` and skips it elsewhere.
 
 A run stopped by SIGTERM or SIGHUP (``timeout``, a closed terminal) tears down as after Ctrl-C,
@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from rdq_core.compliance import servers
+from rdq_testing import servers
 from tests.loopback import rdq_settings
 from tests.rdq_servers import scratch_database_prefix, sweep_stale_scratch_databases
 

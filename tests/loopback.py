@@ -2,7 +2,7 @@
 scripted loopback HTTP server for tests that stand in for an API.
 
 Servers (PostgreSQL, Redis, nx-27017) are started, owned and stopped by
-``rdq_core.compliance.servers``, not here.
+``rdq_testing.servers``, not here.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from pathlib import Path
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
-from rdq_core.compliance.servers import stop_process
+from rdq_testing.servers import stop_process
 from rdq_core.compliance.support import wait_until
 from tests.loopback import LoopbackHttpServer, rdq_dev_address, without_rdq_settings
 

@@ -21,7 +21,7 @@ pytest.importorskip("psycopg")
 pytest.importorskip("redis")
 pytest.importorskip("pymongo")
 
-from rdq_core.compliance import servers  # noqa: E402 - after importorskip
+from rdq_testing import servers  # noqa: E402 - after importorskip
 
 
 def _servers_unreachable() -> str | None:

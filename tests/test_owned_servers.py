@@ -1,6 +1,6 @@
 """Servers the tests and the benchmarks start are theirs: their own port, pid file and data, and
 verified to be the process answering on that port -- never a stranger already listening there.
-Both start nx-27017 the one way ``rdq_core.compliance.servers`` does."""
+Both start nx-27017 the one way ``rdq_testing.servers`` does."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("pymongo")
 
-from rdq_core.compliance import servers
-from rdq_core.compliance.servers import ServerStartError, mongo_served_pid, start_owned_server, stop_process
+from rdq_testing import servers
+from rdq_testing.servers import ServerStartError, mongo_served_pid, processes, start_owned_server, stop_process
 
 needs_nx = pytest.mark.skipif(shutil.which("nx-27017") is None, reason="nx-27017 is not installed (pip install nx-27017)")
 
@@ -33,14 +33,14 @@ def stranger():
 
 def _ports_starting_with(first: int):
     handed = iter([first])
-    real = servers.free_loopback_port
+    real = processes.free_loopback_port
     return lambda: next(handed, None) or real()
 
 
 @needs_nx
 def test_a_stranger_on_the_chosen_port_is_never_taken_for_our_server(stranger, monkeypatch):
     taken_port, stranger_pid = stranger
-    monkeypatch.setattr(servers, "free_loopback_port", _ports_starting_with(taken_port))
+    monkeypatch.setattr(processes, "free_loopback_port", _ports_starting_with(taken_port))
     with servers.nx_27017() as ours:
         assert ours.port != taken_port
         assert mongo_served_pid(ours.port) == ours.process.pid != stranger_pid
@@ -73,7 +73,7 @@ def test_the_benchmark_mongodb_server_is_its_own(stranger, monkeypatch):
     import bench.servers
 
     taken_port, stranger_pid = stranger
-    monkeypatch.setattr(servers, "free_loopback_port", _ports_starting_with(taken_port))
+    monkeypatch.setattr(processes, "free_loopback_port", _ports_starting_with(taken_port))
     with bench.servers.mongo_server() as url:
         port = int(url.rsplit(":", 1)[1])
         pid = mongo_served_pid(port)

@@ -6,7 +6,7 @@ from typing import Iterator
 
 import pytest
 
-from rdq_core.compliance import servers
+from rdq_testing import servers
 
 #: Server connections the owned pgbouncer may open per database (its pool).
 PGBOUNCER_SERVER_CONNECTIONS = 20

@@ -19,7 +19,7 @@ import pytest
 
 psycopg = pytest.importorskip("psycopg")
 
-from rdq_core.compliance.servers import SHARED_PG_URL, pg_scratch_database, stop_process  # noqa: E402
+from rdq_testing.servers import SHARED_PG_URL, pg_scratch_database, stop_process  # noqa: E402
 from rdq_core.compliance.support import wait_until  # noqa: E402 - after importorskip
 from rdq_core.model import NewTask, Outcome, TaskStatus  # noqa: E402 - after importorskip
 from rdq_core.storage import open_storage  # noqa: E402 - after importorskip

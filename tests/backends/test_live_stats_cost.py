@@ -13,7 +13,7 @@ import pytest
 
 psycopg = pytest.importorskip("psycopg")
 
-from rdq_core.compliance.servers import pg_fresh_schema  # noqa: E402 - after importorskip
+from rdq_testing.servers import pg_fresh_schema  # noqa: E402 - after importorskip
 from rdq_core.compliance.support import enqueue_n, success  # noqa: E402
 from rdq_core.storage import open_storage  # noqa: E402
 from rdq_core.storage.postgres.backend import QUERIES  # noqa: E402

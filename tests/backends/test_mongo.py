@@ -5,7 +5,7 @@ holds every promise all backends share.
 
 Server: ``$RDQ_TEST_MONGO_URL`` if set (point it at a real MongoDB to run the same tests there),
 else an ``nx-27017`` the session starts (``tests/conftest.py``, through
-``rdq_core.compliance.servers``). Each test gets its own database, dropped afterwards. When no
+``rdq_testing.servers``). Each test gets its own database, dropped afterwards. When no
 server can be had the tests fail under CI and are skipped elsewhere.
 """
 
@@ -20,7 +20,7 @@ import pytest
 pymongo = pytest.importorskip("pymongo")
 
 from rdq_core.compliance import Capabilities, PerTask, StorageCompliance  # noqa: E402 - after importorskip
-from rdq_core.compliance.servers import mongo_url_with_database  # noqa: E402 - after importorskip
+from rdq_testing.servers import mongo_url_with_database  # noqa: E402 - after importorskip
 from rdq_core.compliance.support import wait_until  # noqa: E402 - after importorskip
 from rdq_core.errors import StorageUnavailable  # noqa: E402 - after importorskip
 from rdq_core.events import EventSettings  # noqa: E402 - after importorskip

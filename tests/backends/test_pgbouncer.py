@@ -24,7 +24,7 @@ import pytest
 psycopg = pytest.importorskip("psycopg")
 
 from rdq_core.compliance import StorageCompliance  # noqa: E402 - after importorskip
-from rdq_core.compliance.servers import SHARED_PG_URL, OwnedPgBouncer, pg_scratch_database  # noqa: E402 - see above
+from rdq_testing.servers import SHARED_PG_URL, OwnedPgBouncer, pg_scratch_database  # noqa: E402 - see above
 from rdq_core.model import NewTask, TaskStatus  # noqa: E402 - after importorskip
 from rdq_core.storage import open_storage  # noqa: E402 - after importorskip
 from rdq_core.storage.postgres import PostgresStorage  # noqa: E402 - after importorskip

@@ -15,7 +15,7 @@ import pytest
 psycopg = pytest.importorskip("psycopg")
 
 from rdq_core import Client  # noqa: E402 - after importorskip
-from rdq_core.compliance.servers import SHARED_PG_URL, OwnedPgBouncer, pg_scratch_database  # noqa: E402 - see above
+from rdq_testing.servers import SHARED_PG_URL, OwnedPgBouncer, pg_scratch_database  # noqa: E402 - see above
 from rdq_core.errors import ConfigurationError  # noqa: E402 - after importorskip
 
 RDQ = shutil.which("rdq") or pytest.fail("the rdq executable is not installed (python -m pip install -e .)")

@@ -14,7 +14,7 @@ import pytest
 
 psycopg = pytest.importorskip("psycopg")
 
-from rdq_core.compliance.servers import pg_fresh_schema  # noqa: E402 - after importorskip
+from rdq_testing.servers import pg_fresh_schema  # noqa: E402 - after importorskip
 from rdq_core.storage.postgres import PostgresStorage  # noqa: E402 - after importorskip
 
 

@@ -4,7 +4,7 @@ exactly what a failover can lose under asynchronous replication -- and what ``wa
 changes about it.
 
 Every node is a redis-server we started on a loopback port, stopped by PID
-(``rdq_core.compliance.servers.OwnedRedisCluster``).
+(``rdq_testing.servers.OwnedRedisCluster``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import pytest
 pytest.importorskip("redis")
 
 from rdq_core.compliance import StorageCompliance
-from rdq_core.compliance.chaos import run_chaos
-from rdq_core.compliance.servers import (
+from rdq_testing.chaos.runs import run_chaos
+from rdq_testing.servers import (
     OwnedRedisCluster,
     ServerStartError,
     fail_or_skip,

@@ -218,7 +218,7 @@ def test_only_an_enqueue_into_a_queue_without_due_tasks_notifies(fresh_store_url
 
 def test_a_long_schema_name_gets_the_same_channel_on_both_sides(pg_database_url) -> None:
     psycopg = pytest.importorskip("psycopg")
-    from rdq_core.compliance.servers import pg_url_with_search_path
+    from rdq_testing.servers import pg_url_with_search_path
 
     schema = "s" * 63  # the longest identifier: the channel name is cut at 63 bytes on both sides
     with psycopg.connect(pg_database_url, autocommit=True) as conn:

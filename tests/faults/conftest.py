@@ -1,6 +1,6 @@
 """Fixtures for the fault suite: servers the tests own (crashed and restarted by them), scratch
 stores on the shared servers, and the rule that a missing server fails under CI and skips
-elsewhere. Every server comes from ``rdq_core.compliance.servers``."""
+elsewhere. Every server comes from ``rdq_testing.servers``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from rdq_core.compliance import servers
+from rdq_testing import servers
 
 
 def _owned(factory: Callable[[], object], needs: str) -> Iterator:

@@ -21,7 +21,7 @@ from typing import Callable
 
 import pytest
 
-from rdq_core.compliance.servers import SHARED_REDIS_URL, pg_scratch_database
+from rdq_testing.servers import SHARED_REDIS_URL, pg_scratch_database
 from rdq_core.compliance.support import wait_until
 from rdq_core.storage import open_storage
 

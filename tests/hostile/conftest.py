@@ -24,7 +24,7 @@ import pytest
 
 # The offline AWS / Powertools environment is set once for the whole suite in tests/conftest.py.
 from rdq_core.compliance.support import wait_until
-from rdq_core.compliance.servers import stop_process
+from rdq_testing.servers import stop_process
 from tests.loopback import rdq_dev_address, without_rdq_settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from rdq_core.engine import payloads
+from rdq_core.engine import payload_retention, payloads
 from rdq_core.client import Client
 from rdq_core.hosts.console.server import ConsoleServer
 from rdq_core.errors import InvalidCursor
@@ -337,14 +337,14 @@ def test_purging_a_task_never_deletes_an_object_another_task_owns(storage: Any, 
             worker.stop()
             thread.join(10)
         thief = client.get("thief")
-        assert payloads.object_refs([thief]) == []  # not the thief's to delete
-        assert payloads.object_refs([replace(thief, result={payloads.RESULT_KEY: ref.to_dict()})]) == []
+        assert payload_retention.object_refs([thief]) == []  # not the thief's to delete
+        assert payload_retention.object_refs([replace(thief, result={payloads.RESULT_KEY: ref.to_dict()})]) == []
         payloads.finished(thief, store)  # nor to tag for expiry
 
         assert client.purge_dead("q", ids=["thief"]) == 1
         assert store.read(ref.key) is not None  # the owner's payload is still there
         assert client.get("owner").headers[payloads.REF_HEADER] == ref.to_header()
-        assert payloads.object_refs([owner]) == [ref]  # and the owner's own purge would delete it
+        assert payload_retention.object_refs([owner]) == [ref]  # and the owner's own purge would delete it
     finally:
         payloads.reset()
 

@@ -83,7 +83,7 @@ def test_url_from_secrets_manager_never_leaks(api_call, monkeypatch, capsys, cap
 
 @pytest.mark.parametrize("log_payloads", [False, True], ids=["default", "opted-in"])
 def test_rdq_dev_on_postgres_with_a_password_logs_neither(dev_server_factory, pg_database_url, log_payloads):
-    from rdq_core.compliance.servers import pg_fresh_schema as fresh_schema_url
+    from rdq_testing.servers import pg_fresh_schema as fresh_schema_url
 
     # Trust auth ignores the password: the store works, and the password is in every URL we pass.
     url = fresh_schema_url(pg_database_url).replace("postgresql://postgres@", f"postgresql://postgres:{PASSWORD}@", 1)

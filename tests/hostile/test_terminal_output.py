@@ -100,11 +100,11 @@ def url_with_query_password(request) -> str:
     """A working store whose URL carries its password as ``?password=`` (PostgreSQL: trust auth
     ignores it; Redis: an ACL user that needs it)."""
     if request.param == "postgresql":
-        from rdq_core.compliance.servers import pg_fresh_schema as fresh_schema_url
+        from rdq_testing.servers import pg_fresh_schema as fresh_schema_url
 
         return _with_query(fresh_schema_url(request.getfixturevalue("pg_database_url")),
                            f"password={PASSWORD}&sslpassword={PASSWORD}")
-    from rdq_core.compliance.servers import SHARED_REDIS_URL as REDIS_BASE_URL, redis_url_with_prefix as url_with_prefix
+    from rdq_testing.servers import SHARED_REDIS_URL as REDIS_BASE_URL, redis_url_with_prefix as url_with_prefix
 
     client = request.getfixturevalue("redis_client")
     user = f"rdq-redact-{os.getpid()}"

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import pytest
 
 from rdq_core import Client, open_storage
-from rdq_core.compliance import servers
+from rdq_testing import servers
 
 from . import fleet_probe
 from .conftest import Stack, deploy, sam_build, wait_for

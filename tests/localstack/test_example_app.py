@@ -35,7 +35,7 @@ from typing import Any, Iterator
 import pytest
 
 from rdq_core import open_storage
-from rdq_core.compliance import servers
+from rdq_testing import servers
 
 from .conftest import (
     BUCKET, REGION, REPO, Stack, _spell_out_any_method, aws, create_stack, point_functions_at_localstack, sam_build,

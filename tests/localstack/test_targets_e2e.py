@@ -23,7 +23,7 @@ from typing import Any, Iterator
 import pytest
 
 from rdq_core import open_storage
-from rdq_core.compliance import servers
+from rdq_testing import servers
 
 from .conftest import Stack, aws, deploy, sam_build, wait_for
 from .test_e2e import call, enqueue, task_in

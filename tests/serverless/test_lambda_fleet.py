@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rdq_core.aws.clients import client_config
-from rdq_core.compliance import servers
+from rdq_testing import servers
 
 pytest.importorskip("psycopg")
 pytest.importorskip("samtranslator")

@@ -69,12 +69,13 @@ def test_an_invocation_without_a_free_slot_leaves_within_one_round_trip(client, 
 
 
 def test_a_scheduler_firing_enqueues_its_task_even_when_every_slot_is_held(client, lambda_context, monkeypatch):
-    from rdq_core.engine.schedules import SCHEDULED_TIME, Schedule, target_input
+    from rdq_core.aws.scheduler import SCHEDULED_TIME, target_input
+    from rdq_core.engine.schedules import Schedule
 
     monkeypatch.setenv("RDQ_MAX_WORKER_CONCURRENCY", "1")
     assert client.storage.take_worker_slot(FLEET, 1, 60)
     schedule = Schedule("tick", "cron(0 * * * ? *)", "scheduled", "quick", payload={"n": 1})
-    event = __import__("json").loads(target_input(schedule).replace(SCHEDULED_TIME, "2026-12-03T17:00:00Z"))
+    event = __import__("json").loads(target_input(schedule.to_dict()).replace(SCHEDULED_TIME, "2026-12-03T17:00:00Z"))
     summary = worker.run_worker_invocation(event, lambda_context(FLEET, 10))
     assert summary["slot"] is None and summary["scheduled"]["created"] is True
     assert client.get("sched.tick.20261203T170000Z").status.value == "PENDING", "enqueued, left for a worker"
@@ -162,7 +163,7 @@ def test_api_wake_ups_count_against_the_cap(client, lambda_context, monkeypatch)
 
 
 def test_a_postgres_invocation_uses_one_connection_and_leaves_none_open(lambda_context, monkeypatch, no_rdq_settings):
-    from rdq_core.compliance.servers import SHARED_PG_URL, pg_scratch_database
+    from rdq_testing.servers import SHARED_PG_URL, pg_scratch_database
 
     with pg_scratch_database(SHARED_PG_URL, prefix="rdq_slotconn_") as url:
         monkeypatch.setenv("RDQ_STORAGE_URL", url)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rdq_core.compliance.support import wait_until
-from rdq_core.compliance.servers import free_loopback_port
+from rdq_testing.servers import free_loopback_port
 
 REPO = Path(__file__).resolve().parents[2]
 RDQ = shutil.which("rdq") or pytest.fail("the rdq executable is not installed (python -m pip install -e .)")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rdq_core.compliance import servers
+from rdq_testing import servers
 from rdq_core.compliance.support import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
