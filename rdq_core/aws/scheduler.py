@@ -37,13 +37,8 @@ def fired_definition(event: Any) -> tuple[Any, Any] | None:
     return event[EVENT_KEY], event.get("scheduled_time")
 
 
-class _Refused(Exception):
-    """Scheduler refused the request itself (``ValidationException``, ``ConflictException``)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
+class _Exists(Exception):
+    """``create_schedule`` met a schedule of that name (``ConflictException``): replace it."""
 
 
 class EventBridgeScheduler:
@@ -68,7 +63,9 @@ class EventBridgeScheduler:
             self._client = aws_client("scheduler")
         return self._client
 
-    def _call(self, operation: str, **request: Any) -> Any:
+    def _call(self, operation: str, *, refused_field: str = "name", **request: Any) -> Any:
+        """One Scheduler call. A request Scheduler refuses itself is ``InvalidInput`` on
+        ``refused_field``, whichever call it was, so no refusal reaches a client as a 500."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
@@ -78,8 +75,11 @@ class EventBridgeScheduler:
             message = exc.response.get("Error", {}).get("Message", "")
             if code == "ResourceNotFoundException":
                 raise ScheduleNotFound(str(request.get("Name", ""))) from None
+            if code == "ConflictException" and operation == "create_schedule":
+                raise _Exists() from None
             if code in ("ValidationException", "ConflictException"):
-                raise _Refused(code, message) from None
+                raise InvalidInput(f"EventBridge Scheduler refused the request: {message or code}",
+                                   refused_field) from None
             raise StorageUnavailable(f"EventBridge Scheduler {operation}: {code} {message}".strip()) from None
         except BotoCoreError as exc:
             raise StorageUnavailable(f"EventBridge Scheduler {operation}: {exc}") from None
@@ -98,11 +98,9 @@ class EventBridgeScheduler:
         if start_date is not None:
             request["StartDate"] = start_date
         try:
-            self._call("create_schedule", **request)
-        except _Refused as exc:
-            if exc.code != "ConflictException":
-                raise InvalidInput(f"EventBridge Scheduler refused the schedule: {exc.message}", "expression") from None
-            self._call("update_schedule", **request)  # create or replace
+            self._call("create_schedule", refused_field="expression", **request)
+        except _Exists:
+            self._call("update_schedule", refused_field="expression", **request)  # create or replace
 
     def definition(self, name: str) -> Any:
         """The definition schedule ``name`` carries in its target's input; ``InvalidInput`` when

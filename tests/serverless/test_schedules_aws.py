@@ -106,9 +106,21 @@ def test_scheduler_failures_become_rdq_errors():
         def get_schedule(self, **_: Any) -> None:
             raise ClientError({"Error": {"Code": "ValidationException", "Message": "bad"}}, "GetSchedule")
 
+        def delete_schedule(self, **_: Any) -> None:
+            raise ClientError({"Error": {"Code": "ConflictException", "Message": "busy"}}, "DeleteSchedule")
+
+        def list_schedules(self, **_: Any) -> dict[str, Any]:
+            return {"Schedules": [{"Name": "refused-on-read"}]}
+
     book = SchedulerBook(GROUP, ROLE_ARN, TARGET_ARN, client=Throttled())
     with pytest.raises(StorageUnavailable):  # answered 503 by the API
         book.put(Schedule("job", "cron(0 3 * * ? *)", "q", "h"))
+    # A request Scheduler refuses is the caller's to fix (422), on every call, never a 500.
+    with pytest.raises(InvalidInput, match="refused the request: bad"):
+        book.get("job")
+    with pytest.raises(InvalidInput, match="refused the request: busy"):
+        book.delete("job")
+    assert book.list() == []  # a schedule that cannot be read back is not listed as ours
 
 
 # -- the API in deployed mode ---------------------------------------------------------------------
