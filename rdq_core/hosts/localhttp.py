@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import signal
 import socket
 import threading
 import time
@@ -27,6 +26,7 @@ from typing import Any, Callable, Mapping
 from ..problems import PROBLEM_JSON, problem_json
 from ..text import printable
 from .console.assets import Asset, asset_for
+from .signals import stop_on_signals
 
 log = logging.getLogger("rdq.localhttp")
 
@@ -374,9 +374,7 @@ def serve_until_stopped(name: str, start: Callable[[], None], stop: Callable[[],
     """Start, print ``banner``, and serve until Ctrl-C or SIGTERM (caught on the main thread
     only); then say so and stop. ``name`` starts the closing line."""
     stop_requested = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: stop_requested.set())
+    stop_on_signals(stop_requested.set)
     start()
     print(banner, flush=True)
     try:

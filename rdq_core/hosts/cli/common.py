@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -199,11 +198,6 @@ def policies_from_env() -> PolicyBook:
         return policy_book_from_config(json.loads(raw) if raw else None)
     except (ValueError, TypeError) as exc:
         raise InvalidInput(f"RDQ_QUEUE_POLICIES is invalid: {exc}", "RDQ_QUEUE_POLICIES") from None
-
-
-def stop_on_signals(stop: Any) -> None:
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop())
 
 
 def positive_int(text: str) -> int:

@@ -20,8 +20,9 @@ from ...engine.reaper import maintain_forever
 from ...storage import redact_url as _redact
 from .common import (
     TARGETS_HELP, bind_operator_targets, check_storage_url, import_handler_modules, module_list, open_store,
-    policies_from_env, positive_float, positive_int, queue_list, read_json_argument, stop_on_signals,
+    policies_from_env, positive_float, positive_int, queue_list, read_json_argument,
 )
+from ..signals import stop_on_signals
 from .output import print_json, say
 
 log = logging.getLogger("rdq.cli")

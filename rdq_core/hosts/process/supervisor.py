@@ -18,33 +18,18 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Callable, ContextManager
+from typing import Callable, ContextManager
 
 from ...engine import process_tree
 from ...engine.retry import PolicyBook
 from ...storage.spi import Storage
+from ..signals import STOP_SIGNALS, StopSignals
 from .worker import HANDLER_OVERRAN, Worker, WorkerConfig
 
 log = logging.getLogger("rdq.cli")
 
 #: The exit status of a worker stopped at once by a second signal (as after Ctrl-C twice).
 EXIT_STOPPED_AT_ONCE = 130
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-
-
-class SignalCount:
-    """SIGINT/SIGTERM handling that counts: the host decides what the n-th signal does."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def install(self, on_signal: Callable[[int], None]) -> None:
-        def handle(*_: Any) -> None:
-            self.count += 1
-            on_signal(self.count)
-
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, handle)
 
 
 def end_leftovers_of_previous_image() -> frozenset[int]:
@@ -63,7 +48,7 @@ def run_worker_process(open_store: Callable[[], ContextManager[Storage]], config
                        policies: PolicyBook, inherited: frozenset[int], describe: Callable[[], str]) -> None:
     """Run a ``Worker`` on the store ``open_store`` opens until it is stopped, supervised as the
     module says; ``describe`` gives the start-up line once handlers are installed."""
-    signals = SignalCount()
+    signals = StopSignals()
     with open_store() as storage:
         worker = Worker(storage, config, policies=policies)
         signals.install(lambda count: _on_stop_signal(worker, count, inherited))
