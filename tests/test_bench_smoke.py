@@ -107,3 +107,22 @@ def test_ab_cpu_mode_reports_cpu_per_task_for_each_tree(tmp_path):
     assert sorted(r["tree"] for r in rows) == ["a", "b"]
     assert all(r["user_us_per_task"] > 0 and r["tasks_per_s"] > 0 for r in rows)
     assert "median CPU per task" in done.stdout
+
+
+@pytest.mark.timeout(120)
+def test_smoke_startup_times_exec_to_first_claim_on_each_store(tmp_path):
+    problem = _servers_unreachable()
+    if problem:
+        servers.fail_or_skip(f"benchmark servers unreachable: {problem}")
+    out = tmp_path / "startup.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.startup", "--runs", "1", "--backends", "sqlite,postgres", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=110,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    medians = json.loads(out.read_text())["median_ms"]
+    # A start is slower than a bare interpreter and, on this loopback, well under the 30 s the
+    # harness waits: the figure is the worker's, not a timeout's.
+    for store in ("sqlite", "postgres"):
+        assert medians["python -c pass"] < medians[f"{store}: exec to first claim"] < 20_000

@@ -23,7 +23,6 @@ not from sharing one loop; ``ctx.extend_lease()`` is a short blocking call.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import importlib
 import inspect
@@ -109,6 +108,8 @@ def is_async(func: HandlerFunc) -> bool:
 def run_awaitable(name: str, awaitable: Awaitable[Any], ctx: TaskContext) -> Any:
     """Await what a handler returned, in an event loop of its own on this thread, until the run's
     deadline (``ctx``): then it is cancelled and ``TimeoutError`` raised."""
+    import asyncio  # here, not at the top: most workers run no coroutine, and it is a tenth of their start
+
     seconds = ctx.remaining_seconds()
     scopes: list[asyncio.Timeout] = []
 

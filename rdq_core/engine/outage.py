@@ -23,6 +23,9 @@ class StorageHealth:
         self.failures_in_outage = 0
         #: Outages seen since start (for operators and tests).
         self.outages = 0
+        #: Set once a call has reached the store: a host's side loops may wait for it so that
+        #: its first claim has the process to itself (``rdq worker``'s start-up).
+        self.answered = threading.Event()
 
     def failed(self, where: str, exc: BaseException) -> None:
         with self._lock:
@@ -36,12 +39,15 @@ class StorageHealth:
 
     def ok(self) -> None:
         if self._down_since is None:  # the common case: no lock, no log
+            if not self.answered.is_set():
+                self.answered.set()
             return
         with self._lock:
             if self._down_since is None:
                 return
             down_for = self._clock() - self._down_since
             failures, self._down_since, self.failures_in_outage = self.failures_in_outage, None, 0
+        self.answered.set()
         self.log.info("storage reachable again after %.1fs (%d failed call(s) meanwhile)", down_for, failures)
 
 

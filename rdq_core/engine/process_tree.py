@@ -149,6 +149,11 @@ def inherited_pids() -> frozenset[int]:
     return frozenset(descendants())
 
 
+def restarted() -> bool:
+    """Whether this process image replaced an earlier one (``carry_inherited`` ran before it)."""
+    return INHERITED_ENV in os.environ
+
+
 def carry_inherited(pids: Collection[int]) -> None:
     """Before the worker replaces its process image: keep ``pids`` for the next image."""
     os.environ[INHERITED_ENV] = ",".join(str(pid) for pid in sorted(pids))

@@ -136,3 +136,29 @@ def test_worker_reaper_and_dlq_commands_end_to_end(rdq):
     assert rdq("task", "show", "orphan", check=False).returncode == 3
     assert json.loads(rdq("task", "cancel", "doomed", "--json").stdout)["status"] == "CANCELLED"
     assert json.loads(rdq("reaper", "--once").stdout)["reaped"] == 0
+
+
+@pytest.mark.parametrize("argv", [
+    ["worker", "--handlers", "m", "--queues", "jobs", "--name", "blue"],
+    ["--storage", "sqlite:///x.db", "--log-format", "json", "reaper", "--once"],
+    ["--api", "http://127.0.0.1:8787", "enqueue", "emails", "send", "--payload", "{}"],
+    ["dlq", "redrive", "q", "--all", "--rate", "5"],
+    ["schedules", "add", "n", "rate(5 minutes)", "--queue", "q", "--handler", "h"],
+    ["console", "--port", "0"],
+    ["--profile=p", "task", "show", "t-1", "--json"],
+])
+def test_the_parser_built_for_the_named_command_reads_argv_as_the_whole_one_does(argv):
+    from rdq_core.hosts.cli.main import build_parser, command_named
+
+    assert command_named(argv) == next(word for word in argv if word in COMMAND_WORDS)
+    assert vars(build_parser(command_named(argv)).parse_args(argv)) == vars(build_parser().parse_args(argv))
+
+
+COMMAND_WORDS = {"worker", "reaper", "enqueue", "dlq", "schedules", "console", "task"}
+
+
+@pytest.mark.parametrize("argv", [[], ["--help"], ["wrker"], ["--log-format", "yaml", "worker"], ["--storage"]])
+def test_argv_naming_no_command_gets_the_whole_parser_and_its_message(argv):
+    from rdq_core.hosts.cli.main import command_named
+
+    assert command_named(argv) is None

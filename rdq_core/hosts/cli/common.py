@@ -17,7 +17,6 @@ from ...client import Client
 from ...client_protocol import QueueClient
 from ...errors import ConfigurationError, InvalidInput, RdqError, TaskNotFound
 from ...engine.handlers import registry
-from ...http_client import ApiKey, Auth, BearerToken, HttpClient, SigV4, default_auth, plaintext_credential_warning
 from ...engine.retry import PolicyBook, policy_book_from_config
 from ...storage import open_storage, redact_url as _redact
 from ...storage.spi import Storage
@@ -51,6 +50,9 @@ def client_for(args: argparse.Namespace, url: str) -> QueueClient:
     commands, their output and their exit codes are the same either way."""
     if not args.api:
         return Client(url)
+    # Imported here: a command on a store (rdq worker above all) need not load an HTTP client.
+    from ...http_client import ApiKey, Auth, BearerToken, HttpClient, SigV4, default_auth, plaintext_credential_warning
+
     auth: Auth
     if args.api_key and args.token:
         raise ConfigurationError("give --api-key or --token, not both")

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from typing import Callable, Sequence
+from typing import Any, Callable, Collection, NoReturn, Sequence
 
-from ..console import server as console_server
+from ..console.options import add_parser as add_console_parser
 from ...errors import (
     ConfigurationError, InvalidInput, RdqError, StorageUnavailable, TaskConflict, TaskNotFound, UnsupportedOperation,
 )
@@ -40,14 +40,19 @@ OWN_TARGET_COMMANDS = {"schedules"}
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, str], int]] = {
     **hosts.COMMANDS, **tasks.COMMANDS, **operator.COMMANDS, **schedules.COMMANDS,
-    "console": lambda args, url: console_server.run(args),
+    "console": lambda args, url: _run_console(args),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole command line: the global options here, each command group's in its own module."""
-    parser = argparse.ArgumentParser(
-        prog="rdq", description="rdq: retries, a dead-letter queue and redrive on your own datastore.")
+def _run_console(args: argparse.Namespace) -> int:
+    # Imported when run: the console's server and HTTP client are a tenth of every other
+    # command's start (rdq worker's first claim waits for them).
+    from ..console import server
+
+    return server.run(args)
+
+
+def add_global_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", metavar="URL", help="storage URL (default: $RDQ_STORAGE_URL, else sqlite:///rdq.db)")
     remote = parser.add_argument_group(
         "a deployed API instead of a store (the operator commands: " + ", ".join(sorted(REMOTE_COMMANDS)) + ")")
@@ -66,17 +71,50 @@ def build_parser() -> argparse.ArgumentParser:
     remote.add_argument("--region", metavar="REGION", help="AWS region for SigV4 (default: the AWS CLI's, else the URL's)")
     parser.add_argument("--log-format", choices=("auto", "text", "json"), default=os.environ.get("RDQ_LOG_FORMAT", "auto"),
                         help="log lines as text (default on a terminal) or JSON (default otherwise); $RDQ_LOG_FORMAT")
+
+
+#: Each group of commands, by name, and what adds their parsers.
+COMMAND_GROUPS: tuple[tuple[Collection[str], Callable[[Any], object]], ...] = (
+    (hosts.COMMANDS, hosts.configure), (tasks.COMMANDS, tasks.configure), (operator.COMMANDS, operator.configure),
+    (schedules.COMMANDS, schedules.configure), (API_ONLY_COMMANDS, add_console_parser),
+)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line: the global options here, each command group's in its own module.
+    ``command`` given, only its group's parsers are added (what ``main`` runs needs no other;
+    building all 30 is a twentieth of a worker's start)."""
+    parser = argparse.ArgumentParser(
+        prog="rdq", description="rdq: retries, a dead-letter queue and redrive on your own datastore.")
+    add_global_options(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    hosts.configure(commands)
-    tasks.configure(commands)
-    operator.configure(commands)
-    schedules.configure(commands)
-    console_server.add_parser(commands)
+    for names, configure in COMMAND_GROUPS:
+        if command is None or command in names:
+            configure(commands)
     return parser
 
 
+class _Peek(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
+
+
+def command_named(argv: Sequence[str] | None) -> str | None:
+    """The command ``argv`` names, read past the global options; None when it names none that
+    exists (or the global options do not parse): the whole parser then says what is wrong."""
+    peek = _Peek(add_help=False)
+    add_global_options(peek)
+    peek.add_argument("command", nargs="?")
+    peek.add_argument("rest", nargs=argparse.REMAINDER)
+    try:
+        command = peek.parse_known_args(argv)[0].command
+    except ValueError:
+        return None
+    return command if command in COMMANDS else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(command_named(argv)).parse_args(argv)
     url = args.storage or default_storage_url()
     try:
         configure_logging(args.log_format, os.environ.get("RDQ_LOG_LEVEL", "INFO").upper())

@@ -51,9 +51,9 @@ from ...http_client import ApiKey, Auth, BearerToken, SigV4, plaintext_credentia
 from ...http_client.transport import ApiEndpoint, NotSent
 from ...problems import PROBLEM_JSON, problem_json
 from ...text import printable
+from .options import DEFAULT_PORT, add_parser
 from ..localhttp import BoundedHTTPServer, GuardedRequestHandler, cross_origin_refusal, loopback_refusal, serve_until_stopped
 
-DEFAULT_PORT = 8788
 #: The API refuses bodies over 1 MiB itself; anything far beyond is refused here unread.
 MAX_BODY_BYTES = 2 * 1024 * 1024
 CONNECT_TIMEOUT_SECONDS = 5.0
@@ -214,28 +214,6 @@ def _handler_class(console: ConsoleServer) -> type[GuardedRequestHandler]:
 
 
 # -- the command -------------------------------------------------------------------------------
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """``rdq console``'s parser, added to ``subparsers`` (the CLI's ``add_subparsers()``).
-
-    Its options have their own destinations (``console_*``), so they do not collide with the
-    CLI's global ``--api``/``--profile``/… ; ``run`` reads either."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "console", help="the web console on 127.0.0.1, in front of a deployed API (signs with your credentials)",
-        description="Serve the rdq web console on 127.0.0.1 and forward its API calls to --api, signed with "
-                    "SigV4 (default), an API key or a bearer token.")
-    parser.add_argument("--api", dest="console_api", metavar="URL",
-                        help="the API's base URL, e.g. https://ID.execute-api.REGION.amazonaws.com/prod ($RDQ_API_URL)")
-    parser.add_argument("--port", dest="console_port", type=int, default=DEFAULT_PORT,
-                        help=f"port on 127.0.0.1 (default {DEFAULT_PORT}; 0 picks a free one)")
-    parser.add_argument("--profile", dest="console_profile", metavar="NAME", help="AWS profile for SigV4")
-    parser.add_argument("--region", dest="console_region", metavar="REGION", help="AWS region for SigV4")
-    parser.add_argument("--api-key", dest="console_api_key", metavar="KEY",
-                        help="send this API key instead of signing ($RDQ_API_KEY)")
-    parser.add_argument("--token", dest="console_token", metavar="TOKEN",
-                        help="send this bearer token instead of signing ($RDQ_API_TOKEN)")
-    return parser
-
-
 def _option(args: argparse.Namespace, name: str, env: str | None = None) -> Any:
     value = getattr(args, f"console_{name}", None) or getattr(args, name, None)
     if value is None and env:

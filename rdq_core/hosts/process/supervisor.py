@@ -36,8 +36,11 @@ def end_leftovers_of_previous_image() -> frozenset[int]:
     """The processes this one inherited (not the handlers' to end), after ending those the
     previous image's handlers left running: after a restart, a process the old handlers started
     in the instant before the exec is under this one now, and is ended before anything is claimed."""
+    restarted = process_tree.restarted()
     inherited = process_tree.inherited_pids()
-    if process_tree.descendants(exclude=inherited):
+    # On a first start everything under this process is inherited: one walk of the process
+    # table is enough (it is a few milliseconds of every start).
+    if restarted and process_tree.descendants(exclude=inherited):
         ended = process_tree.end_descendants(exclude=inherited)
         log.warning("ended %d process(es) the previous worker image's handlers left running: %s",
                     len(ended), ", ".join(map(str, ended)))

@@ -109,6 +109,11 @@ class HeartbeatLedger(ClaimLedger):
 HANDLER_OVERRAN = "handler_overran"
 
 
+#: How long the schedules loop lets the first claim go first (it waits only while that claim
+#: has not reached the store yet, e.g. during an outage at start).
+FIRST_CLAIM_HEAD_START_SECONDS = 3.0
+
+
 @dataclass
 class WorkerConfig:
     #: Queues to serve; empty means every queue in the store (re-read every few seconds).
@@ -303,7 +308,13 @@ class Worker:
                 self.health.failed("reaper", outage)
 
     def _schedules_loop(self) -> None:
-        """Fire the schedules file's due periods until the worker stops (schedules.ScheduleFirer)."""
+        """Fire the schedules file's due periods until the worker stops (schedules.ScheduleFirer),
+        once the first claim has reached the store (or a few seconds have passed): loading the
+        schedules and reading their file would otherwise slow the worker's first claim."""
+        until = self.clock() + FIRST_CLAIM_HEAD_START_SECONDS
+        while not self.health.answered.wait(0.05) and self.clock() < until:
+            if self.stop_event.is_set():
+                return
         from ...client import Client
         from ...engine.schedules import LocalScheduleBook, ScheduleFirer
 
