@@ -2,7 +2,8 @@
 
 ``python -m bench.flow --base DIR --out bench/results/flow.json [--backends postgres,redis]``
 
-DIR is an export of the commit before flow control (``git archive <commit> | tar -x -C DIR``);
+DIR is an export of the commit before flow control (or, with ``--base-cases``, of any commit
+whose flow cases are to be compared with this tree's) (``git archive <commit> | tar -x -C DIR``);
 every case runs its processes with that tree or this one first on ``PYTHONPATH``, against a fresh
 store of its own, in interleaved order (base, flow, base, flow ...) so drift on a shared machine
 hits both alike. Cases (``bench/flow_worker.py``): ``off`` (no policy, all priority 0) on both
@@ -61,11 +62,19 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--cases", default="off,priorities,many_keys,hot_key")
+    parser.add_argument("--base-cases", default="off",
+                        help="cases run on the base tree too (default: off only, the tree before flow control)")
     args = parser.parse_args(argv)
     base, flow = Path(args.base).resolve(), ROOT
-    plan = [("off", "base", base), ("off", "flow", flow), ("priorities", "flow", flow), ("many_keys", "flow", flow),
-            ("hot_key", "flow", flow)]
-    plan = [step for step in plan if step[0] in args.cases.split(",")]
+    cases = args.cases.split(",")
+    # Cases also run on the base tree (an A/B of two trees that both have flow control).
+    base_cases = [case for case in args.base_cases.split(",") if case and case != "off"]
+    plan = [("off", "base", base), ("off", "flow", flow)]
+    for case in ("priorities", "many_keys", "hot_key"):
+        if case in base_cases:
+            plan.append((case, "base", base))
+        plan.append((case, "flow", flow))
+    plan = [step for step in plan if step[0] in cases]
     backends = tuple(args.backends.split(","))
     samples: dict[str, list[dict[str, Any]]] = {}
     load = [load_average()]
@@ -84,6 +93,10 @@ def main(argv: list[str]) -> None:
         # Each repetition's throughput over the base tree's in the same repetition: drift between
         # repetitions cancels out of the ratio (the machine may be shared).
         base_runs = samples.get(f"{key.split('/')[0]}/off/base")
+        if key.endswith("/base") and not key.endswith("/off/base") and base_runs:
+            summary[key]["ratio_to_base"] = median(
+                [r["tasks_per_s"] / b["tasks_per_s"] for r, b in zip(runs, base_runs, strict=True)])
+            continue
         if base_runs and not key.endswith("/base"):
             ratios = [r["tasks_per_s"] / b["tasks_per_s"] for r, b in zip(runs, base_runs, strict=True)]
             summary[key]["ratio_to_base"] = median(ratios)

@@ -232,6 +232,21 @@ class ProgressCompliance:
         five_behind_a_blocked_head(storage, ledger, 2500, concurrency_key="hot")
         assert claim_and_check(storage, ledger, 5) == []
 
+    def test_one_claim_takes_the_tasks_behind_a_key_that_fills_up_during_it(self, storage: Storage) -> None:
+        # The key is not full when the claim starts: it fills with the claim's own first task,
+        # and the rest of whatever the claim read first is that key's. The claim still comes back
+        # full, with the tasks behind them, at the same priority or a later one, aged or not.
+        for queue, flow, priority in (("fills", FlowPolicy(concurrency_limit=1), 0),
+                                      ("fills-later", FlowPolicy(concurrency_limit=2), 1),
+                                      ("fills-aged", FlowPolicy(concurrency_limit=1, priority_aging_seconds=30.0), 1)):
+            enqueue_in_chunks(storage, [flow_task(f"{queue}-hot-{n:05d}", queue, concurrency_key="hot")
+                                        for n in range(1500)])
+            storage.enqueue([flow_task(f"{queue}-other-{n}", queue, priority=priority) for n in range(5)])
+            ledger = ClaimLedger(queue, flow)
+            claimed = ids(claim_and_check(storage, ledger, 5 + (flow.concurrency_limit or 0)))
+            assert sorted(claimed) == sorted([f"{queue}-hot-{n:05d}" for n in range(flow.concurrency_limit or 0)]
+                                             + [f"{queue}-other-{n}" for n in range(5)]), claimed
+
     def test_a_spent_rate_key_does_not_hide_the_tasks_behind_it(self, storage: Storage) -> None:
         ledger = ClaimLedger("hot-rate", FlowPolicy(rate_limit=RateLimit(1, HOUR)))
         five_behind_a_blocked_head(storage, ledger, 1200, rate_key="hot")
