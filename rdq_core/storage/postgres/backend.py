@@ -152,31 +152,22 @@ class PostgresStorage(PostgresOperator):
     def _flow_claim_at_once(self, conn: psycopg.Connection[Any], queue: str, limit: int, lease_seconds: float,
                             flow: FlowPolicy, worker: str) -> list[dict[str, Any]]:
         """Concurrency limits (with max_in_flight and priority aging), one transaction in one
-        round trip: BEGIN, the queue's advisory lock, ``flow_claim_at_once`` (the decision made
-        in SQL, the way ``rdq_core.flow.choose`` makes it) and COMMIT, pipelined. The lock is
-        held only while the statement runs, so the queue's claims queue for each other for
-        that long, not for round trips to their workers. A claim the candidate window cut short
-        while allowed tasks wait behind it goes on by ``_flow_claim``."""
+        round trip: BEGIN, one call of ``rdq_flow_claim_at_once`` (the queue's advisory lock,
+        then the decision made in SQL the way ``rdq_core.flow.choose`` makes it, re-reading
+        while a candidate window was cut short) and COMMIT, pipelined. The lock is held only
+        while the function runs, and its plans are kept for the session."""
         wanted = candidate_count(limit)
         with conn.pipeline():
             self._execute(conn, "BEGIN")
-            self._execute(conn, QUERIES["flow_lock"], {"namespace": FLOW_LOCK_NAMESPACE, "queue": queue})
             claimed = self._execute(conn, QUERIES["flow_claim_at_once"], {
                 "queue": queue, "limit": limit, "lease_seconds": lease_seconds, "worker": worker,
                 "key_limits": json.dumps(dict(flow.concurrency_overrides)), "default_limit": flow.concurrency_limit,
                 "max_in_flight": flow.max_in_flight, "aging": flow.priority_aging_seconds,
-                "candidates": wanted,
+                "candidates": wanted, "namespace": FLOW_LOCK_NAMESPACE,
                 "total": wanted * len(PRIORITIES) if flow.priority_aging_seconds is not None else wanted})
             self._execute(conn, "COMMIT")
-        self.round_trips -= 3  # the four statements went in one round trip
-        rows = claimed.fetchall()
-        more_behind = any([row.pop("more_behind") for row in rows])
-        if more_behind and len(rows) < limit:
-            # Rare: the window filled with tasks of keys that filled up during the choice, and
-            # allowed tasks wait behind it. The re-reading path takes them, in a transaction of
-            # its own that sees this one's claims in flight.
-            rows += self._flow_claim(conn, queue, limit - len(rows), lease_seconds, flow, worker)
-        return rows
+        self.round_trips -= 2  # the three statements went in one round trip
+        return claimed.fetchall()
 
     def _flow_claim(self, conn: psycopg.Connection[Any], queue: str, limit: int, lease_seconds: float,
                     flow: FlowPolicy, worker: str) -> list[dict[str, Any]]:

@@ -342,108 +342,15 @@ ORDER BY t.priority, t.next_attempt_at, t.id
 
 -- name: flow_claim_at_once
 -- A claim under concurrency limits (and max_in_flight, priority aging; not a rate limit or fair
--- groups, which keep flow_state .. flow_claim) decided and applied by one statement, run right
--- after flow_lock in the same pipeline: the lock is held for the statement's own time, not for
--- round trips to the worker. Its one snapshot is taken once the lock is held, so the in-flight
--- counts stay true until COMMIT. It makes the choice rdq_core.flow.choose makes: candidates as
--- flow_candidates reads them (keys already full left out, so a busy head of the queue never hides
--- the allowed tasks behind it), in claim order; a task is taken when its key's in-flight count
--- plus the tasks of that key ranked before it in this claim stays within the key's limit (a
--- task refused for its own key uses up nothing of another key's, so ranking within each key is
--- the greedy choice); at most the batch, and no more than max_in_flight leaves room for.
-WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now),
-running AS MATERIALIZED (
-    SELECT concurrency_key AS key, count(*) AS n,
-           coalesce((%(key_limits)s::jsonb ->> concurrency_key)::int, %(default_limit)s::int) AS cap
-    FROM rdq_tasks
-    WHERE queue = %(queue)s AND status = 'IN_FLIGHT'
-    GROUP BY concurrency_key
-),
-budget AS MATERIALIZED (
-    SELECT CASE WHEN EXISTS (SELECT FROM rdq_paused_queues AS q WHERE q.queue = %(queue)s) THEN 0
-                ELSE greatest(0, least(%(limit)s::int,
-                                       coalesce(%(max_in_flight)s::int - (SELECT coalesce(sum(n), 0) FROM running),
-                                                %(limit)s::int))) END AS n
-),
-full_keys AS MATERIALIZED (
-    SELECT coalesce(array_agg(key), '{}'::text[]) AS keys FROM running
-    WHERE key IS NOT NULL AND cap IS NOT NULL AND n >= cap
-),
-candidates AS MATERIALIZED (
-    SELECT due.*
-    FROM generate_series(0, 9) AS p(priority)
-    CROSS JOIN LATERAL (
-        SELECT id, priority, next_attempt_at, concurrency_key
-        FROM rdq_tasks
-        WHERE queue = %(queue)s AND status = 'PENDING' AND priority = p.priority
-          AND next_attempt_at <= (SELECT now FROM clock)
-          AND (concurrency_key IS NULL OR concurrency_key <> ALL ((SELECT keys FROM full_keys)::text[]))
-        ORDER BY next_attempt_at, id
-        LIMIT %(candidates)s
-    ) AS due
-    WHERE (SELECT n FROM budget) > 0
-    LIMIT %(total)s
-),
-ranked AS (
-    SELECT c.id, c.concurrency_key,
-           CASE WHEN %(aging)s::float8 IS NULL THEN c.priority ELSE 0 END AS first,
-           c.next_attempt_at + coalesce(%(aging)s::float8, 0) * c.priority * interval '1 second' AS second
-    FROM candidates AS c
-),
-allowed AS (
-    SELECT r.id
-    FROM (SELECT r.*, row_number() OVER (PARTITION BY r.concurrency_key ORDER BY r.first, r.second, r.id) AS nth
-          FROM ranked AS r) AS r
-    LEFT JOIN running ON running.key = r.concurrency_key
-    WHERE r.concurrency_key IS NULL
-       OR coalesce((%(key_limits)s::jsonb ->> r.concurrency_key)::int, %(default_limit)s::int) IS NULL
-       OR coalesce(running.n, 0) + r.nth
-          <= coalesce((%(key_limits)s::jsonb ->> r.concurrency_key)::int, %(default_limit)s::int)
-    ORDER BY r.first, r.second, r.id
-    LIMIT (SELECT n FROM budget)
-),
-claimed AS (
-    UPDATE rdq_tasks
-    SET status = 'IN_FLIGHT',
-        claim_token = gen_random_uuid()::text,
-        claimed_at = (SELECT now FROM clock),
-        claimed_by = NULLIF(%(worker)s::text, ''),
-        lease_expires_at = (SELECT now FROM clock) + %(lease_seconds)s * interval '1 second',
-        updated_at = (SELECT now FROM clock)
-    WHERE id = ANY (ARRAY(
-        SELECT id FROM rdq_tasks
-        WHERE id IN (SELECT id FROM allowed) AND status = 'PENDING'
-        ORDER BY id
-        FOR UPDATE
-    )) AND status = 'PENDING'
-    RETURNING *
-),
--- A claim cut short where a candidate window filled up (with tasks of keys that filled during
--- this choice) may have left allowed tasks behind the window: more_behind says whether one
--- exists, and the claim then takes the rest by flow_state .. flow_claim (the re-reading path).
-filled AS MATERIALIZED (
-    SELECT coalesce(array_agg(k.key), '{}'::text[]) AS keys
-    FROM (SELECT r.concurrency_key AS key, count(*) AS chosen FROM ranked AS r
-          WHERE r.concurrency_key IS NOT NULL AND r.id IN (SELECT id FROM allowed) GROUP BY r.concurrency_key) AS k
-    LEFT JOIN running ON running.key = k.key
-    WHERE coalesce(running.n, 0) + k.chosen
-          >= coalesce((%(key_limits)s::jsonb ->> k.key)::int, %(default_limit)s::int)
-),
-more_behind AS MATERIALIZED (
-    SELECT (SELECT count(*) FROM allowed) < (SELECT n FROM budget)
-       AND ((SELECT count(*) FROM candidates) >= %(total)s
-            OR EXISTS (SELECT FROM candidates GROUP BY priority HAVING count(*) >= %(candidates)s))
-       AND EXISTS (
-           SELECT FROM rdq_tasks AS b
-           WHERE b.queue = %(queue)s AND b.status = 'PENDING' AND b.next_attempt_at <= (SELECT now FROM clock)
-             AND (b.concurrency_key IS NULL
-                  OR (b.concurrency_key <> ALL ((SELECT keys FROM full_keys)::text[])
-                      AND b.concurrency_key <> ALL ((SELECT keys FROM filled)::text[])))
-             AND b.id NOT IN (SELECT id FROM candidates)) AS more
-)
-SELECT {{task_columns}}, (SELECT more FROM more_behind) AS more_behind
-FROM claimed AS t
-ORDER BY t.priority, t.next_attempt_at, t.id
+-- groups, which keep flow_state .. flow_claim), decided and applied by one call of
+-- rdq_flow_claim_at_once (schema.sql; migrations/0010 says why a function): the queue's lock,
+-- then a statement that chooses as rdq_core.flow.choose does and claims, passing again when its
+-- candidate window was cut short with allowed tasks behind it. Run between BEGIN and COMMIT in
+-- one pipeline, so the lock is held only while the function runs.
+SELECT {{task_columns}}
+FROM rdq_flow_claim_at_once(%(queue)s, %(limit)s, %(lease_seconds)s, %(worker)s, %(key_limits)s::jsonb,
+                            %(default_limit)s, %(max_in_flight)s, %(aging)s, %(candidates)s, %(total)s,
+                            %(namespace)s) AS t
 
 -- name: extend_leases
 -- A ref is honoured only while its token still owns an IN_FLIGHT task (fencing). GREATEST: an
