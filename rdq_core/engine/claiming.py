@@ -34,6 +34,7 @@ from .handlers import DEFAULT_TIMEOUT_SECONDS
 from .outage import ReconnectBackoff, StorageHealth
 from .runner import BatchRunner
 from .settling import BatchReport, ClaimLedger, SettleBehind
+from ..model import ClaimedTask
 from ..storage.spi import Storage
 from ..validation import Limits
 from .telemetry import Telemetry
@@ -155,6 +156,82 @@ def _claim_takes_worker(storage: Storage) -> bool:
     return any(p.name == "worker" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
+#: A loop claims its next batch while it runs this one only when this one came back full and
+#: the queue's previous batch ran within this long: a backlog of quick tasks, where the claim's
+#: round trip is a large part of each batch. Claimed ahead, slower tasks would wait held while
+#: another worker could have run them.
+CLAIM_AHEAD_MAX_RUN_SECONDS = 0.25
+
+
+class ClaimAhead:
+    """One claim loop's next batch, claimed on a thread of its own while the loop runs the
+    current one (``ClaimLoop(claim_ahead=True)``, the loop serving one queue, no deadline).
+
+    Its claims are held in the ledger (their leases renewed) from the moment they come back, and
+    the loop takes them for its next claim of the same queue; a batch the loop does not take
+    (it stops, fails, or its next claim is of another queue or size) is released. At most one
+    batch ahead, so a worker never holds more than two batches."""
+
+    def __init__(self, loop: ClaimLoop) -> None:
+        self._loop = loop
+        self._thread: threading.Thread | None = None
+        self._key: tuple[str, int, float] | None = None
+        self._claimed: list[ClaimedTask] = []
+        self._error: BaseException | None = None
+        #: How long the loop's last batch of each queue took to run.
+        self.last_run: dict[str, float] = {}
+
+    def worth_it(self, queue: str, claimed: int, size: int) -> bool:
+        return claimed >= size and self.last_run.get(queue, math.inf) <= CLAIM_AHEAD_MAX_RUN_SECONDS
+
+    def start(self, queue: str, size: int, lease: float) -> None:
+        loop = self._loop
+
+        def claim() -> None:
+            try:
+                claimed = loop.storage.claim(queue, size, lease, loop.runner.policies.flow_for(queue),
+                                             **loop._claim_options)
+                if loop.ledger is not None:
+                    loop.ledger.hold(claimed)
+                self._claimed = claimed
+            except BaseException as exc:  # noqa: BLE001 - raised on the loop's thread by take()
+                self._error = exc
+
+        self._key, self._claimed, self._error = (queue, size, lease), [], None
+        self._thread = threading.Thread(target=claim, name="rdq-claim-ahead", daemon=True)
+        self._thread.start()
+
+    def take(self, queue: str, size: int, lease: float) -> list[ClaimedTask] | None:
+        """The batch claimed ahead for this claim (None: none; claim now). A store error of
+        the claim ahead is raised here, where the loop's outage handling sees it."""
+        if self._thread is None:
+            return None
+        key = self._key
+        claimed, error = self._collect()
+        if error is not None:
+            raise error
+        if key != (queue, size, lease):
+            self._release(claimed)
+            return None
+        return claimed
+
+    def close(self) -> None:
+        """Release what was claimed ahead and not taken."""
+        claimed, _ = self._collect()
+        self._release(claimed)
+
+    def _collect(self) -> tuple[list[ClaimedTask], BaseException | None]:
+        if self._thread is not None:
+            self._thread.join()
+        found = (self._claimed, self._error)
+        self._thread, self._key, self._claimed, self._error = None, None, [], None
+        return found
+
+    def _release(self, claimed: list[ClaimedTask]) -> None:
+        if claimed:
+            self._loop.runner.settler.release(claimed, BatchReport(), self._loop.ledger or ClaimLedger())
+
+
 class ClaimLoop:
     """Claims from ``queues()`` with ``lease_seconds()`` and runs what it claims on ``runner``
     until ``should_stop()`` or ``deadline`` (on ``clock``).
@@ -167,8 +244,10 @@ class ClaimLoop:
     enqueued into a served queue after the round began (``rdq_core.engine.wakeup``), and right
     after work it is shorter (``RECHECK_AFTER_WORK_SECONDS``, doubling). ``settle_behind``:
     each batch's last settle runs on a thread of its own while the next batch is claimed and
-    run (``SettleBehind``). ``health``: given, storage outages and unexpected errors are
-    ridden out with backoff (logged once per outage on its logger); None, they end the loop.
+    run (``SettleBehind``). ``claim_ahead``: serving one queue with no deadline, the next batch
+    is claimed while a full batch of quick tasks runs (``ClaimAhead``). ``health``: given,
+    storage outages and unexpected errors are ridden out with backoff (logged once per outage
+    on its logger); None, they end the loop.
     ``fit_to_deadline``: with a finite ``deadline``, each claim takes only as many tasks as can
     plausibly start before it (``ClaimPace``), and the loop ends when no handler could start.
     """
@@ -191,6 +270,7 @@ class ClaimLoop:
         wait: Callable[[float], object] = time.sleep,
         wake: WakeSignal | None = None,
         settle_behind: bool = True,
+        claim_ahead: bool = False,
         fit_to_deadline: bool = False,
         worker: str = "",
     ) -> None:
@@ -209,6 +289,7 @@ class ClaimLoop:
         self.wait = wait
         self.wake = wake
         self.settle_behind = settle_behind
+        self.claim_ahead = claim_ahead
         self.fit_to_deadline = fit_to_deadline
         self.worker = worker
         # Given once here, not per claim; left out for a backend whose claim does not take it.
@@ -223,13 +304,18 @@ class ClaimLoop:
         # Each batch's last settle is written while the next batch is claimed and run.
         behind = SettleBehind() if self.settle_behind else None
         pace = ClaimPace.for_runner(self.runner) if self.fit_to_deadline and math.isfinite(self.deadline) else None
+        ahead = ClaimAhead(self) if self.claim_ahead and not math.isfinite(self.deadline) else None
         try:
-            return self._rounds(behind, pace)
+            return self._rounds(behind, pace, ahead)
         finally:
-            if behind is not None:
-                behind.close()
+            try:
+                if ahead is not None:
+                    ahead.close()
+            finally:
+                if behind is not None:
+                    behind.close()
 
-    def _rounds(self, behind: SettleBehind | None, pace: ClaimPace | None) -> ClaimReport:
+    def _rounds(self, behind: SettleBehind | None, pace: ClaimPace | None, ahead: ClaimAhead | None) -> ClaimReport:
         total = ClaimReport()
         backoff = ReconnectBackoff()
         recheck = math.inf  # the next pause with a wake-up; short right after work
@@ -237,7 +323,7 @@ class ClaimLoop:
             # Noted before the claim: an enqueue that commits while it runs still ends the pause.
             mark = self.wake.mark() if self.wake is not None else 0
             try:
-                round_ = self.run_round(behind, pace)
+                round_ = self.run_round(behind, pace, ahead)
             except (StorageUnavailable, SchemaMissing) as exc:
                 if self.health is None:
                     raise
@@ -274,12 +360,18 @@ class ClaimLoop:
                 recheck = RECHECK_AFTER_WORK_SECONDS
         return total
 
-    def run_round(self, settle_behind: SettleBehind | None = None, pace: ClaimPace | None = None) -> ClaimReport:
+    def run_round(self, settle_behind: SettleBehind | None = None, pace: ClaimPace | None = None,
+                  ahead: ClaimAhead | None = None) -> ClaimReport:
         """Claim one batch per queue and run each; returns what the round did. Every batch is
         settled when this returns, unless ``settle_behind`` is given: then the last one may still
-        be on its way (``settle_behind.wait()``). ``pace``: claims sized to the time left."""
+        be on its way (``settle_behind.wait()``). ``pace``: claims sized to the time left.
+        ``ahead``: with one queue, the next batch may be claimed while this one runs."""
         report = ClaimReport()
-        for queue in self.queues():
+        queues = self.queues()
+        if ahead is not None and len(queues) != 1:
+            ahead.close()
+            ahead = None
+        for queue in queues:
             if self.stopped():
                 break
             size = self.batch_size
@@ -289,8 +381,10 @@ class ClaimLoop:
                     break  # no registered handler could start any more: the round made no progress
             lease = self.lease_seconds()
             began = self.clock()
-            claimed = self.storage.claim(queue, size, lease, self.runner.policies.flow_for(queue),
-                                         **self._claim_options)
+            claimed = ahead.take(queue, size, lease) if ahead is not None else None
+            if claimed is None:
+                claimed = self.storage.claim(queue, size, lease, self.runner.policies.flow_for(queue),
+                                             **self._claim_options)
             if self.health is not None:
                 # Only a call that reached the store ends an outage (a round also returns
                 # normally when the runner gave up on a settle, which proves nothing).
@@ -299,9 +393,13 @@ class ClaimLoop:
             self.telemetry.count("claimed", len(claimed))
             if not claimed:
                 continue
+            if ahead is not None and ahead.worth_it(queue, len(claimed), size) and not self.stopped():
+                ahead.start(queue, size, lease)
             ran_from = self.clock()
             batch = self.runner.run(claimed, deadline=self.deadline, ledger=self.ledger, should_stop=self.should_stop,
                                     settle_behind=settle_behind, lease_seconds=lease)
+            if ahead is not None:
+                ahead.last_run[queue] = self.clock() - ran_from
             if pace is not None:
                 pace.record(batch.started + batch.too_long, self.clock() - ran_from)
             report.add_batch(len(claimed), batch)

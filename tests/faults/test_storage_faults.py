@@ -214,15 +214,17 @@ def test_server_crashes_and_restarts_during_a_drain(owned_store, queue, caplog):
         outcomes = audit(store, ids, executions)
     finally:
         store.close()
-    # A crash may cost the batches in flight one lease each, never more than two batches' worth
-    # (settle behind: one settling while the next one runs; batch size 4).
-    assert outcomes.get("LEASE_EXPIRED", 0) <= 8, outcomes
+    # A crash may cost the batches in flight one lease each, never more than three batches' worth
+    # (batch size 4: one settling behind, one running, and -- these tasks are quick -- the next
+    # one claimed ahead).
+    assert outcomes.get("LEASE_EXPIRED", 0) <= 12, outcomes
     assert attempts <= 6, f"{attempts} reconnect attempts for one restart: the worker is spinning"
     assert len(outage_lines(caplog)) <= 1, outage_lines(caplog)
     assert len(recovery_lines(caplog)) == len(outage_lines(caplog))
     # Start and end of the outage, a dropped-connections notice, and the settle written behind
-    # the claim (settle behind) saying it got through on a retry.
-    assert len(incident_lines(caplog.records)) <= 4, incident_lines(caplog.records)
+    # the claim (settle behind) saying it got through on a retry; one more for the batch claimed
+    # ahead, whose release or settle may need a retry too.
+    assert len(incident_lines(caplog.records)) <= 5, incident_lines(caplog.records)
 
 
 def test_connections_refused_for_a_while(owned_store, queue, caplog):
@@ -244,13 +246,13 @@ def test_connections_refused_for_a_while(owned_store, queue, caplog):
         store.close()
     assert refused_for >= 1.0, f"3 reconnect attempts in {refused_for:.2f}s: the worker does not back off"
     assert attempts_while_down <= 4
-    assert outcomes.get("LEASE_EXPIRED", 0) <= 8, outcomes  # two batches' worth, as above
+    assert outcomes.get("LEASE_EXPIRED", 0) <= 12, outcomes  # three batches' worth, as above
     assert len(outage_lines(caplog)) == 1, outage_lines(caplog)
     assert len(recovery_lines(caplog)) == 1
     # Start and end of the outage, at most one dropped-connections notice, and at most one
-    # "could not settle" per batch whose outcomes the outage outlasted: two batches can be in
-    # flight (settle behind: one settling while the next one runs).
+    # "could not settle" per batch whose outcomes the outage outlasted: three batches can be held
+    # (one settling behind while the next one runs and, quick tasks, the one after claimed ahead).
     lines = incident_lines(caplog.records)
     assert sum("dropped" in line for line in lines) <= 1, lines
-    assert sum("could not settle" in line for line in lines) <= 2, lines
-    assert len(lines) <= 5, lines
+    assert sum("could not settle" in line for line in lines) <= 3, lines
+    assert len(lines) <= 6, lines

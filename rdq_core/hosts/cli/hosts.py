@@ -49,9 +49,10 @@ def configure(commands: Any) -> None:
                         help="how long a handler may run past its timeout, keeping its task, before the worker "
                              "restarts its process to stop it (default 2)")
     worker.add_argument("--no-settle-behind", dest="settle_behind", action="store_false",
-                        help="settle each batch before claiming the next (default: the last settle of a batch "
-                             "runs while the next batch is claimed and run; off helps when the database shares "
-                             "a few busy cores with the workers)")
+                        help="settle each batch before claiming the next, and claim the next only then (default: "
+                             "the last settle of a batch runs while the next batch is claimed and run, and while a "
+                             "full batch of quick tasks of one queue runs the next is claimed; off helps when the "
+                             "database shares a few busy cores with the workers)")
     worker.add_argument("--idle-poll", type=positive_float, default=None, metavar="SECONDS",
                         help="seconds between claims while the queues are empty (default: 1, SQLite 0.1); "
                              "on PostgreSQL and Redis an enqueue wakes the worker at once")

@@ -271,7 +271,8 @@ class Worker:
             self.storage, self.runner, queues=self._queues, batch_size=self.config.batch_size,
             lease_seconds=lambda: self.config.lease_seconds, should_stop=self.stop_event.is_set,
             ledger=self.ledger, telemetry=self.telemetry, clock=self.clock,
-            settle_behind=self.config.settle_behind, worker=self.worker_name, **idling,
+            settle_behind=self.config.settle_behind, claim_ahead=self.config.settle_behind,
+            worker=self.worker_name, **idling,
         )
 
     def _queues(self) -> Sequence[str]:

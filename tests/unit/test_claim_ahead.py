@@ -1,0 +1,125 @@
+"""Claiming the next batch while this one runs (``ClaimAhead``, on SQLite): each task still runs
+once, the claims waiting ahead are held (renewed) and a stopping loop releases them."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from rdq_core.client import Client
+from rdq_core.engine.claiming import CLAIM_AHEAD_MAX_RUN_SECONDS, ClaimLoop, run_concurrently
+from rdq_core.engine.handlers import HandlerRegistry
+from rdq_core.engine.runner import BatchRunner
+from rdq_core.engine.settling import ClaimLedger
+from rdq_core.model import TaskStatus
+
+QUEUE = "ahead"
+
+
+class RecordingLedger(ClaimLedger):
+    """Which claims are held, and every task id seen held while some handler ran."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def hold(self, claimed) -> None:
+        with self._lock:
+            for item in claimed:
+                self._held[item.task.id] = item.ref
+
+    def drop(self, refs) -> None:
+        with self._lock:
+            for ref in refs:
+                if self._held.get(ref.task_id) == ref:
+                    del self._held[ref.task_id]
+
+    def held(self) -> set[str]:
+        with self._lock:
+            return set(self._held)
+
+
+def _loop(storage, registry, ledger, batch, should_stop=lambda: False, settle_behind=True) -> ClaimLoop:
+    return ClaimLoop(storage, BatchRunner(storage, registry=registry), queues=lambda: [QUEUE], batch_size=batch,
+                     lease_seconds=lambda: 30, ledger=ledger, claim_ahead=True, should_stop=should_stop,
+                     settle_behind=settle_behind)
+
+
+def _enqueue(storage, n: int) -> None:
+    client = Client(storage)
+    for start in range(0, n, 100):
+        client.enqueue_many(QUEUE, [{"handler": "quick", "id": f"t{i:04d}"} for i in range(start, min(n, start + 100))])
+
+
+def test_every_task_runs_once_when_two_loops_claim_ahead(storage):
+    runs: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def quick(payload, ctx):
+        with lock:
+            runs[ctx.task_id] += 1
+
+    registry = HandlerRegistry()
+    registry.register("quick", quick, timeout_seconds=5)
+    _enqueue(storage, 600)
+    ledger = RecordingLedger()
+    report = run_concurrently(_loop(storage, registry, ledger, batch=20), 2)
+    assert report.started == 600 and set(runs.values()) == {1} and len(runs) == 600
+    assert storage.stats(QUEUE).succeeded == 600 and not ledger.held()
+
+
+def test_the_batch_claimed_ahead_is_held_while_it_waits(storage):
+    # Each batch settled before the next is claimed (no settle behind): without claiming ahead
+    # at most one batch is ever held. Seen from the handlers, a second batch is held too --
+    # claimed ahead, its leases renewed with the rest -- and never a third.
+    ledger = RecordingLedger()
+    held_counts: list[int] = []
+
+    def quick(payload, ctx):
+        held_counts.append(len(ledger.held()))
+
+    registry = HandlerRegistry()
+    registry.register("quick", quick, timeout_seconds=5)
+    _enqueue(storage, 200)
+    _loop(storage, registry, ledger, batch=10, settle_behind=False).run()
+    assert storage.stats(QUEUE).succeeded == 200 and not ledger.held()
+    assert max(held_counts) > 10, "no batch was ever claimed ahead"
+    assert max(held_counts) <= 20, "more than one batch was claimed ahead"
+
+
+def test_a_stopping_loop_releases_the_batch_it_claimed_ahead(storage):
+    stop = threading.Event()
+    started: list[str] = []
+
+    def quick(payload, ctx):
+        started.append(ctx.task_id)
+        if len(started) == 25:
+            stop.set()  # mid-batch: the rest of this batch is set aside, the next one was claimed ahead
+
+    registry = HandlerRegistry()
+    registry.register("quick", quick, timeout_seconds=5)
+    _enqueue(storage, 100)
+    ledger = RecordingLedger()
+    report = _loop(storage, registry, ledger, batch=10, should_stop=stop.is_set).run()
+    stats = storage.stats(QUEUE)
+    assert report.started == len(started) == stats.succeeded == 25
+    assert stats.in_flight == 0 and stats.pending == 75 and not ledger.held()
+    unstarted = [storage.get(f"t{i:04d}") for i in range(100) if f"t{i:04d}" not in started]
+    assert all(t.status is TaskStatus.PENDING and t.attempt_count == 0 and not t.attempts for t in unstarted)
+
+
+def test_slow_batches_are_not_claimed_ahead(storage):
+    ledger = RecordingLedger()
+    most_held: list[int] = []
+    gate = threading.Event()
+
+    def slow(payload, ctx):
+        most_held.append(len(ledger.held()))
+        gate.wait(CLAIM_AHEAD_MAX_RUN_SECONDS / 5)  # five a batch: each batch outlasts the bound
+
+    registry = HandlerRegistry()
+    registry.register("quick", slow, timeout_seconds=5)
+    _enqueue(storage, 15)
+    _loop(storage, registry, ledger, batch=5, settle_behind=False).run()
+    assert storage.stats(QUEUE).succeeded == 15
+    assert max(most_held) <= 5, "a batch of slow tasks was claimed ahead"
