@@ -170,16 +170,20 @@ class ClaimAhead:
     Its claims are held in the ledger (their leases renewed) from the moment they come back, and
     the loop takes them for its next claim of the same queue; a batch the loop does not take
     (it stops, fails, or its next claim is of another queue or size) is released. At most one
-    batch ahead, so a worker never holds more than two batches."""
+    batch is claimed ahead. ``release_now`` (a host about to exit at once, from another thread)
+    releases it and makes sure the loop never runs it."""
 
     def __init__(self, loop: ClaimLoop) -> None:
         self._loop = loop
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._key: tuple[str, int, float] | None = None
         self._claimed: list[ClaimedTask] = []
         self._error: BaseException | None = None
+        self._released = False
         #: How long the loop's last batch of each queue took to run.
         self.last_run: dict[str, float] = {}
+        loop.runner.track_claimed_ahead(self)
 
     def worth_it(self, queue: str, claimed: int, size: int) -> bool:
         return claimed >= size and self.last_run.get(queue, math.inf) <= CLAIM_AHEAD_MAX_RUN_SECONDS
@@ -191,13 +195,20 @@ class ClaimAhead:
             try:
                 claimed = loop.storage.claim(queue, size, lease, loop.runner.policies.flow_for(queue),
                                              **loop._claim_options)
-                if loop.ledger is not None:
-                    loop.ledger.hold(claimed)
-                self._claimed = claimed
             except BaseException as exc:  # noqa: BLE001 - raised on the loop's thread by take()
                 self._error = exc
+                return
+            with self._lock:
+                if not self._released:
+                    if loop.ledger is not None:
+                        loop.ledger.hold(claimed)
+                    self._claimed, claimed = claimed, []
+            self._release(claimed)  # the host released everything while this claim was on its way
 
-        self._key, self._claimed, self._error = (queue, size, lease), [], None
+        with self._lock:
+            if self._released:
+                return
+            self._key, self._claimed, self._error = (queue, size, lease), [], None
         self._thread = threading.Thread(target=claim, name="rdq-claim-ahead", daemon=True)
         self._thread.start()
 
@@ -210,21 +221,34 @@ class ClaimAhead:
         claimed, error = self._collect()
         if error is not None:
             raise error
+        if self._released:
+            return []  # released by release_now: the host is exiting
         if key != (queue, size, lease):
             self._release(claimed)
             return None
         return claimed
 
+    def release_now(self) -> int:
+        """Release the batch waiting here (and one still on its way, once it arrives); the loop
+        gets nothing from here afterwards. Returns how many claims were released now."""
+        with self._lock:
+            self._released = True
+            claimed, self._claimed = self._claimed, []
+        self._release(claimed)
+        return len(claimed)
+
     def close(self) -> None:
         """Release what was claimed ahead and not taken."""
         claimed, _ = self._collect()
         self._release(claimed)
+        self._loop.runner.track_claimed_ahead(self, tracked=False)
 
     def _collect(self) -> tuple[list[ClaimedTask], BaseException | None]:
         if self._thread is not None:
             self._thread.join()
-        found = (self._claimed, self._error)
-        self._thread, self._key, self._claimed, self._error = None, None, [], None
+        with self._lock:
+            found = (self._claimed, self._error)
+            self._thread, self._key, self._claimed, self._error = None, None, [], None
         return found
 
     def _release(self, claimed: list[ClaimedTask]) -> None:

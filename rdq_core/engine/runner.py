@@ -23,7 +23,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from . import outcomes
 from .execution import HandlerExecution, Overrun
@@ -91,6 +91,9 @@ class BatchRunner:
         self.settler = Settler(storage, self.telemetry, lease_seconds=lease_seconds, clock=clock, sleep=sleep)
         self._lock = threading.Lock()
         self._active_batches: list[_ActiveBatch] = []
+        #: Batches claimed ahead of their run (``rdq_core.engine.claiming.ClaimAhead``), each with
+        #: ``release_now() -> int``, for ``settle_and_release_now``.
+        self._claimed_ahead: list[Any] = []
 
     @property
     def lease_seconds(self) -> float:
@@ -110,10 +113,20 @@ class BatchRunner:
         """Handlers running past their timeout right now; their tasks are still held."""
         return self.execution.overruns()
 
+    def track_claimed_ahead(self, waiting: Any, tracked: bool = True) -> None:
+        """Count ``waiting`` (a ``ClaimAhead``) among what ``settle_and_release_now`` releases, or
+        stop counting it."""
+        with self._lock:
+            if tracked:
+                self._claimed_ahead.append(waiting)
+            elif waiting in self._claimed_ahead:
+                self._claimed_ahead.remove(waiting)
+
     def settle_and_release_now(self) -> int:
         """For a host about to exit at once (a second Ctrl-C): write every buffered outcome and
-        release every claim whose handler has not started, in every batch in progress. Running
-        handlers are left to their leases. Returns the number of claims released."""
+        release every claim whose handler has not started, in every batch in progress and every
+        batch claimed ahead. Running handlers are left to their leases. Returns the number of
+        claims released."""
         with self._lock:
             active = list(self._active_batches)
         released = 0
@@ -123,6 +136,10 @@ class BatchRunner:
             self.settler.release(batch.cursor.take_unstarted(), batch.report, batch.ledger, batch.deadline,
                                  batch.lease_seconds)
             released += batch.report.released - before
+        with self._lock:
+            ahead = list(self._claimed_ahead)
+        for waiting in ahead:
+            released += waiting.release_now()
         return released
 
     def run(

@@ -12,6 +12,7 @@ from rdq_core.engine.handlers import HandlerRegistry
 from rdq_core.engine.runner import BatchRunner
 from rdq_core.engine.settling import ClaimLedger
 from rdq_core.model import TaskStatus
+from rdq_testing.conditions import wait_until
 
 QUEUE = "ahead"
 
@@ -123,3 +124,35 @@ def test_slow_batches_are_not_claimed_ahead(storage):
     _loop(storage, registry, ledger, batch=5, settle_behind=False).run()
     assert storage.stats(QUEUE).succeeded == 15
     assert max(most_held) <= 5, "a batch of slow tasks was claimed ahead"
+
+
+def test_stopping_at_once_releases_the_batch_claimed_ahead_and_never_runs_it(storage):
+    # A second Ctrl-C: the host sets its stop flag and calls settle_and_release_now from another
+    # thread, then exits. Here the loop goes on instead, so a batch released while waiting ahead
+    # would show up run twice-held if the loop could still take it.
+    stop = threading.Event()
+    started: list[str] = []
+    released: list[int] = []
+    registry = HandlerRegistry()
+    ledger = RecordingLedger()
+    loop = _loop(storage, registry, ledger, batch=10, should_stop=stop.is_set, settle_behind=False)
+
+    def quick(payload, ctx):
+        started.append(ctx.task_id)
+        if len(started) == 25:
+            # This batch (10) and the next one, once its claim ahead has come back (10), held.
+            wait_until(lambda: len(ledger.held()) == 20, timeout=10, what="the batch claimed ahead")
+            stop.set()
+            done = threading.Thread(target=lambda: released.append(loop.runner.settle_and_release_now()))
+            done.start()
+            done.join()
+
+    registry.register("quick", quick, timeout_seconds=5)
+    _enqueue(storage, 100)
+    loop.run()
+    stats = storage.stats(QUEUE)
+    assert stats.in_flight == 0 and stats.succeeded == len(started) == 25 and stats.pending == 75
+    # The rest of the running batch (5) and the batch waiting ahead (10) were released at once.
+    assert released == [15]
+    unstarted = [storage.get(f"t{i:04d}") for i in range(100) if f"t{i:04d}" not in started]
+    assert all(t.status is TaskStatus.PENDING and t.attempt_count == 0 and not t.attempts for t in unstarted)
