@@ -90,12 +90,17 @@ class HeartbeatLedger(ClaimLedger):
         try:
             self.storage.extend_leases(refs, self.lease_seconds)
         except StaleClaim as exc:
-            # Only possible after the store was out of reach for longer than a lease: those
-            # claims are someone else's now. Stop renewing them (their outcome will be fenced off).
-            self.lost.update(exc.task_ids)
-            lost = set(exc.task_ids)
-            self.drop([ref for ref in refs if ref.task_id in lost])
-            log.warning("lost the lease of %d task(s); their outcome will be fenced off", len(exc.task_ids))
+            # A claim settled or released while this beat was on its way is refused too, and is
+            # no longer held by the time the refusal comes back: its settle won the race, nothing
+            # was lost. One still held is lost -- only possible after the store was out of reach
+            # for longer than a lease: it is someone else's now. Stop renewing it (its outcome
+            # will be fenced off).
+            still_held = {ref.task_id for ref in self.held()}
+            lost = set(exc.task_ids) & still_held
+            if lost:
+                self.lost.update(lost)
+                self.drop([ref for ref in refs if ref.task_id in lost])
+                log.warning("lost the lease of %d task(s); their outcome will be fenced off", len(lost))
         except StorageUnavailable as exc:
             self.health.failed("heartbeat", exc)  # retried next beat
             return
