@@ -210,7 +210,10 @@ def run_on_barrier(argv: list[str], processes: int, *, env: dict[str, str] | Non
                    timeout: float = 300.0) -> list[dict[str, Any]]:
     """Start ``processes`` copies of ``python <argv>``, release them together once every one is
     connected (a ``ready`` line each, then ``go`` to all), and return each one's last output
-    line as JSON. Each process runs in a session of its own and is stopped by PID afterwards."""
+    line as JSON, with ``spawned``: the wall time just before the first process was started
+    (what a drain counted with start-up begins at). Each process runs in a session of its own
+    and is stopped by PID afterwards."""
+    spawned = time.time()
     procs = [
         subprocess.Popen([sys.executable, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                          env=env if env is not None else child_env(), cwd=cwd, start_new_session=True)
@@ -230,7 +233,7 @@ def run_on_barrier(argv: list[str], processes: int, *, env: dict[str, str] | Non
         deadline = time.monotonic() + timeout
         for proc in procs:
             out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            reports.append(json.loads(out.strip().splitlines()[-1]))
+            reports.append({**json.loads(out.strip().splitlines()[-1]), "spawned": spawned})
         return reports
     finally:
         for proc in procs:

@@ -126,3 +126,26 @@ def test_smoke_startup_times_exec_to_first_claim_on_each_store(tmp_path):
     # harness waits: the figure is the worker's, not a timeout's.
     for store in ("sqlite", "postgres"):
         assert medians["python -c pass"] < medians[f"{store}: exec to first claim"] < 20_000
+
+
+@pytest.mark.timeout(120)
+def test_smoke_backlog_curve_reports_with_and_without_start_up(tmp_path):
+    problem = _servers_unreachable()
+    if problem:
+        servers.fail_or_skip(f"benchmark servers unreachable: {problem}")
+    systems = "rdq-postgres,rdq-redis"
+    if importlib.util.find_spec("pgqueuer") and importlib.util.find_spec("asyncpg"):
+        systems += ",pgqueuer"
+    out = tmp_path / "curve.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.curve", "--sizes", "300,600", "--runs", "1", "--systems", systems,
+         "--peer-max", "300", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=110,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    medians = json.loads(out.read_text())["median"]
+    expected = {f"{s}/{n}" for s in systems.split(",") for n in (300, 600) if s.startswith("rdq-") or n <= 300}
+    assert set(medians) == expected
+    # Start-up (imports, connecting) only adds time: the figure with it is the lower one.
+    assert all(0 < m["with"] <= m["without"] for m in medians.values()), medians

@@ -137,6 +137,7 @@ def peer_run(peer: str, n: int, workers: int, timeout: float = 600) -> dict[str,
         # Celery: one worker with a prefork pool of W processes (its recommended deployment);
         # the others: W worker processes.
         processes = 1 if peer == "celery" else workers
+        spawned = time.time()
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "bench.peers.worker", peer, target, queue],
@@ -163,5 +164,6 @@ def peer_run(peer: str, n: int, workers: int, timeout: float = 600) -> dict[str,
         "enqueue_tasks_per_s": n / enqueue_seconds,
         "process_tasks_per_s": n / window,
         "process_seconds": window,
+        "process_with_startup_tasks_per_s": n / (info["last"] - spawned),
         "worker_peak_rss_mb": info["peak_rss_mb"],
     }
