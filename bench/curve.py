@@ -1,7 +1,8 @@
 """The backlog curve: drain throughput of rdq and its peers as the backlog grows.
 
 ``python -m bench.curve [--sizes 20000,100000,1000000] [--runs 3] [--workers 2]
-[--systems rdq-postgres,pgqueuer,rdq-redis,celery] [--peer-max 100000] [--out bench/results/curve.json]``
+[--systems rdq-postgres,pgqueuer,rdq-redis,celery] [--peer-max 100000] [--out bench/results/curve.json]
+[--plot FILE.svg]``; ``python -m bench.curve --replot RESULTS.json --plot FILE.svg`` draws a saved run.
 
 For each backlog size and repetition, each system in turn (so drift hits them alike): enqueue N
 no-op tasks, then drain them with W worker processes (Celery: one worker with a pool of W), the
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends import BackendSession
+from .curve_plot import write_svg
 from .common import load_average, machine_facts, median
 
 BATCH = 100
@@ -51,7 +53,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--systems", default="rdq-postgres,pgqueuer,rdq-redis,celery")
     parser.add_argument("--peer-max", type=int, default=100_000)
     parser.add_argument("--out", default="bench/results/curve.json")
+    parser.add_argument("--plot", metavar="FILE.svg", help="also draw the medians as a chart (log-scale backlog)")
+    parser.add_argument("--replot", metavar="RESULTS.json", help="only draw --plot from a saved run")
     args = parser.parse_args(argv)
+    if args.replot:
+        saved = json.loads(Path(args.replot).read_text())
+        write_svg(saved["median"], Path(args.plot or "curve.svg"), saved["config"]["workers"])
+        return
     sizes = [int(x) for x in args.sizes.split(",")]
     systems = args.systems.split(",")
     backends = tuple(sorted({s.removeprefix("rdq-") for s in systems if s.startswith("rdq-")}))
@@ -79,6 +87,8 @@ def main(argv: list[str]) -> None:
     Path(args.out).write_text(json.dumps({
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(began)), "machine": machine_facts(),
         "config": vars(args), "load": load, "samples": samples, "median": summary}, indent=2))
+    if args.plot:
+        write_svg(summary, Path(args.plot), args.workers)
     print(f"\nmedian tasks/s (W={args.workers}, batch {BATCH} for rdq): without start-up / with start-up")
     for key, value in summary.items():
         print(f"  {key:28s} {value['without']:9.0f} {value['with']:9.0f}   ({value['runs']} runs)")
