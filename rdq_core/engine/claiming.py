@@ -156,10 +156,10 @@ def _claim_takes_worker(storage: Storage) -> bool:
     return any(p.name == "worker" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
-#: A loop claims its next batch while it runs this one only when this one came back full and
-#: the queue's previous batch ran within this long: a backlog of quick tasks, where the claim's
-#: round trip is a large part of each batch. Claimed ahead, slower tasks would wait held while
-#: another worker could have run them.
+#: A loop claims its next batch while it runs this one only when this one came back full (and
+#: is bigger than one task) and the queue's previous batch ran within this long: a backlog of
+#: quick tasks, where the claim's round trip is a large part of each batch. Claimed ahead,
+#: slower tasks would wait held while another worker could have run them.
 CLAIM_AHEAD_MAX_RUN_SECONDS = 0.25
 
 
@@ -186,7 +186,9 @@ class ClaimAhead:
         loop.runner.track_claimed_ahead(self)
 
     def worth_it(self, queue: str, claimed: int, size: int) -> bool:
-        return claimed >= size and self.last_run.get(queue, math.inf) <= CLAIM_AHEAD_MAX_RUN_SECONDS
+        # Never with a batch of one: a worker asked to hold one task at a time (slow or
+        # crash-prone handlers) must lose only that task's lease when its process dies.
+        return 1 < size <= claimed and self.last_run.get(queue, math.inf) <= CLAIM_AHEAD_MAX_RUN_SECONDS
 
     def start(self, queue: str, size: int, lease: float) -> None:
         loop = self._loop

@@ -156,3 +156,18 @@ def test_stopping_at_once_releases_the_batch_claimed_ahead_and_never_runs_it(sto
     assert released == [15]
     unstarted = [storage.get(f"t{i:04d}") for i in range(100) if f"t{i:04d}" not in started]
     assert all(t.status is TaskStatus.PENDING and t.attempt_count == 0 and not t.attempts for t in unstarted)
+
+
+def test_a_loop_claiming_one_task_at_a_time_never_claims_ahead(storage):
+    # --batch 1 asks for one task held at a time: a process that dies then costs that one task.
+    ledger = RecordingLedger()
+    held_counts: list[int] = []
+
+    def quick(payload, ctx):
+        held_counts.append(len(ledger.held()))
+
+    registry = HandlerRegistry()
+    registry.register("quick", quick, timeout_seconds=5)
+    _enqueue(storage, 30)
+    _loop(storage, registry, ledger, batch=1, settle_behind=False).run()
+    assert storage.stats(QUEUE).succeeded == 30 and held_counts and max(held_counts) == 1
