@@ -195,8 +195,7 @@ class ClaimAhead:
 
         def claim() -> None:
             try:
-                claimed = loop.storage.claim(queue, size, lease, loop.runner.policies.flow_for(queue),
-                                             **loop._claim_options)
+                claimed = loop.claim(queue, size, lease)
             except BaseException as exc:  # noqa: BLE001 - raised on the loop's thread by take()
                 self._error = exc
                 return
@@ -239,10 +238,15 @@ class ClaimAhead:
         self._release(claimed)
         return len(claimed)
 
-    def close(self) -> None:
-        """Release what was claimed ahead and not taken."""
+    def give_back(self) -> None:
+        """Release what was claimed ahead and not taken (a round of several queues: nothing is
+        claimed ahead then)."""
         claimed, _ = self._collect()
         self._release(claimed)
+
+    def close(self) -> None:
+        """Give back what waits here; the loop is done with it."""
+        self.give_back()
         self._loop.runner.track_claimed_ahead(self, tracked=False)
 
     def _collect(self) -> tuple[list[ClaimedTask], BaseException | None]:
@@ -321,6 +325,10 @@ class ClaimLoop:
         # Given once here, not per claim; left out for a backend whose claim does not take it.
         self._claim_options = {"worker": worker} if worker and _claim_takes_worker(storage) else {}
 
+    def claim(self, queue: str, size: int, lease: float) -> list[ClaimedTask]:
+        """One claim of ``queue`` under its flow policy, named as this loop's."""
+        return self.storage.claim(queue, size, lease, self.runner.policies.flow_for(queue), **self._claim_options)
+
     def stopped(self) -> bool:
         return self.should_stop() or self.clock() >= self.deadline
 
@@ -395,7 +403,7 @@ class ClaimLoop:
         report = ClaimReport()
         queues = self.queues()
         if ahead is not None and len(queues) != 1:
-            ahead.close()
+            ahead.give_back()
             ahead = None
         for queue in queues:
             if self.stopped():
@@ -409,8 +417,7 @@ class ClaimLoop:
             began = self.clock()
             claimed = ahead.take(queue, size, lease) if ahead is not None else None
             if claimed is None:
-                claimed = self.storage.claim(queue, size, lease, self.runner.policies.flow_for(queue),
-                                             **self._claim_options)
+                claimed = self.claim(queue, size, lease)
             if self.health is not None:
                 # Only a call that reached the store ends an outage (a round also returns
                 # normally when the runner gave up on a settle, which proves nothing).

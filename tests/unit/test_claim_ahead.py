@@ -6,42 +6,27 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+import pytest
+
 from rdq_core.client import Client
 from rdq_core.engine.claiming import CLAIM_AHEAD_MAX_RUN_SECONDS, ClaimLoop, run_concurrently
 from rdq_core.engine.handlers import HandlerRegistry
 from rdq_core.engine.runner import BatchRunner
-from rdq_core.engine.settling import ClaimLedger
+from rdq_core.hosts.process.worker import HeartbeatLedger
 from rdq_core.model import TaskStatus
 from rdq_testing.conditions import wait_until
 
 QUEUE = "ahead"
 
 
-class RecordingLedger(ClaimLedger):
-    """Which claims are held, and every task id seen held while some handler ran."""
-
-    def __init__(self) -> None:
-        self._held: dict[str, object] = {}
-        self._lock = threading.Lock()
-
-    def hold(self, claimed) -> None:
-        with self._lock:
-            for item in claimed:
-                self._held[item.task.id] = item.ref
-
-    def drop(self, refs) -> None:
-        with self._lock:
-            for ref in refs:
-                if self._held.get(ref.task_id) == ref:
-                    del self._held[ref.task_id]
-
-    def held(self) -> set[str]:
-        with self._lock:
-            return set(self._held)
+def _ledger(storage) -> HeartbeatLedger:
+    """The ledger ``rdq worker`` keeps (its heartbeat is not started here)."""
+    return HeartbeatLedger(storage, 30.0)
 
 
-def _loop(storage, registry, ledger, batch, should_stop=lambda: False, settle_behind=True) -> ClaimLoop:
-    return ClaimLoop(storage, BatchRunner(storage, registry=registry), queues=lambda: [QUEUE], batch_size=batch,
+def _loop(storage, registry, ledger, batch, should_stop=lambda: False, settle_behind=True,
+          queues=lambda: [QUEUE]) -> ClaimLoop:
+    return ClaimLoop(storage, BatchRunner(storage, registry=registry), queues=queues, batch_size=batch,
                      lease_seconds=lambda: 30, ledger=ledger, claim_ahead=True, should_stop=should_stop,
                      settle_behind=settle_behind)
 
@@ -63,17 +48,16 @@ def test_every_task_runs_once_when_two_loops_claim_ahead(storage):
     registry = HandlerRegistry()
     registry.register("quick", quick, timeout_seconds=5)
     _enqueue(storage, 600)
-    ledger = RecordingLedger()
+    ledger = _ledger(storage)
     report = run_concurrently(_loop(storage, registry, ledger, batch=20), 2)
     assert report.started == 600 and set(runs.values()) == {1} and len(runs) == 600
     assert storage.stats(QUEUE).succeeded == 600 and not ledger.held()
 
 
-def test_the_batch_claimed_ahead_is_held_while_it_waits(storage):
-    # Each batch settled before the next is claimed (no settle behind): without claiming ahead
-    # at most one batch is ever held. Seen from the handlers, a second batch is held too --
-    # claimed ahead, its leases renewed with the rest -- and never a third.
-    ledger = RecordingLedger()
+def _most_held_while_draining(storage, tasks: int, batch: int) -> int:
+    """Drain ``tasks`` quick tasks, each batch settled before the next is claimed (no settle
+    behind), and return the most claims the ledger held while a handler ran."""
+    ledger = _ledger(storage)
     held_counts: list[int] = []
 
     def quick(payload, ctx):
@@ -81,11 +65,18 @@ def test_the_batch_claimed_ahead_is_held_while_it_waits(storage):
 
     registry = HandlerRegistry()
     registry.register("quick", quick, timeout_seconds=5)
-    _enqueue(storage, 200)
-    _loop(storage, registry, ledger, batch=10, settle_behind=False).run()
-    assert storage.stats(QUEUE).succeeded == 200 and not ledger.held()
-    assert max(held_counts) > 10, "no batch was ever claimed ahead"
-    assert max(held_counts) <= 20, "more than one batch was claimed ahead"
+    _enqueue(storage, tasks)
+    _loop(storage, registry, ledger, batch=batch, settle_behind=False).run()
+    assert storage.stats(QUEUE).succeeded == tasks and not ledger.held() and held_counts
+    return max(held_counts)
+
+
+def test_the_batch_claimed_ahead_is_held_while_it_waits(storage):
+    # Without claiming ahead at most one batch is ever held. Seen from the handlers, a second
+    # batch is held too -- claimed ahead, its leases renewed with the rest -- and never a third.
+    most = _most_held_while_draining(storage, 200, batch=10)
+    assert most > 10, "no batch was ever claimed ahead"
+    assert most <= 20, "more than one batch was claimed ahead"
 
 
 def test_a_stopping_loop_releases_the_batch_it_claimed_ahead(storage):
@@ -100,7 +91,7 @@ def test_a_stopping_loop_releases_the_batch_it_claimed_ahead(storage):
     registry = HandlerRegistry()
     registry.register("quick", quick, timeout_seconds=5)
     _enqueue(storage, 100)
-    ledger = RecordingLedger()
+    ledger = _ledger(storage)
     report = _loop(storage, registry, ledger, batch=10, should_stop=stop.is_set).run()
     stats = storage.stats(QUEUE)
     assert report.started == len(started) == stats.succeeded == 25
@@ -110,7 +101,7 @@ def test_a_stopping_loop_releases_the_batch_it_claimed_ahead(storage):
 
 
 def test_slow_batches_are_not_claimed_ahead(storage):
-    ledger = RecordingLedger()
+    ledger = _ledger(storage)
     most_held: list[int] = []
     gate = threading.Event()
 
@@ -126,7 +117,8 @@ def test_slow_batches_are_not_claimed_ahead(storage):
     assert max(most_held) <= 5, "a batch of slow tasks was claimed ahead"
 
 
-def test_stopping_at_once_releases_the_batch_claimed_ahead_and_never_runs_it(storage):
+@pytest.mark.parametrize("first_round_queues", [[QUEUE], [QUEUE, "other"]])
+def test_stopping_at_once_releases_the_batch_claimed_ahead_and_never_runs_it(storage, first_round_queues):
     # A second Ctrl-C: the host sets its stop flag and calls settle_and_release_now from another
     # thread, then exits. Here the loop goes on instead, so a batch released while waiting ahead
     # would show up run twice-held if the loop could still take it.
@@ -134,8 +126,16 @@ def test_stopping_at_once_releases_the_batch_claimed_ahead_and_never_runs_it(sto
     started: list[str] = []
     released: list[int] = []
     registry = HandlerRegistry()
-    ledger = RecordingLedger()
-    loop = _loop(storage, registry, ledger, batch=10, should_stop=stop.is_set, settle_behind=False)
+    ledger = _ledger(storage)
+    # The first round serves the queues given (with two, nothing is claimed ahead that round);
+    # every later round serves one queue and claims ahead.
+    rounds: list[int] = []
+
+    def queues() -> list[str]:
+        rounds.append(1)
+        return first_round_queues if len(rounds) == 1 else [QUEUE]
+
+    loop = _loop(storage, registry, ledger, batch=10, should_stop=stop.is_set, settle_behind=False, queues=queues)
 
     def quick(payload, ctx):
         started.append(ctx.task_id)
@@ -160,14 +160,4 @@ def test_stopping_at_once_releases_the_batch_claimed_ahead_and_never_runs_it(sto
 
 def test_a_loop_claiming_one_task_at_a_time_never_claims_ahead(storage):
     # --batch 1 asks for one task held at a time: a process that dies then costs that one task.
-    ledger = RecordingLedger()
-    held_counts: list[int] = []
-
-    def quick(payload, ctx):
-        held_counts.append(len(ledger.held()))
-
-    registry = HandlerRegistry()
-    registry.register("quick", quick, timeout_seconds=5)
-    _enqueue(storage, 30)
-    _loop(storage, registry, ledger, batch=1, settle_behind=False).run()
-    assert storage.stats(QUEUE).succeeded == 30 and held_counts and max(held_counts) == 1
+    assert _most_held_while_draining(storage, 30, batch=1) == 1
