@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 from rdq_core.storage import open_storage
 
 from .backends import BackendSession
-from .common import load_average, machine_facts, median
+from .common import load_average, machine_facts, median, stop_process
 
 QUEUE = "startup"
 
@@ -84,12 +83,7 @@ def one_run(url: str, cwd: Path, rdq: list[str]) -> float:
     try:
         first = _first_start(url, task_id, time.monotonic() + 30)
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        stop_process(worker, timeout=30)
     return (first - started).total_seconds() * 1000
 
 

@@ -31,6 +31,14 @@ def _servers_unreachable() -> str | None:
     return servers.pg_reachable(PG_ADMIN_URL) or servers.redis_reachable(REDIS_URL)
 
 
+def _run_bench(*args: str, timeout: float = 110) -> subprocess.CompletedProcess[str]:
+    """``python -m <args>`` from the repository, this checkout first on the path; the test
+    asserts on the outcome itself."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
 @pytest.mark.timeout(120)
 def test_smoke_run_writes_json_and_markdown(tmp_path):
     problem = _servers_unreachable()
@@ -42,11 +50,7 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
         parts += ",peers"
         extra = ["--peers", "pgqueuer"]
     out = tmp_path / "results"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", "run", "--smoke", "--out", str(out), "--parts", parts, *extra],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=110,
-    )
+    proc = _run_bench("bench", "run", "--smoke", "--out", str(out), "--parts", parts, *extra)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((out / "results.json").read_text())
     assert data["errors"] == []
@@ -73,12 +77,8 @@ def test_smoke_latency_and_steady_load(tmp_path):
         servers.fail_or_skip(f"benchmark servers unreachable: {problem}")
     with_pgqueuer = bool(importlib.util.find_spec("pgqueuer") and importlib.util.find_spec("asyncpg"))
     out = tmp_path / "results"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", "run", "--smoke", "--out", str(out), "--parts", "latency,steady",
-         "--peers", "pgqueuer" if with_pgqueuer else ""],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=140,
-    )
+    proc = _run_bench("bench", "run", "--smoke", "--out", str(out), "--parts", "latency,steady",
+                      "--peers", "pgqueuer" if with_pgqueuer else "", timeout=140)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((out / "results.json").read_text())
     assert data["errors"] == []
@@ -115,11 +115,7 @@ def test_smoke_startup_times_exec_to_first_claim_on_each_store(tmp_path):
     if problem:
         servers.fail_or_skip(f"benchmark servers unreachable: {problem}")
     out = tmp_path / "startup.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.startup", "--runs", "1", "--backends", "sqlite,postgres", "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=110,
-    )
+    proc = _run_bench("bench.startup", "--runs", "1", "--backends", "sqlite,postgres", "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     medians = json.loads(out.read_text())["median_ms"]
     # A start is slower than a bare interpreter and, on this loopback, well under the 30 s the
@@ -137,12 +133,8 @@ def test_smoke_backlog_curve_reports_with_and_without_start_up(tmp_path):
     if importlib.util.find_spec("pgqueuer") and importlib.util.find_spec("asyncpg"):
         systems += ",pgqueuer"
     out = tmp_path / "curve.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.curve", "--sizes", "300,600", "--runs", "1", "--systems", systems,
-         "--peer-max", "300", "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=110,
-    )
+    proc = _run_bench("bench.curve", "--sizes", "300,600", "--runs", "1", "--systems", systems,
+                      "--peer-max", "300", "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     medians = json.loads(out.read_text())["median"]
     expected = {f"{s}/{n}" for s in systems.split(",") for n in (300, 600) if s.startswith("rdq-") or n <= 300}
