@@ -264,7 +264,9 @@ BEGIN
                 LIMIT p_total
             ),
             ranked AS (
+                -- cap: the task's key's limit (NULL: the key is not limited).
                 SELECT c.id, c.concurrency_key,
+                       coalesce((p_key_limits::jsonb ->> c.concurrency_key)::int, p_default_limit::int) AS cap,
                        CASE WHEN p_aging::float8 IS NULL THEN c.priority ELSE 0 END AS first,
                        c.next_attempt_at + coalesce(p_aging::float8, 0) * c.priority * interval '1 second' AS second
                 FROM candidates AS c
@@ -274,10 +276,7 @@ BEGIN
                 FROM (SELECT r.*, row_number() OVER (PARTITION BY r.concurrency_key ORDER BY r.first, r.second, r.id) AS nth
                       FROM ranked AS r) AS r
                 LEFT JOIN running ON running.key = r.concurrency_key
-                WHERE r.concurrency_key IS NULL
-                   OR coalesce((p_key_limits::jsonb ->> r.concurrency_key)::int, p_default_limit::int) IS NULL
-                   OR coalesce(running.n, 0) + r.nth
-                      <= coalesce((p_key_limits::jsonb ->> r.concurrency_key)::int, p_default_limit::int)
+                WHERE r.concurrency_key IS NULL OR r.cap IS NULL OR coalesce(running.n, 0) + r.nth <= r.cap
                 ORDER BY r.first, r.second, r.id
                 LIMIT (SELECT n FROM budget)
             ),
@@ -302,11 +301,11 @@ BEGIN
             -- whether one exists, and the loop then passes again.
             filled AS MATERIALIZED (
                 SELECT coalesce(array_agg(k.key), '{}'::text[]) AS keys
-                FROM (SELECT r.concurrency_key AS key, count(*) AS chosen FROM ranked AS r
-                      WHERE r.concurrency_key IS NOT NULL AND r.id IN (SELECT id FROM allowed) GROUP BY r.concurrency_key) AS k
+                FROM (SELECT r.concurrency_key AS key, r.cap, count(*) AS chosen FROM ranked AS r
+                      WHERE r.concurrency_key IS NOT NULL AND r.id IN (SELECT id FROM allowed)
+                      GROUP BY r.concurrency_key, r.cap) AS k
                 LEFT JOIN running ON running.key = k.key
-                WHERE coalesce(running.n, 0) + k.chosen
-                      >= coalesce((p_key_limits::jsonb ->> k.key)::int, p_default_limit::int)
+                WHERE coalesce(running.n, 0) + k.chosen >= k.cap
             ),
             more_behind AS MATERIALIZED (
                 SELECT (SELECT count(*) FROM allowed) < (SELECT n FROM budget)
