@@ -88,6 +88,9 @@ def main() -> None:
     parser.add_argument("--grace", type=float, default=1.0)
     parser.add_argument("--budget-min", type=float, default=3.0)
     parser.add_argument("--budget-max", type=float, default=6.0)
+    # The fleet's cap (worker slots): the harness passes its container count, so invocations
+    # of every live container race for the same tasks, as a fleet at its cap does.
+    parser.add_argument("--fleet-cap", type=int, default=4)
     args = parser.parse_args()
     # The Lambda host reads these at import; the test process may not have set them (this
     # repository's tests/conftest.py does). Tracing off keeps the X-Ray SDK out of cold starts.
@@ -129,7 +132,7 @@ def main() -> None:
         settings = Settings(
             queues=(args.queue,), policies_json=policies, batch_size=args.batch,
             lease_grace_seconds=args.grace, settle_reserve_seconds=reserve,
-            max_worker_concurrency=1, wake_worker=False,
+            max_worker_concurrency=args.fleet_cap, wake_worker=False,
         )
         # The deadline the killer enforces is taken at the same instant as the context's.
         context = CountdownContext(budget, f"chaos-{args.seed}-{number}")

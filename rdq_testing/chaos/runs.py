@@ -36,7 +36,7 @@ from rdq_core.storage.spi import Storage
 from ..conditions import present
 from .fleet import FAST_BACKOFF, LEASE_SECONDS, MAX_ATTEMPTS, QUEUE, ChaosFailure, Feed, Fleet, Reaper, Watcher, python_module
 from .history import Audit, audit
-from .journal import ChaosProcess, Clock
+from .journal import ChaosProcess, Clock, Invocation
 from .killer import LAMBDA_INTENTS, LAMBDA_REQUIRED, RUNNER_INTENTS, RUNNER_REQUIRED, Killer
 from .lambda_container import EXTEND_HANDLER, HANDLER as LAMBDA_HANDLER, OVERRUN_HANDLER
 from .worker import HANDLER, TIGHT_HANDLER
@@ -252,6 +252,18 @@ def lambda_workload(tasks: int, rng: random.Random, start: int = 0) -> list[NewT
     return items
 
 
+def _most_at_once(invocations: Sequence[Invocation]) -> int:
+    """The most invocations that returned having claimed work whose runs overlapped."""
+    worked = [inv for inv in invocations
+              if inv.returned is not None and inv.result.startswith("ok ") and "claimed=0" not in inv.result.split()]
+    edges = sorted(edge for inv in worked for edge in ((inv.begin, 1), (inv.returned, -1)))
+    most = running = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return most
+
+
 def run_lambda_chaos(
     storage: Storage,
     url: str,
@@ -277,7 +289,7 @@ def run_lambda_chaos(
     def command(journal: Path, number: int) -> list[str]:
         line = [*python_module("rdq_testing.chaos.lambda_container"), url, QUEUE, str(journal),
                 "--seed", str(seed + number), "--grace", str(grace), "--budget-min", str(budget[0]),
-                "--budget-max", str(budget[1]), "--dwell-ms", "3"]
+                "--budget-max", str(budget[1]), "--dwell-ms", "3", "--fleet-cap", str(containers)]
         for module in plugin_modules:
             line += ["--plugin", module]
         return line
@@ -309,6 +321,7 @@ def run_lambda_chaos(
     elapsed, reaper = _run_fleet(url, fleet, killer, feed, containers, timeout, reaper_every=0.1,
                                  on_tick=enforce_deadlines)
     invocations = [inv for p in fleet.spawned for inv in p.journal.invocations]
+    most_at_once = _most_at_once(invocations)
     late = round(max([(present(p.killed_at, f"when {p.name} was killed") - p.journal.invocations[-1].deadline) * 1000
                       for p in deadline_kills], default=0.0), 1)
     figures: dict[str, object] = {
@@ -322,6 +335,7 @@ def run_lambda_chaos(
         "invocations_returned": sum(1 for inv in invocations if inv.returned is not None),
         "invocations_raised": sum(1 for inv in invocations if inv.result.startswith("error")),
         "processes_spawned": len(fleet.spawned),
+        "most_invocations_working_at_once": most_at_once,
     }
     doubts = [f"a deadline kill came {late} ms late, over half the {grace}s lease grace"] if late > grace * 500 else []
     _finish(storage, items, fleet, killer, clock, t0, workdir, reaper, figures, doubts)
@@ -329,6 +343,8 @@ def run_lambda_chaos(
     assert not missing, f"no kill landed in {missing} (the harness could not find that window): {figures}"
     assert deadline_kills, f"no invocation was killed at its deadline: {figures}"
     assert not figures["invocations_raised"], f"run_worker_invocation raised; see {workdir}/lambda-*.out: {figures}"
+    assert containers == 1 or most_at_once >= 2, (
+        f"the containers' invocations never claimed work at the same time (the fleet's cap?): {figures}")
     figures["elapsed_seconds"] = round(elapsed, 2)
     return figures
 
