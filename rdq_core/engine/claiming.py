@@ -161,6 +161,11 @@ def _claim_takes_worker(storage: Storage) -> bool:
 #: quick tasks, where the claim's round trip is a large part of each batch. Claimed ahead,
 #: slower tasks would wait held while another worker could have run them.
 CLAIM_AHEAD_MAX_RUN_SECONDS = 0.25
+#: A batch claimed ahead waits at most this long for the loop to take it. The batch running now
+#: came from a quick queue, but any task in it may turn slow: past this, the tasks waiting
+#: ahead are released (no attempt spent) so that another worker runs them, and the loop claims
+#: afresh when it is done.
+CLAIM_AHEAD_HOLD_SECONDS = 1.0
 
 
 class ClaimAhead:
@@ -169,7 +174,8 @@ class ClaimAhead:
 
     Its claims are held in the ledger (their leases renewed) from the moment they come back, and
     the loop takes them for its next claim of the same queue; a batch the loop does not take
-    (it stops, fails, or its next claim is of another queue or size) is released. At most one
+    (it stops, fails, or its next claim is of another queue or size), or does not take within
+    ``CLAIM_AHEAD_HOLD_SECONDS`` (the batch running turned slow), is released. At most one
     batch is claimed ahead. ``release_now`` (a host about to exit at once, from another thread)
     releases it and makes sure the loop never runs it."""
 
@@ -181,6 +187,11 @@ class ClaimAhead:
         self._claimed: list[ClaimedTask] = []
         self._error: BaseException | None = None
         self._released = False
+        #: Set when the loop comes for the batch (or the host releases it): the claim thread
+        #: stops holding it for the loop then.
+        self._wanted = threading.Event()
+        #: The batch waited longer than CLAIM_AHEAD_HOLD_SECONDS and was released.
+        self._expired = False
         #: How long the loop's last batch of each queue took to run.
         self.last_run: dict[str, float] = {}
         loop.runner.track_claimed_ahead(self)
@@ -193,7 +204,7 @@ class ClaimAhead:
     def start(self, queue: str, size: int, lease: float) -> None:
         loop = self._loop
 
-        def claim() -> None:
+        def claim(wanted: threading.Event) -> None:
             try:
                 claimed = loop.claim(queue, size, lease)
             except BaseException as exc:  # noqa: BLE001 - raised on the loop's thread by take()
@@ -205,12 +216,19 @@ class ClaimAhead:
                         loop.ledger.hold(claimed)
                     self._claimed, claimed = claimed, []
             self._release(claimed)  # the host released everything while this claim was on its way
+            if wanted.wait(CLAIM_AHEAD_HOLD_SECONDS):
+                return
+            with self._lock:  # the batch running now turned slow: let another worker have these
+                waiting, self._claimed = self._claimed, []
+                self._expired = True
+            self._release(waiting)
 
         with self._lock:
             if self._released:
                 return
             self._key, self._claimed, self._error = (queue, size, lease), [], None
-        self._thread = threading.Thread(target=claim, name="rdq-claim-ahead", daemon=True)
+            self._wanted, self._expired = threading.Event(), False
+        self._thread = threading.Thread(target=claim, args=(self._wanted,), name="rdq-claim-ahead", daemon=True)
         self._thread.start()
 
     def take(self, queue: str, size: int, lease: float) -> list[ClaimedTask] | None:
@@ -219,11 +237,13 @@ class ClaimAhead:
         if self._thread is None:
             return None
         key = self._key
-        claimed, error = self._collect()
+        claimed, error, expired = self._collect()
         if error is not None:
             raise error
         if self._released:
             return []  # released by release_now: the host is exiting
+        if expired:
+            return None  # released while it waited: claim afresh
         if key != (queue, size, lease):
             self._release(claimed)
             return None
@@ -235,13 +255,14 @@ class ClaimAhead:
         with self._lock:
             self._released = True
             claimed, self._claimed = self._claimed, []
+        self._wanted.set()
         self._release(claimed)
         return len(claimed)
 
     def give_back(self) -> None:
         """Release what was claimed ahead and not taken (a round of several queues: nothing is
         claimed ahead then)."""
-        claimed, _ = self._collect()
+        claimed, _, _ = self._collect()
         self._release(claimed)
 
     def close(self) -> None:
@@ -249,12 +270,15 @@ class ClaimAhead:
         self.give_back()
         self._loop.runner.track_claimed_ahead(self, tracked=False)
 
-    def _collect(self) -> tuple[list[ClaimedTask], BaseException | None]:
+    def _collect(self) -> tuple[list[ClaimedTask], BaseException | None, bool]:
+        """What the claim ahead left here: (its batch, its error, whether it was released for
+        waiting too long); joins its thread, which stops holding the batch now."""
+        self._wanted.set()
         if self._thread is not None:
             self._thread.join()
         with self._lock:
-            found = (self._claimed, self._error)
-            self._thread, self._key, self._claimed, self._error = None, None, [], None
+            found = (self._claimed, self._error, self._expired)
+            self._thread, self._key, self._claimed, self._error, self._expired = None, None, [], None, False
         return found
 
     def _release(self, claimed: list[ClaimedTask]) -> None:

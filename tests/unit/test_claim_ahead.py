@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from rdq_core.client import Client
+from rdq_core.engine import claiming
 from rdq_core.engine.claiming import CLAIM_AHEAD_MAX_RUN_SECONDS, ClaimLoop, run_concurrently
 from rdq_core.engine.handlers import HandlerRegistry
 from rdq_core.engine.runner import BatchRunner
@@ -130,11 +131,51 @@ def test_slow_batches_are_not_claimed_ahead(storage):
     assert max(most_held) <= 5, "a batch of slow tasks was claimed ahead"
 
 
+def test_a_batch_claimed_ahead_behind_a_task_turned_slow_is_released_for_other_workers(storage):
+    # Batch 1 runs quickly, so batch 3 is claimed ahead when batch 2 starts; batch 2's last task
+    # then blocks. The tasks waiting ahead go back to PENDING (no attempt spent) within
+    # CLAIM_AHEAD_HOLD_SECONDS, and the loop claims afresh once the slow task is done.
+    blocked = threading.Event()
+    unblock = threading.Event()
+    runs: Counter[str] = Counter()
+
+    def quick(payload, ctx):
+        runs[ctx.task_id] += 1
+        if ctx.task_id == "t0009":
+            blocked.set()
+            unblock.wait(20)
+
+    registry = HandlerRegistry()
+    registry.register("quick", quick, timeout_seconds=30)
+    _enqueue(storage, 15)
+    ledger = _ledger(storage)
+    loop = threading.Thread(target=_loop(storage, registry, ledger, batch=5, settle_behind=False).run)
+    loop.start()
+    try:
+        assert blocked.wait(10), "the slow task never started"
+        ahead = [f"t{i:04d}" for i in range(10, 15)]
+        wait_until(lambda: all(storage.get(i).status is TaskStatus.IN_FLIGHT for i in ahead), timeout=10,
+                   what="the batch claimed ahead")
+        # Then, t0009 still running, the batch ahead goes back as it was.
+        wait_until(lambda: storage.stats(QUEUE).pending == 5, timeout=10, what="the batch claimed ahead to be released")
+        waiting = [storage.get(i) for i in ahead]
+        assert all(t.status is TaskStatus.PENDING and t.attempt_count == 0 and not t.attempts for t in waiting)
+        assert storage.get("t0009").status is TaskStatus.IN_FLIGHT and not set(ahead) & {ref.task_id for ref in ledger.held()}
+    finally:
+        unblock.set()
+        loop.join(20)
+    assert not loop.is_alive()
+    assert storage.stats(QUEUE).succeeded == 15 and set(runs.values()) == {1} and len(runs) == 15
+    assert not ledger.held()
+
+
 @pytest.mark.parametrize("first_round_queues", [[QUEUE], [QUEUE, "other"]])
-def test_stopping_at_once_releases_the_batch_claimed_ahead_and_never_runs_it(storage, first_round_queues):
+def test_stopping_at_once_releases_the_batch_claimed_ahead_and_never_runs_it(storage, first_round_queues, monkeypatch):
     # A second Ctrl-C: the host sets its stop flag and calls settle_and_release_now from another
     # thread, then exits. Here the loop goes on instead, so a batch released while waiting ahead
     # would show up run twice-held if the loop could still take it.
+    # (The batch ahead must still be waiting when the stop comes, however loaded the machine.)
+    monkeypatch.setattr(claiming, "CLAIM_AHEAD_HOLD_SECONDS", 60.0)
     stop = threading.Event()
     started: list[str] = []
     released: list[int] = []
