@@ -227,6 +227,34 @@ def test_a_start_whose_invoke_fails_is_given_back(client, lambda_context, monkey
     assert client.storage.worker_slots_held(FLEET) == 0, "no reservation outlives a refused invoke"
 
 
+def test_a_wake_up_within_the_debounce_still_wakes_a_fleet_gone_idle(client, lambda_context, monkeypatch):
+    """The worker woken a moment ago may have finished already: an enqueue then must not wait for
+    the schedule's next tick. Within the debounce, only an idle fleet (no slot held or pending)
+    gets a worker."""
+    monkeypatch.setenv("RDQ_MAX_WORKER_CONCURRENCY", "2")
+    monkeypatch.setenv("RDQ_WAKE_DEBOUNCE_SECONDS", "3600")
+    recorder = RecordingLambdaClient()
+    monkeypatch.setattr(invoker, "_client", recorder)
+    monkeypatch.setattr(invoker, "_last_wake", float("-inf"))
+    call(request("POST", "/v1/queues/slots/tasks", {"handler": "quick"}), lambda_context)
+    call(request("POST", "/v1/queues/slots/tasks", {"handler": "quick"}), lambda_context)
+    assert len(recorder.invocations) == 1, "the first worker is on its way: it claims both"
+    done = worker.lambda_handler(recorder.invocations[0]["Payload"], lambda_context(FLEET, 20))
+    assert done["claimed"] == 2 and client.storage.worker_slots_held(FLEET) == 0
+
+    call(request("POST", "/v1/queues/slots/tasks", {"handler": "quick"}), lambda_context)
+    assert len(recorder.invocations) == 2, "the fleet went idle: the debounce must not strand the task"
+    start = WorkerStart.from_event(recorder.invocations[1]["Payload"]["detail"]["start"])
+    assert start is not None and client.storage.worker_starts_pending(FLEET) == 1
+    worker.lambda_handler(recorder.invocations[1]["Payload"], lambda_context(FLEET, 20))
+
+    slot = client.storage.take_worker_slot(FLEET, 2, 60)  # a worker running: it claims what comes
+    assert slot is not None
+    call(request("POST", "/v1/queues/slots/tasks", {"handler": "quick"}), lambda_context)
+    assert len(recorder.invocations) == 2, "within the debounce, a running worker is enough"
+    assert client.storage.free_worker_slot(slot)
+
+
 def test_an_api_wake_up_reserves_the_slot_its_worker_takes(client, lambda_context, monkeypatch):
     monkeypatch.setenv("RDQ_MAX_WORKER_CONCURRENCY", "2")
     monkeypatch.setenv("RDQ_WAKE_DEBOUNCE_SECONDS", "0")

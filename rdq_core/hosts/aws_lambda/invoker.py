@@ -10,9 +10,10 @@ caller never waits for the work. Bounds:
   exactly those; each invoked worker takes its reservation over. The slots, not the kind of
   invocation, bound the fleet, so there is no chain reaction, and no invocation is started only
   to find every slot held;
-* wake-up: at most one per ``RDQ_WAKE_DEBOUNCE_SECONDS`` per API container, and only into a slot
-  it reserved (none while every slot is held or pending: the running workers claim what was
-  enqueued, and start more as they end).
+* wake-up: only into a slot it reserved (none while every slot is held or pending: the running
+  workers claim what was enqueued, and start more as they end); within
+  ``RDQ_WAKE_DEBOUNCE_SECONDS`` of an API container's last wake-up, only when the fleet is idle
+  (its worker may have come and gone; skipping then would leave the work to the next tick).
 
 A reservation whose invoke fails is given back at once; one whose invocation never runs frees
 itself after ``START_LEASE_SECONDS``.
@@ -66,6 +67,15 @@ class FleetStarts:
     def reserve(self, fleet_size: int, most: int | None = None) -> list[WorkerStart]:
         return self.storage.reserve_worker_starts(self.fleet, self.cap, START_LEASE_SECONDS,
                                                   fleet_size=fleet_size, most=most)
+
+    def idle(self) -> bool:
+        """No slot of the fleet held or pending: no worker is running or on its way. False when
+        the store cannot tell (a worker may be running then; the tick is the fallback)."""
+        try:
+            return self.storage.worker_slots_held(self.fleet) == 0
+        except StorageUnavailable as exc:
+            log.warning("the fleet's slots could not be read for a wake-up: %s", exc)
+            return False
 
     def give_back(self, starts: Sequence[WorkerStart]) -> None:
         """Best-effort: a reservation not given back frees itself after its lease."""
@@ -143,19 +153,27 @@ class WorkerInvoker:
 
     def wake(self, function: str, queues: Sequence[str], debounce_seconds: float,
              wait_seconds: float = WAKE_WAIT_SECONDS, fleet: FleetStarts | None = None) -> bool:
-        """Wake one worker unless one was woken within ``debounce_seconds`` or, with ``fleet``, no
-        slot can be reserved for it (every one held or pending: a wake-up would find none); True
-        if the invoke was accepted within ``wait_seconds`` (it may still be accepted later)."""
+        """Wake one worker unless, with ``fleet``, no slot can be reserved for it (every one held
+        or pending: a wake-up would find none); True if the invoke was accepted within
+        ``wait_seconds`` (it may still be accepted later).
+
+        Within ``debounce_seconds`` of this container's last wake-up, a worker is woken only if the
+        fleet is idle (no slot held or pending, one read): the worker woken then may have finished
+        already, and skipping would leave this work waiting for the schedule's next tick.
+        Without ``fleet``, nothing is woken within that time."""
         with self._lock:
             now = self._clock()
-            if now - self._last_wake < debounce_seconds:
-                return False
+            recent = now - self._last_wake < debounce_seconds
+        if recent and (fleet is None or not fleet.idle()):
+            return False
+        with self._lock:
             self._last_wake = now
         detail: dict[str, Any] = {"queues": list(queues)}
         start: WorkerStart | None = None
         if fleet is not None:
             try:
-                reserved = fleet.reserve(fleet.cap, most=1)
+                # Recent: only into an idle fleet, which the store decides (the read may be stale).
+                reserved = fleet.reserve(1 if recent else fleet.cap, most=1)
             except StorageUnavailable as exc:
                 # The answer is committed: a worker woken without a reservation takes a slot itself.
                 log.warning("no worker start reserved for the wake-up: %s", exc)
