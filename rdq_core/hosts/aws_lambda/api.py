@@ -22,6 +22,7 @@ from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from ...errors import RdqError, StorageUnavailable
 from ...problems import PROBLEM_JSON, ApiProblem, problem_for, problem_json
 from .invocation import ModulePin
+from .invoker import invoker
 from .observability import logger, metrics, tracer
 from .request import ApiRequest, Reply
 from .routes import ROUTES, Route, allowed_methods
@@ -125,6 +126,8 @@ def _with_response_headers(result: dict[str, Any]) -> dict[str, Any]:
 
 def handle_api_event(event: dict[str, Any], context: Any) -> dict[str, Any]:
     settings = Settings.from_env()
+    if settings.wake_worker and settings.worker_function:
+        invoker.prepare()  # the client a wake-up needs, built while this request does its I/O
     denied = _unauthorized(settings, event)
     if denied is not None:
         return _with_response_headers(denied)

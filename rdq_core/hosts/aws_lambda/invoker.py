@@ -120,10 +120,13 @@ class WorkerInvoker:
         self._clock = clock
         self._last_wake = -math.inf
         self._lock = threading.Lock()
+        #: Held while the client is built (boto3's import and service model: CPU only, no network).
+        self._building = threading.Lock()
+        self._prepared = False
 
     @property
     def client(self) -> LambdaInvokeClient:
-        with self._lock:
+        with self._building:
             if self._client is None:
                 self._client = aws_client("lambda", connect_timeout=INVOKE_CONNECT_TIMEOUT,
                                           read_timeout=INVOKE_READ_TIMEOUT)
@@ -132,6 +135,24 @@ class WorkerInvoker:
     @client.setter
     def client(self, value: LambdaInvokeClient | None) -> None:
         self._client = value
+
+    def prepare(self) -> None:
+        """Build the client on a thread of its own, once per process, so that a request's own
+        I/O (a secret, the store) overlaps it. Importing boto3 and building it takes about 0.25 s
+        of a whole core; a 512 MB function has under a third of one, which is longer than a
+        wake-up's wait (``WAKE_WAIT_SECONDS``), and that wait must be spent on the invoke alone."""
+        with self._lock:
+            if self._prepared or self._client is not None:
+                return
+            self._prepared = True
+        threading.Thread(target=self._ready_client, name="rdq-lambda-client", daemon=True).start()
+
+    def _ready_client(self) -> LambdaInvokeClient | None:
+        try:
+            return self.client
+        except Exception as exc:  # noqa: BLE001 - best-effort; the schedule is the fallback
+            log.warning("no Lambda client for worker invocations: %s: %s", type(exc).__name__, exc)
+            return None
 
     def fan_out(self, function: str, queues: Sequence[str], starts: Sequence[WorkerStart], deadline: float,
                 fleet: FleetStarts) -> BackgroundInvocations:
@@ -168,6 +189,11 @@ class WorkerInvoker:
             return False
         with self._lock:
             self._last_wake = now
+        # Built here if not yet, before the wait below: once the answer is sent the environment
+        # may freeze, and an invoke still waiting for its client would wait with it.
+        client = self._ready_client()
+        if client is None:
+            return False
         detail: dict[str, Any] = {"queues": list(queues)}
         start: WorkerStart | None = None
         if fleet is not None:
@@ -185,16 +211,17 @@ class WorkerInvoker:
         event = {"source": WAKE_SOURCE, "detail-type": "rdq.wake", "detail": detail}
 
         def work(progress: BackgroundInvocations) -> None:
-            if self._invoke(function, event):
+            if self._invoke(function, event, client):
                 progress.accepted += 1
             elif fleet is not None and start is not None:
                 fleet.give_back([start])
 
         return BackgroundInvocations("rdq-wake", work).wait(wait_seconds) == 1
 
-    def _invoke(self, function: str, event: dict[str, Any]) -> bool:
+    def _invoke(self, function: str, event: dict[str, Any], client: LambdaInvokeClient | None = None) -> bool:
         try:
-            self.client.invoke(FunctionName=function, InvocationType="Event", Payload=json.dumps(event).encode())
+            (client or self.client).invoke(FunctionName=function, InvocationType="Event",
+                                           Payload=json.dumps(event).encode())
             return True
         except Exception as exc:  # noqa: BLE001 - best-effort; the schedule is the fallback
             log.warning("asynchronous worker invocation failed: %s: %s", type(exc).__name__, exc)
