@@ -46,8 +46,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = kept
 
 
-def wait_for(what: str, probe: Callable[[], Any], timeout: float, every: float = 0.5) -> Any:
-    """Poll ``probe`` until it returns something truthy; fail with ``what`` at the deadline."""
+def wait_for(what: str, probe: Callable[[], Any], timeout: float, every: float = 0.5,
+             explain: Callable[[], str] | None = None) -> Any:
+    """Poll ``probe`` until it returns something truthy; fail with ``what`` at the deadline, and
+    with what ``explain`` then says of the state (where a bare timeout would leave the cause unknown)."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while True:
@@ -55,7 +57,8 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float, every: float =
         if last:
             return last
         if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
+            state = f"\n{explain()}" if explain is not None else ""
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what} (last: {last!r}){state}")
         time.sleep(every)
 
 

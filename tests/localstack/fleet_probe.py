@@ -5,6 +5,7 @@ the store counts as held (sampled on a thread of its own), and how many tasks ra
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from contextlib import contextmanager
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Iterator
 
-from rdq_core import open_storage
+from rdq_core import Client, open_storage
 from rdq_core.model import Task, TaskStatus
 from rdq_core.storage.slots import SLOT_KIND, fleet_prefix
 
@@ -133,3 +134,58 @@ def peak_overlap(intervals: Iterable[tuple[datetime, datetime]]) -> int:
         running += step
         peak = max(peak, running)
     return peak
+
+
+#: What ``describe_stall`` keeps of each source, so a failure message stays readable.
+STALL_LINES, STALL_LINE_CHARS = 40, 400
+_WORKER_LOG_MARKS = ("worker invocation", "fanning out", "ERROR", "Traceback", "timed out", "Error")
+_LOCALSTACK_LOG_MARKS = ("Error executing Lambda", "did not exit", "TimeoutError", "lambda.Invoke", "ERROR")
+
+
+def describe_stall(stack: Stack, fleet: Fleet, task_ids: list[str], since: float) -> str:
+    """What a fleet test that timed out can still see: its tasks' states, the fleet's slots, the
+    worker function's log lines since ``since`` (``time.time()``; LocalStack keeps them in
+    CloudWatch Logs once an invocation ends, so a hung one shows none) and LocalStack's own
+    errors. Each part is best-effort: the explanation must not fail in its turn."""
+    parts: list[str] = []
+    try:
+        with Client(stack.store_url) as client:
+            tasks = [client.get(task_id) for task_id in task_ids]
+            counts: dict[str, int] = {}
+            for task in tasks:
+                counts[task.status.value] = counts.get(task.status.value, 0) + 1
+            parts.append(f"tasks: {counts}")
+            parts += [f"  {t.id} {t.status.value} claimed_by={t.claimed_by!r} attempts="
+                      f"{[(a.attempt_no, a.outcome.value, a.error) for a in t.attempts]}"
+                      for t in tasks if t.status is not TaskStatus.SUCCEEDED][:STALL_LINES]
+            parts.append(f"slots held (pending starts included): {client.storage.worker_slots_held(fleet.name)}, "
+                         f"pending: {client.storage.worker_starts_pending(fleet.name)}")
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        parts.append(f"(the store could not be read: {exc!r})")
+    try:
+        events = aws(stack.localstack, "logs").filter_log_events(
+            logGroupName=f"/aws/lambda/{stack.worker}", startTime=int(since * 1000))["events"]
+        lines = [line for e in events for line in str(e["message"]).splitlines()
+                 if any(mark in line for mark in _WORKER_LOG_MARKS)]
+        parts.append(f"worker log ({len(events)} events since the test began):")
+        parts += [f"  {_log_gist(line)[:STALL_LINE_CHARS]}" for line in lines[-STALL_LINES:]]
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        parts.append(f"(the worker's log could not be read: {exc!r})")
+    lines = [line for line in stack.localstack.tail(500_000).splitlines()
+             if any(mark in line for mark in _LOCALSTACK_LOG_MARKS)]
+    parts.append("LocalStack's log:")
+    parts += [f"  {line[:STALL_LINE_CHARS]}" for line in lines[-STALL_LINES:]]
+    return "\n".join(parts)
+
+
+def _log_gist(line: str) -> str:
+    """A Powertools JSON log line cut down to what says what happened (its Lambda context fields
+    would fill the line); any other line as it is."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(record, dict):
+        return line
+    kept = {k: record[k] for k in ("timestamp", "level", "message", "summary", "error", "exception") if k in record}
+    return json.dumps(kept, default=str)

@@ -187,12 +187,13 @@ def test_a_backlog_fans_out_to_the_cap_and_never_beyond(stack: Stack):
 
         # 1. Through the API: one wake-up, then fan-out. The backlog exceeds a batch (BatchSize,
         #    10 by default), so the woken worker asks for more workers than the cap leaves.
-        fan_out_began = time.monotonic()
+        fan_out_began, began_at = time.monotonic(), time.time()
         status, _, answer = call(stack, "POST", "/v1/queues/fanout/tasks:batch", {"tasks": [
             {"handler": "sleep", "payload": {"seconds": FANOUT_TASK_SECONDS}} for _ in range(FANOUT_TASKS)]})
         assert status == 200 and answer["created"] == FANOUT_TASKS, answer
         ids = [item["id"] for item in answer["results"]]
-        drained = wait_for("the fanned-out backlog to drain", lambda: _all_succeeded(client, ids), 60)
+        drained = wait_for("the fanned-out backlog to drain", lambda: _all_succeeded(client, ids), 60,
+                           explain=lambda: fleet_probe.describe_stall(stack, fleet, ids, began_at))
         assert watch.peak(since=fan_out_began) == fleet.cap, "the fan-out did not fill the fleet"
         assert fleet_probe.peak_overlap(map(fleet_probe.run_interval, drained)) == fleet.cap
         wait_for("every slot freed", lambda: client.storage.worker_slots_held(fleet.name) == 0, 30)
@@ -222,7 +223,8 @@ def test_a_backlog_fans_out_to_the_cap_and_never_beyond(stack: Stack):
         # local executor may wait up to 5 s for a forked invocation's process to exit after it
         # has answered, so an invocation's wall time here says little about the worker.)
         assert all(s["claimed"] == 0 and s["fanned_out"] == 0 and "queues" not in s for s in refused), refused
-        held = wait_for("the holders' tasks settled", lambda: _all_succeeded(client, ids), 10)
+        held = wait_for("the holders' tasks settled", lambda: _all_succeeded(client, ids), 10,
+                        explain=lambda: fleet_probe.describe_stall(stack, fleet, ids, began_at))
         assert fleet_probe.peak_overlap(map(fleet_probe.run_interval, held)) == fleet.cap
 
         assert watch.peak() <= fleet.cap
