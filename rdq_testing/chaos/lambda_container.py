@@ -39,6 +39,8 @@ EXTEND_HANDLER = "chaos-extend"
 OVERRUN_HANDLER = "chaos-overrun"
 HANDLER_TIMEOUTS = {HANDLER: 0.5, EXTEND_HANDLER: 1.0, OVERRUN_HANDLER: 0.5}
 SETTLE_RESERVES = (0.0, 0.25, 0.75)
+#: The worker fleet every container's invocations take their slots in (the harness watches it).
+FLEET = "chaos-lambda"
 
 _journal: dict[str, Any] = {}
 
@@ -132,7 +134,7 @@ def main() -> None:
         settings = Settings(
             queues=(args.queue,), policies_json=policies, batch_size=args.batch,
             lease_grace_seconds=args.grace, settle_reserve_seconds=reserve,
-            max_worker_concurrency=args.fleet_cap, wake_worker=False,
+            max_worker_concurrency=args.fleet_cap, worker_fleet=FLEET, wake_worker=False,
         )
         # The deadline the killer enforces is taken at the same instant as the context's.
         context = CountdownContext(budget, f"chaos-{args.seed}-{number}")
