@@ -20,7 +20,7 @@ from rdq_core.hosts.aws_lambda.connection import _url_from_secret_value, resolve
 from rdq_core.hosts.aws_lambda.invoker import WAKE_WAIT_SECONDS, invoker
 
 from .conftest import load_event
-from .test_api import call
+from .test_api import RecordingLambdaClient, call
 
 
 class SilentEndpoint:
@@ -124,25 +124,17 @@ def test_a_hanging_wake_up_does_not_delay_the_answer_to_a_committed_enqueue(stor
     assert Client(connection.shared_storage()).get("order-42").status.value == "PENDING"
 
 
-class RecordingLambda:
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def invoke(self, **kwargs: Any) -> dict[str, Any]:
-        self.calls += 1
-        return {"StatusCode": 202}
-
-
 def test_a_cold_containers_first_wake_up_is_sent_before_the_answer(store_url, lambda_context, monkeypatch):
-    """Building the Lambda client (boto3's import and service model) takes a second or more on a
-    small cold function. Once the answer is sent the environment may freeze, so the wake-up's
-    short wait must be spent on the invoke alone, not on that build: a wake-up still waiting for
-    its client would be sent only when the next request thaws the container."""
+    """Building the Lambda client (boto3's import and service model) takes about 0.25 s of a whole
+    core, longer than the wake-up's wait on a 512 MB function's share of one. Once the answer is
+    sent the environment may freeze, so that wait must be spent on the invoke alone, not on the
+    build: a wake-up still waiting for its client would be sent only when the next request thaws
+    the container."""
     from rdq_core.hosts.aws_lambda import invoker as invoker_module
 
-    recorder = RecordingLambda()
+    recorder = RecordingLambdaClient()
 
-    def slow_to_build(*args: Any, **kwargs: Any) -> RecordingLambda:
+    def slow_to_build(*args: Any, **kwargs: Any) -> RecordingLambdaClient:
         time.sleep(WAKE_WAIT_SECONDS + 0.5)  # the build on a small cold function, here slept
         return recorder
 
@@ -152,7 +144,7 @@ def test_a_cold_containers_first_wake_up_is_sent_before_the_answer(store_url, la
     monkeypatch.setattr(invoker, "_last_wake", float("-inf"))
     monkeypatch.setenv("RDQ_WORKER_FUNCTION", "rdq-worker")
     status, _, _ = call(load_event("api-enqueue"), lambda_context)
-    assert status == 201 and recorder.calls == 1, "the wake-up was sent before the answer"
+    assert status == 201 and len(recorder.invocations) == 1, "the wake-up was sent before the answer"
 
 
 def test_a_hanging_fan_out_does_not_delay_the_workers_claims(store_url, lambda_context, hanging_lambda, monkeypatch):

@@ -162,10 +162,12 @@ class WorkerInvoker:
         The reservations not invoked are given back."""
 
         def work(progress: BackgroundInvocations) -> None:
+            # Built here, off the claims' way: the worker waits for its fan-out only at its end.
+            client = self._ready_client()
             for index, start in enumerate(starts):
                 event = {"source": FANOUT_SOURCE, "detail-type": "rdq.fanout",
                          "detail": {"queues": list(queues), "index": index, "start": start.to_event()}}
-                if self._clock() >= deadline or not self._invoke(function, event):
+                if client is None or self._clock() >= deadline or not self._invoke(client, function, event):
                     fleet.give_back(starts[index:])
                     return
                 progress.accepted += 1
@@ -211,17 +213,17 @@ class WorkerInvoker:
         event = {"source": WAKE_SOURCE, "detail-type": "rdq.wake", "detail": detail}
 
         def work(progress: BackgroundInvocations) -> None:
-            if self._invoke(function, event, client):
+            if self._invoke(client, function, event):
                 progress.accepted += 1
             elif fleet is not None and start is not None:
                 fleet.give_back([start])
 
         return BackgroundInvocations("rdq-wake", work).wait(wait_seconds) == 1
 
-    def _invoke(self, function: str, event: dict[str, Any], client: LambdaInvokeClient | None = None) -> bool:
+    @staticmethod
+    def _invoke(client: LambdaInvokeClient, function: str, event: dict[str, Any]) -> bool:
         try:
-            (client or self.client).invoke(FunctionName=function, InvocationType="Event",
-                                           Payload=json.dumps(event).encode())
+            client.invoke(FunctionName=function, InvocationType="Event", Payload=json.dumps(event).encode())
             return True
         except Exception as exc:  # noqa: BLE001 - best-effort; the schedule is the fallback
             log.warning("asynchronous worker invocation failed: %s: %s", type(exc).__name__, exc)
